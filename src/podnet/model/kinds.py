@@ -1,0 +1,252 @@
+"""The kinds the API serves: names, groups, scopes and table columns.
+
+This table is the one place that says which resources exist. The API server builds its
+routes and discovery documents from it, the CLI resolves names ("hostsubnets", "hs",
+"HostSubnet") through it, and the store derives its key layout from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table view (``kubectl get``): header and how to read the cell."""
+
+    name: str
+    read: Callable[[Obj], Any]
+    wide_only: bool = False
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A resource type: where it lives in the API and how it is shown."""
+
+    group: str  # "" for the core group
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    columns: tuple[Column, ...] = ()
+    subresources: tuple[str, ...] = ()
+    # Field of the object whose value must be unique across all objects of the kind,
+    # guarded by an etcd transaction (HostSubnet.subnet).
+    unique_field: str | None = None
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    def base_path(self) -> str:
+        """URL prefix of the group version: ``/api/v1`` or ``/apis/<group>/<version>``."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def names(self) -> set[str]:
+        """Every name a user may type for this kind (case-insensitive)."""
+        qualified = {f"{self.plural}.{self.group}", f"{self.singular}.{self.group}"}
+        return {self.plural, self.singular, self.kind.lower(), *self.short_names} | (
+            qualified if self.group else set()
+        )
+
+
+def _meta(*path: str) -> Callable[[Obj], Any]:
+    def read(obj: Obj) -> Any:
+        node: Any = obj
+        for part in path:
+            if not isinstance(node, Mapping):
+                return None
+            node = node.get(part)
+        return node
+
+    return read
+
+
+def _pod_ready(obj: Obj) -> str:
+    phase = _meta("status", "phase")(obj)
+    return "1/1" if phase == "Running" else "0/1"
+
+
+def _node_status(obj: Obj) -> str:
+    for cond in _meta("status", "conditions")(obj) or []:
+        if cond.get("type") == "Ready":
+            return "Ready" if cond.get("status") == "True" else "NotReady"
+    return "Unknown"
+
+
+def _node_internal_ip(obj: Obj) -> str | None:
+    for addr in _meta("status", "addresses")(obj) or []:
+        if addr.get("type") == "InternalIP":
+            return str(addr.get("address"))
+    return None
+
+
+def _join(read: Callable[[Obj], Any]) -> Callable[[Obj], Any]:
+    def joined(obj: Obj) -> Any:
+        value = read(obj)
+        if isinstance(value, list) and value:
+            return ",".join(str(v) for v in value)
+        return None
+
+    return joined
+
+
+def _cluster_networks(obj: Obj) -> str:
+    return ",".join(str(n.get("CIDR")) for n in obj.get("clusterNetworks") or [])
+
+
+def _ports(obj: Obj) -> str:
+    ports = _meta("spec", "ports")(obj) or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports)
+
+
+def _endpoints(obj: Obj) -> str:
+    out = []
+    for subset in obj.get("subsets") or []:
+        for addr in subset.get("addresses") or []:
+            for port in subset.get("ports") or [{}]:
+                out.append(f"{addr.get('ip')}:{port.get('port', '')}".rstrip(":"))
+    return ",".join(out[:3]) + (" + more..." if len(out) > 3 else "")
+
+
+def _pod_selector(obj: Obj) -> str:
+    sel = _meta("spec", "podSelector", "matchLabels")(obj) or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(sel.items())) or "<none>"
+
+
+NAME = Column("NAME", _meta("metadata", "name"))
+
+NAMESPACE = Kind(
+    "", "v1", "Namespace", "namespaces", False, ("ns",),
+    (NAME, Column("STATUS", lambda o: _meta("status", "phase")(o) or "Active")),
+    subresources=("status",),
+)
+NODE = Kind(
+    "", "v1", "Node", "nodes", False, ("no",),
+    (NAME, Column("STATUS", _node_status), Column("INTERNAL-IP", _node_internal_ip)),
+    subresources=("status",),
+)
+POD = Kind(
+    "", "v1", "Pod", "pods", True, ("po",),
+    (
+        NAME,
+        Column("READY", _pod_ready),
+        Column("STATUS", _meta("status", "phase")),
+        Column("IP", _meta("status", "podIP"), wide_only=True),
+        Column("NODE", _meta("spec", "nodeName"), wide_only=True),
+    ),
+    subresources=("status",),
+)
+SERVICE = Kind(
+    "", "v1", "Service", "services", True, ("svc",),
+    (
+        NAME,
+        Column("TYPE", lambda o: _meta("spec", "type")(o) or "ClusterIP"),
+        Column("CLUSTER-IP", _meta("spec", "clusterIP")),
+        Column("PORT(S)", _ports),
+    ),
+    subresources=("status",),
+)
+ENDPOINTS = Kind("", "v1", "Endpoints", "endpoints", True, ("ep",), (NAME, Column("ENDPOINTS", _endpoints)))
+EVENT = Kind(
+    "", "v1", "Event", "events", True, ("ev",),
+    (
+        Column("LAST SEEN", _meta("lastTimestamp")),
+        Column("TYPE", _meta("type")),
+        Column("REASON", _meta("reason")),
+        Column("OBJECT", lambda o: f"{_meta('involvedObject', 'kind')(o)}/{_meta('involvedObject', 'name')(o)}".lower()),
+        Column("MESSAGE", _meta("message")),
+    ),
+)
+
+NETWORK_GROUP = "network.openshift.io"
+CLUSTER_NETWORK = Kind(
+    NETWORK_GROUP, "v1", "ClusterNetwork", "clusternetworks", False, (),
+    (
+        NAME,
+        Column("CLUSTER NETWORKS", _cluster_networks),
+        Column("SERVICE NETWORK", _meta("serviceNetwork")),
+        Column("PLUGIN NAME", _meta("pluginName")),
+    ),
+)
+HOST_SUBNET = Kind(
+    NETWORK_GROUP, "v1", "HostSubnet", "hostsubnets", False, ("hs",),
+    (
+        NAME,
+        Column("HOST", _meta("host")),
+        Column("HOST IP", _meta("hostIP")),
+        Column("SUBNET", _meta("subnet")),
+        Column("EGRESS CIDRS", _join(_meta("egressCIDRs")), wide_only=True),
+        Column("EGRESS IPS", _join(_meta("egressIPs")), wide_only=True),
+    ),
+    unique_field="subnet",
+)
+NET_NAMESPACE = Kind(
+    NETWORK_GROUP, "v1", "NetNamespace", "netnamespaces", False, ("netns",),
+    (NAME, Column("NETID", _meta("netid")), Column("EGRESS IPS", _join(_meta("egressIPs")), wide_only=True)),
+)
+EGRESS_NETWORK_POLICY = Kind(
+    NETWORK_GROUP, "v1", "EgressNetworkPolicy", "egressnetworkpolicies", True, (), (NAME,),
+)
+NETWORK_POLICY = Kind(
+    "networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, ("netpol",),
+    (NAME, Column("POD-SELECTOR", _pod_selector)),
+)
+
+ALL_KINDS: tuple[Kind, ...] = (
+    NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT,
+    CLUSTER_NETWORK, HOST_SUBNET, NET_NAMESPACE, EGRESS_NETWORK_POLICY,
+    NETWORK_POLICY,
+)
+
+
+@dataclass
+class KindIndex:
+    """Looks kinds up by any of their names, or by apiVersion + kind."""
+
+    kinds: tuple[Kind, ...] = ALL_KINDS
+    _by_name: dict[str, Kind] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        for k in self.kinds:
+            for name in k.names():
+                self._by_name[name.lower()] = k
+
+    def by_name(self, name: str) -> Kind | None:
+        """Resolve what a user typed: ``hostsubnets``, ``hs``, ``HostSubnet``, ``pods.``."""
+        return self._by_name.get(name.lower().rstrip("."))
+
+    def by_kind(self, api_version: str, kind: str) -> Kind | None:
+        for k in self.kinds:
+            if k.api_version == api_version and k.kind == kind:
+                return k
+        return None
+
+    def by_plural(self, group: str, version: str, plural: str) -> Kind | None:
+        for k in self.kinds:
+            if (k.group, k.version, k.plural) == (group, version, plural):
+                return k
+        return None
+
+    def group_versions(self) -> dict[str, list[Kind]]:
+        """Kinds grouped by their apiVersion, in table order."""
+        out: dict[str, list[Kind]] = {}
+        for k in self.kinds:
+            out.setdefault(k.api_version, []).append(k)
+        return out
+
+
+KINDS = KindIndex()

@@ -1,0 +1,143 @@
+"""``Store`` on a real etcd v3, through the asyncio client aetcd."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aetcd
+import aetcd.exceptions
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
+
+from podnet.store.base import (
+    Absent,
+    Compacted,
+    Condition,
+    Delete,
+    KeyValue,
+    ModRevisionIs,
+    Operation,
+    Put,
+    StoreUnavailable,
+    WatchEvent,
+)
+
+TIMEOUT = 10.0
+
+
+def _kv(raw: Any) -> KeyValue:
+    return KeyValue(raw.key.decode(), bytes(raw.value), raw.create_revision, raw.mod_revision)
+
+
+class EtcdStore:
+    """Talks to one etcd endpoint (``host:port``); every call has a deadline."""
+
+    def __init__(self, endpoint: str = "127.0.0.1:2379", timeout: float = TIMEOUT) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self._client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=int(timeout))
+        self._timeout = timeout
+
+    async def connect(self) -> None:
+        try:
+            await asyncio.wait_for(self._client.connect(), self._timeout)
+        except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"cannot reach etcd: {exc}") from exc
+
+    async def _call(self, stub_method: Any, request: Any) -> Any:
+        try:
+            return await stub_method(request, timeout=self._timeout, metadata=self._client.metadata)
+        except Exception as exc:  # grpc raises its own AioRpcError
+            raise StoreUnavailable(f"etcd request failed: {exc}") from exc
+
+    async def get(self, key: str) -> KeyValue | None:
+        resp = await self._call(self._client.kvstub.Range, rpc.RangeRequest(key=key.encode()))
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
+        start = prefix.encode()
+        request = rpc.RangeRequest(key=start, range_end=prefix_range_end(start))
+        resp = await self._call(self._client.kvstub.Range, request)
+        return [_kv(kv) for kv in resp.kvs], resp.header.revision
+
+    async def commit(
+        self, conditions: Sequence[Condition], operations: Sequence[Operation]
+    ) -> int | None:
+        request = rpc.TxnRequest(
+            compare=[_compare(c) for c in conditions],
+            success=[_request_op(op) for op in operations],
+            failure=[],
+        )
+        resp = await self._call(self._client.kvstub.Txn, request)
+        return resp.header.revision if resp.succeeded else None
+
+    async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchEvent]:
+        start = prefix.encode()
+        try:
+            watch = await self._client.watch(
+                start, range_end=prefix_range_end(start),
+                start_revision=after_revision + 1, prev_kv=True,
+            )
+        except aetcd.exceptions.RevisionCompactedError as exc:
+            raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc
+        try:
+            async for event in watch:
+                yield _event(event)
+        except aetcd.exceptions.RevisionCompactedError as exc:
+            raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc
+        except aetcd.exceptions.ClientError as exc:
+            raise StoreUnavailable(f"etcd watch failed: {exc}") from exc
+        finally:
+            await watch.cancel()
+
+    async def revision(self) -> int:
+        resp = await self._call(
+            self._client.kvstub.Range, rpc.RangeRequest(key=b"\0", count_only=True)
+        )
+        return int(resp.header.revision)
+
+    async def compact(self, revision: int) -> None:
+        await self._call(
+            self._client.kvstub.Compact,
+            rpc.CompactionRequest(revision=revision, physical=True),
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    @property
+    def client(self) -> aetcd.Client:
+        """The raw client, for leases and leader election."""
+        return self._client
+
+
+def _compare(cond: Condition) -> Any:
+    msg = rpc.Compare(key=cond.key.encode())
+    if isinstance(cond, Absent):
+        msg.target = rpc.Compare.CREATE
+        msg.result = rpc.Compare.EQUAL
+        msg.create_revision = 0
+    else:
+        assert isinstance(cond, ModRevisionIs)
+        msg.target = rpc.Compare.MOD
+        msg.result = rpc.Compare.EQUAL
+        msg.mod_revision = cond.revision
+    return msg
+
+
+def _request_op(op: Operation) -> Any:
+    if isinstance(op, Put):
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key.encode(), value=op.value))
+    assert isinstance(op, Delete)
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode()))
+
+
+def _event(event: Any) -> WatchEvent:
+    kv = event.kv
+    if event.kind == aetcd.rtypes.EventKind.DELETE:
+        prev = event.prev_kv
+        value = bytes(prev.value) if prev is not None else b""
+        created = prev.create_revision if prev is not None else 0
+        return WatchEvent("DELETE", kv.key.decode(), value, kv.mod_revision, created)
+    return WatchEvent("PUT", kv.key.decode(), bytes(kv.value), kv.mod_revision, kv.create_revision)
