@@ -72,13 +72,17 @@ Operation = Put | Delete
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change. For DELETE, ``value`` is the value the key held before (if known)."""
+    """One change. For DELETE, ``value`` is the value the key held before (if known).
+
+    ``prev_value`` is the value before this change (None for a creation, or unknown).
+    """
 
     type: Literal["PUT", "DELETE"]
     key: str
     value: bytes
     revision: int
     create_revision: int = 0
+    prev_value: bytes | None = None
 
 
 class Store(Protocol):
@@ -106,6 +110,9 @@ class Store(Protocol):
 
     async def revision(self) -> int:
         """The store's current revision."""
+
+    async def check_revision(self, revision: int) -> None:
+        """Raise ``Compacted`` if changes after ``revision`` can no longer be replayed."""
 
     async def compact(self, revision: int) -> None:
         """Forget history at and before ``revision``."""

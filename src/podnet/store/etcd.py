@@ -97,6 +97,19 @@ class EtcdStore:
         )
         return int(resp.header.revision)
 
+    async def check_revision(self, revision: int) -> None:
+        request = rpc.RangeRequest(key=b"\0", count_only=True, revision=revision + 1)
+        try:
+            await self._client.kvstub.Range(
+                request, timeout=self._timeout, metadata=self._client.metadata
+            )
+        except Exception as exc:
+            if "compacted" in str(exc):
+                raise Compacted(revision, 0) from exc
+            if "future revision" in str(exc):
+                return
+            raise StoreUnavailable(f"etcd request failed: {exc}") from exc
+
     async def compact(self, revision: int) -> None:
         await self._call(
             self._client.kvstub.Compact,
@@ -139,5 +152,8 @@ def _event(event: Any) -> WatchEvent:
         prev = event.prev_kv
         value = bytes(prev.value) if prev is not None else b""
         created = prev.create_revision if prev is not None else 0
-        return WatchEvent("DELETE", kv.key.decode(), value, kv.mod_revision, created)
-    return WatchEvent("PUT", kv.key.decode(), bytes(kv.value), kv.mod_revision, kv.create_revision)
+        return WatchEvent("DELETE", kv.key.decode(), value, kv.mod_revision, created, value or None)
+    prev_value = bytes(event.prev_kv.value) if event.prev_kv is not None else None
+    return WatchEvent(
+        "PUT", kv.key.decode(), bytes(kv.value), kv.mod_revision, kv.create_revision, prev_value
+    )

@@ -65,20 +65,20 @@ class MemoryStore:
                 if old is None:
                     bisect.insort(self._keys, op.key)
                 self._data[op.key] = KeyValue(op.key, op.value, created, rev)
-                self._history.append(WatchEvent("PUT", op.key, op.value, rev, created))
+                prev = old.value if old else None
+                self._history.append(WatchEvent("PUT", op.key, op.value, rev, created, prev))
             elif isinstance(op, Delete) and op.key in self._data:
                 old = self._data.pop(op.key)
                 self._keys.remove(op.key)
                 self._history.append(
-                    WatchEvent("DELETE", op.key, old.value, rev, old.create_revision)
+                    WatchEvent("DELETE", op.key, old.value, rev, old.create_revision, old.value)
                 )
         async with self._changed:
             self._changed.notify_all()
         return rev
 
     async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchEvent]:
-        if after_revision < self._compacted:
-            raise Compacted(after_revision, self._compacted)
+        await self.check_revision(after_revision)
         position = 0
         while True:
             while position < len(self._history):
@@ -92,6 +92,10 @@ class MemoryStore:
 
     async def revision(self) -> int:
         return self._revision
+
+    async def check_revision(self, revision: int) -> None:
+        if revision + 1 < self._compacted:
+            raise Compacted(revision, self._compacted)
 
     async def compact(self, revision: int) -> None:
         self._compacted = max(self._compacted, revision)

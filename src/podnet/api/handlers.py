@@ -1,0 +1,257 @@
+"""The resource verbs: list, watch, get, create, update, patch, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from podnet.api import tables
+from podnet.api.auth import RequestAttributes, User, require_authorized
+from podnet.api.metrics import ApiMetrics
+from podnet.api.registry import Obj, Registry
+from podnet.api.requests import Target, query_flag, read_body, resolve, selectors
+from podnet.api.watchcache import CachedEvent, WatchCache, WatchFilter, direct_events
+from podnet.model import errors
+from podnet.model.kinds import Kind
+
+BOOKMARK_EVERY = 10.0
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=dumps(obj), status=status, content_type="application/json")
+
+
+class ResourceHandlers:
+    """HTTP handlers for every kind, over one registry and watch cache."""
+
+    def __init__(self, registry: Registry, cache: WatchCache, metrics: ApiMetrics) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.metrics = metrics
+
+    # ---- routing ----------------------------------------------------------------------
+
+    async def core(self, request: web.Request) -> web.StreamResponse:
+        return await self._dispatch(request, "", request.match_info["version"])
+
+    async def grouped(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        return await self._dispatch(request, info["group"], info["version"])
+
+    async def _dispatch(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+        target = resolve(group, version, request.match_info["tail"])
+        verb = _verb(request.method, target, query_flag(request, "watch"))
+        request["verb"], request["resource"] = verb, target.kind.plural
+        handler = getattr(self, f"_{verb}", None)
+        if handler is None:
+            raise errors.method_not_allowed(f"{request.method} is not supported on this path")
+        result: web.StreamResponse = await handler(request, target)
+        return result
+
+    # ---- authorization ----------------------------------------------------------------
+
+    def _check(self, request: web.Request, verb: str, target: Target, new: Obj | None = None, old: Obj | None = None) -> None:
+        user: User = request["user"]
+        attrs = RequestAttributes(
+            verb=verb, kind=target.kind, namespace=target.namespace, name=target.name,
+            subresource=target.subresource, new_object=new, old_object=old, path=request.path,
+        )
+        require_authorized(user, attrs)
+
+    def _admit(self, request: web.Request, verb: str, target: Target) -> Callable[[Obj | None, Obj | None], None]:
+        def admit(new: Obj | None, old: Obj | None) -> None:
+            self._check(request, verb, target, new, old)
+
+        return admit
+
+    # ---- reads ------------------------------------------------------------------------
+
+    async def _get(self, request: web.Request, target: Target) -> web.StreamResponse:
+        self._check(request, "get", target)
+        assert target.name is not None
+        obj = await self.registry.get(target.kind, target.namespace, target.name)
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return json_response(tables.table(target.kind, [obj], obj["metadata"]["resourceVersion"]))
+        return json_response(obj)
+
+    async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
+        self._check(request, "list", target)
+        labels, fields = selectors(request, target.kind)
+        items, revision = await self.registry.list(target.kind, target.namespace, labels, fields)
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return json_response(tables.table(target.kind, items, str(revision)))
+        body = {
+            "kind": target.kind.list_kind,
+            "apiVersion": target.kind.api_version,
+            "metadata": {"resourceVersion": str(revision)},
+            "items": items,
+        }
+        return json_response(body)
+
+    async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        self._check(request, "watch", target)
+        labels, fields = selectors(request, target.kind)
+        watch_filter = WatchFilter(target.kind, target.namespace, labels, fields)
+        if target.name:
+            from podnet.model.selectors import FieldRequirement
+
+            watch_filter = WatchFilter(
+                target.kind, target.namespace, labels,
+                [*fields, FieldRequirement("metadata.name", "=", target.name)],
+            )
+        events = await self._watch_source(request, watch_filter)
+        return await self._stream(request, target.kind, watch_filter, events)
+
+    async def _watch_source(self, request: web.Request, wf: WatchFilter) -> AsyncIterator[CachedEvent | int | Obj]:
+        rv = request.query.get("resourceVersion", "")
+        bookmarks = BOOKMARK_EVERY if query_flag(request, "allowWatchBookmarks") else None
+        if rv in ("", "0"):
+            items, revision = await self.registry.list(wf.kind, wf.namespace, wf.labels, wf.fields)
+            return _initial_then(items, self.cache.follow(revision, bookmarks))
+        try:
+            revision = int(rv)
+        except ValueError as exc:
+            raise errors.bad_request(f"invalid resourceVersion {rv!r}") from exc
+        from podnet.store.base import Compacted
+
+        try:
+            await self.registry.store.check_revision(revision)
+        except Compacted as exc:
+            raise errors.gone(f"too old resource version: {revision} ({exc})") from exc
+        if self.cache.covers(revision):
+            return self.cache.follow(revision, bookmarks)
+        return direct_events(self.registry, revision)
+
+    async def _stream(self, request: web.Request, kind: Kind, wf: WatchFilter, events: AsyncIterator[CachedEvent | int | Obj]) -> web.StreamResponse:
+        as_table = tables.wants_table(request.headers.get("Accept", ""))
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        await response.prepare(request)
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        self.metrics.watchers.labels(kind.plural).inc()
+        first = [True]
+        try:
+            async with asyncio.timeout(timeout):
+                async for item in events:
+                    line = self._render(item, wf, kind, as_table, first)
+                    if line is not None:
+                        await response.write(line)
+                        self.metrics.watch_events.labels(kind.plural).inc()
+        except TimeoutError:
+            pass
+        except errors.ApiError as exc:
+            with contextlib.suppress(ConnectionError):
+                await response.write(dumps({"type": "ERROR", "object": exc.status()}) + b"\n")
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.metrics.watchers.labels(kind.plural).dec()
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    def _render(self, item: CachedEvent | int | Obj, wf: WatchFilter, kind: Kind, as_table: bool, first: list[bool]) -> bytes | None:
+        if isinstance(item, int):
+            bookmark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {"resourceVersion": str(item)}}
+            return dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n"
+        if isinstance(item, dict):  # an initial ADDED from the list
+            return self._line("ADDED", item, kind, as_table, first)
+        seen = wf.view(item)
+        if seen is None:
+            return None
+        if not as_table and seen == item.type and not wf.labels and not wf.fields:
+            cached = item.rendered.get("json")
+            if cached is None:
+                cached = item.rendered["json"] = dumps({"type": seen, "object": item.obj}) + b"\n"
+            return cached
+        return self._line(seen, item.obj, kind, as_table, first)
+
+    def _line(self, type_: str, obj: Obj, kind: Kind, as_table: bool, first: list[bool]) -> bytes:
+        if as_table:
+            obj = tables.table(kind, [obj], obj["metadata"]["resourceVersion"], headers=first[0])
+            first[0] = False
+        return dumps({"type": type_, "object": obj}) + b"\n"
+
+    # ---- writes -----------------------------------------------------------------------
+
+    async def _create(self, request: web.Request, target: Target) -> web.StreamResponse:
+        body = await read_body(request)
+        _check_type(body, target.kind)
+        obj = await self.registry.create(target.kind, body, target.namespace, self._admit(request, "create", target))
+        return json_response(obj, 201)
+
+    async def _update(self, request: web.Request, target: Target) -> web.StreamResponse:
+        body = await read_body(request)
+        _check_type(body, target.kind)
+        assert target.name is not None
+        obj = await self.registry.update(
+            target.kind, body, target.namespace, target.name, target.subresource,
+            self._admit(request, "update", target),
+        )
+        return json_response(obj)
+
+    async def _patch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        body = await read_body(request, patch=True)
+        assert target.name is not None
+        obj = await self.registry.patch(
+            target.kind, target.namespace, target.name, body, target.subresource,
+            self._admit(request, "patch", target),
+        )
+        return json_response(obj)
+
+    async def _delete(self, request: web.Request, target: Target) -> web.StreamResponse:
+        assert target.name is not None
+        precondition = None
+        if request.can_read_body:
+            with contextlib.suppress(errors.ApiError):
+                options = await read_body(request)
+                if isinstance(options, dict):
+                    precondition = (options.get("preconditions") or {}).get("resourceVersion")
+        obj = await self.registry.delete(
+            target.kind, target.namespace, target.name, precondition,
+            self._admit(request, "delete", target),
+        )
+        return json_response(obj)
+
+
+def _verb(method: str, target: Target, watch: bool) -> str:
+    if method == "GET":
+        if watch:
+            return "watch"
+        return "get" if target.name else "list"
+    if method == "POST" and target.name is None:
+        return "create"
+    if method == "PUT" and target.name:
+        return "update"
+    if method == "PATCH" and target.name:
+        return "patch"
+    if method == "DELETE" and target.name:
+        return "delete"
+    return "unsupported"
+
+
+def _check_type(body: Any, kind: Kind) -> None:
+    if not isinstance(body, dict):
+        raise errors.bad_request("the request body must be a JSON object")
+    api_version, given = body.get("apiVersion"), body.get("kind")
+    if given is not None and given != kind.kind:
+        raise errors.bad_request(f"the body is a {given!s}, but the URL is for {kind.kind}")
+    if api_version is not None and api_version != kind.api_version:
+        raise errors.bad_request(f"apiVersion {api_version!s} does not match {kind.api_version}")
+
+
+async def _initial_then(items: list[Obj], rest: AsyncIterator[CachedEvent | int]) -> AsyncIterator[CachedEvent | int | Obj]:
+    for obj in items:
+        yield obj
+    async for event in rest:
+        yield event

@@ -1,0 +1,435 @@
+"""Object storage with Kubernetes semantics on top of the revisioned ``Store``.
+
+The registry turns keys and bytes into API objects: it sets uid, creationTimestamp,
+generation and resourceVersion (the etcd revision), enforces optimistic concurrency,
+keeps unique-field claims (HostSubnet subnets) in the same transaction as the object, and
+validates every write. The API server and the master's controllers both use it, so a
+controller's write obeys exactly the rules a user's does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from podnet.model import errors
+from podnet.model.kinds import KINDS, NAMESPACE, Kind
+from podnet.model.selectors import (
+    FieldRequirement,
+    LabelSelector,
+    fields_match,
+)
+from podnet.store.base import (
+    Absent,
+    Condition,
+    Delete,
+    KeyValue,
+    ModRevisionIs,
+    Operation,
+    Put,
+    Store,
+    StoreUnavailable,
+)
+
+Obj = dict[str, Any]
+# Called with (new object or None, old object or None) before a write; raises ApiError.
+Admit = Callable[[Obj | None, Obj | None], None]
+Validate = Callable[[Kind, Obj, Obj | None], Obj]
+
+DEFAULT_PREFIX = "/podnet/registry/"
+MAX_UPDATE_RETRIES = 16
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _admit_all(new: Obj | None, old: Obj | None) -> None:
+    return None
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def field_labels(kind: Kind) -> set[str]:
+    """Fields a ``fieldSelector`` may name for this kind."""
+    fields = {"metadata.name", "metadata.namespace"}
+    if kind.kind == "Pod":
+        fields |= {"spec.nodeName", "status.phase", "status.podIP"}
+    if kind.kind == "Event":
+        fields |= {f"involvedObject.{f}" for f in ("kind", "name", "namespace", "uid")}
+        fields |= {"reason", "type"}
+    if kind.kind == "HostSubnet":
+        fields |= {"host", "subnet"}
+    if kind.kind == "NetNamespace":
+        fields |= {"netid"}
+    return fields
+
+
+class Registry:
+    """Typed CRUD on API objects, stored as JSON under one key prefix."""
+
+    def __init__(
+        self, store: Store, validate: Validate | None = None, prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        if validate is None:
+            from podnet.model.validation import validate as default_validate
+
+            validate = default_validate
+        self.store = store
+        self.prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self._validate = validate
+
+    # ---- keys -------------------------------------------------------------------------
+
+    def kind_prefix(self, kind: Kind, namespace: str | None = None) -> str:
+        """Key prefix of every object of ``kind`` (in ``namespace``, if given)."""
+        base = f"{self.prefix}{kind.group or 'core'}/{kind.plural}/"
+        return base + f"{namespace}/" if kind.namespaced and namespace else base
+
+    def key(self, kind: Kind, namespace: str | None, name: str) -> str:
+        if kind.namespaced:
+            if not namespace:
+                raise errors.bad_request(f"{kind.plural} are namespaced: a namespace is required")
+            return f"{self.kind_prefix(kind)}{namespace}/{name}"
+        return f"{self.kind_prefix(kind)}{name}"
+
+    def _claim_key(self, kind: Kind, value: str) -> str:
+        return f"{self.prefix}claims/{kind.group or 'core'}/{kind.plural}/{value.replace('/', '_')}"
+
+    def parse_key(self, key: str) -> tuple[Kind, str | None, str] | None:
+        """(kind, namespace, name) of an object key, or None for other keys."""
+        if not key.startswith(self.prefix):
+            return None
+        parts = key[len(self.prefix):].split("/")
+        if len(parts) < 3 or parts[0] == "claims":
+            return None
+        group = "" if parts[0] == "core" else parts[0]
+        kind = next((k for k in KINDS.kinds if (k.group, k.plural) == (group, parts[1])), None)
+        if kind is None:
+            return None
+        if kind.namespaced and len(parts) == 4:
+            return kind, parts[2], parts[3]
+        if not kind.namespaced and len(parts) == 3:
+            return kind, None, parts[2]
+        return None
+
+    # ---- decoding ---------------------------------------------------------------------
+
+    @staticmethod
+    def decode(kv: KeyValue) -> Obj:
+        return Registry.decode_bytes(kv.value, kv.mod_revision)
+
+    @staticmethod
+    def decode_bytes(value: bytes, revision: int) -> Obj:
+        obj: Obj = json.loads(value)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(revision)
+        return obj
+
+    @staticmethod
+    def encode(obj: Obj) -> bytes:
+        stored = dict(obj)
+        meta = dict(stored.get("metadata") or {})
+        meta.pop("resourceVersion", None)
+        stored["metadata"] = meta
+        return json.dumps(stored, separators=(",", ":")).encode()
+
+    # ---- reads ------------------------------------------------------------------------
+
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
+        kv = await self.store.get(self.key(kind, namespace, name))
+        if kv is None:
+            raise errors.not_found(kind.plural, name)
+        return self.decode(kv)
+
+    async def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        labels: LabelSelector | None = None,
+        fields: Sequence[FieldRequirement] = (),
+    ) -> tuple[list[Obj], int]:
+        """Objects of ``kind`` that match the selectors, and the revision of the read."""
+        kvs, revision = await self.store.list(self.kind_prefix(kind, namespace))
+        items = []
+        for kv in kvs:
+            obj = self.decode(kv)
+            if matches(obj, labels, fields):
+                items.append(obj)
+        return items, revision
+
+    # ---- writes -----------------------------------------------------------------------
+
+    async def create(
+        self, kind: Kind, obj: Obj, namespace: str | None = None, admit: Admit = _admit_all
+    ) -> Obj:
+        """Store a new object; 409 AlreadyExists if the name is taken."""
+        obj = self._prepare_create(kind, obj, namespace)
+        admit(obj, None)
+        name = obj["metadata"]["name"]
+        key = self.key(kind, obj["metadata"].get("namespace"), name)
+        if kind.namespaced:
+            await self._require_namespace(obj["metadata"]["namespace"])
+        conditions: list[Condition] = [Absent(key)]
+        ops: list[Operation] = [Put(key, self.encode(obj))]
+        claim = self._claim(kind, obj)
+        if claim:
+            conditions.append(Absent(claim))
+            ops.append(Put(claim, key.encode()))
+        revision = await self._commit(conditions, ops)
+        if revision is None:
+            await self._explain_create_failure(kind, key, name, claim, obj)
+        obj["metadata"]["resourceVersion"] = str(revision)
+        return obj
+
+    def _prepare_create(self, kind: Kind, obj: Obj, namespace: str | None) -> Obj:
+        if not isinstance(obj, dict):
+            raise errors.bad_request("the request body must be a JSON object")
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise errors.invalid(kind.kind, "", [errors.FieldError("metadata", "must be an object")])
+        if kind.namespaced:
+            given = meta.get("namespace")
+            if namespace and given and given != namespace:
+                raise errors.bad_request(
+                    f"the namespace of the object ({given}) does not match the namespace "
+                    f"of the request ({namespace})"
+                )
+            meta["namespace"] = given or namespace or "default"
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name") and isinstance(meta.get("generateName"), str):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        obj = self._validate(kind, obj, None)
+        meta = obj["metadata"]
+        meta.pop("resourceVersion", None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta["generation"] = 1
+        return obj
+
+    async def _require_namespace(self, namespace: str) -> None:
+        if await self.store.get(self.key(NAMESPACE, None, namespace)) is None:
+            raise errors.not_found("namespaces", namespace)
+
+    def _claim(self, kind: Kind, obj: Obj) -> str | None:
+        if kind.unique_field and obj.get(kind.unique_field):
+            return self._claim_key(kind, str(obj[kind.unique_field]))
+        return None
+
+    async def _explain_create_failure(
+        self, kind: Kind, key: str, name: str, claim: str | None, obj: Obj
+    ) -> None:
+        if await self.store.get(key) is not None:
+            raise errors.already_exists(kind.plural, name)
+        holder = await self.store.get(claim) if claim else None
+        field = kind.unique_field or "field"
+        owner = holder.value.decode().rsplit("/", 1)[-1] if holder else "another object"
+        raise errors.ApiError(
+            f'{kind.plural} "{name}": {field} {obj.get(field)} is already used by {owner}',
+            409, "AlreadyExists", kind.plural, name,
+        )
+
+    async def _commit(
+        self, conditions: Sequence[Condition], ops: Sequence[Operation]
+    ) -> int | None:
+        try:
+            return await self.store.commit(conditions, ops)
+        except StoreUnavailable as exc:
+            raise errors.unavailable(str(exc)) from exc
+
+    async def update(
+        self,
+        kind: Kind,
+        obj: Obj,
+        namespace: str | None,
+        name: str,
+        subresource: str | None = None,
+        admit: Admit = _admit_all,
+    ) -> Obj:
+        """Replace an object. With ``metadata.resourceVersion`` set, a stale one is 409."""
+        if not isinstance(obj, dict):
+            raise errors.bad_request("the request body must be a JSON object")
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise errors.invalid(kind.kind, name, [errors.FieldError("metadata", "required")])
+        if meta.get("name") not in (None, name):
+            raise errors.bad_request(
+                f'the name of the object ({meta.get("name")}) does not match the name on the URL ({name})'
+            )
+        expected = meta.get("resourceVersion") or None
+        old = await self.get(kind, namespace, name)
+        if expected is not None and str(expected) != old["metadata"]["resourceVersion"]:
+            raise errors.conflict(kind.plural, name, _STALE)
+        new = self._merge_for_update(kind, old, obj, subresource)
+        return await self._write_update(kind, old, new, admit)
+
+    async def patch(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        subresource: str | None = None,
+        admit: Admit = _admit_all,
+    ) -> Obj:
+        """Apply a JSON merge patch, retrying on concurrent writes unless it pins a version."""
+        if not isinstance(patch, dict):
+            raise errors.bad_request("a merge patch must be a JSON object")
+        pinned = (patch.get("metadata") or {}).get("resourceVersion")
+        for _ in range(MAX_UPDATE_RETRIES):
+            old = await self.get(kind, namespace, name)
+            if pinned is not None and str(pinned) != old["metadata"]["resourceVersion"]:
+                raise errors.conflict(kind.plural, name, _STALE)
+            patched = merge_patch(old, patch)
+            new = self._merge_for_update(kind, old, patched, subresource)
+            try:
+                return await self._write_update(kind, old, new, admit)
+            except errors.ApiError as exc:
+                if exc.reason != "Conflict" or pinned is not None:
+                    raise
+        raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
+
+    async def guaranteed_update(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        mutate: Callable[[Obj], Obj | None],
+    ) -> Obj | None:
+        """Read, mutate, write; retried on conflict. ``mutate`` returns None to skip."""
+        for _ in range(MAX_UPDATE_RETRIES):
+            old = await self.get(kind, namespace, name)
+            new = mutate(copy.deepcopy(old))
+            if new is None:
+                return None
+            try:
+                return await self._write_update(kind, old, new, _admit_all)
+            except errors.ApiError as exc:
+                if exc.reason != "Conflict":
+                    raise
+        raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
+
+    def _merge_for_update(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        """Keep what the caller may not change: identity always, status or spec per path."""
+        new = copy.deepcopy(new)
+        new.setdefault("metadata", {})
+        if subresource == "status":
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        elif subresource is not None:
+            raise errors.ApiError(f"subresource {subresource!r} not found", 404, "NotFound")
+        elif "status" in kind.subresources:
+            if "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        meta = new["metadata"]
+        old_meta = old["metadata"]
+        for field in ("name", "namespace", "uid", "creationTimestamp"):
+            if field in old_meta:
+                meta[field] = old_meta[field]
+        meta.pop("resourceVersion", None)
+        return new
+
+    async def _write_update(self, kind: Kind, old: Obj, new: Obj, admit: Admit) -> Obj:
+        new = self._validate(kind, new, old)
+        meta = new["metadata"]
+        meta["generation"] = _next_generation(old, new)
+        admit(new, old)
+        key = self.key(kind, old["metadata"].get("namespace"), old["metadata"]["name"])
+        if _same_content(old, new):
+            return old
+        conditions: list[Condition] = [ModRevisionIs(key, int(old["metadata"]["resourceVersion"]))]
+        ops: list[Operation] = [Put(key, self.encode(new))]
+        old_claim, new_claim = self._claim(kind, old), self._claim(kind, new)
+        if old_claim != new_claim:
+            if new_claim:
+                conditions.append(Absent(new_claim))
+                ops.append(Put(new_claim, key.encode()))
+            if old_claim:
+                ops.append(Delete(old_claim))
+        revision = await self._commit(conditions, ops)
+        if revision is None:
+            raise errors.conflict(kind.plural, meta["name"], _STALE)
+        meta["resourceVersion"] = str(revision)
+        return new
+
+    async def delete(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        resource_version: str | None = None,
+        admit: Admit = _admit_all,
+    ) -> Obj:
+        """Delete an object (with an optional resourceVersion precondition)."""
+        for _ in range(MAX_UPDATE_RETRIES):
+            old = await self.get(kind, namespace, name)
+            current = old["metadata"]["resourceVersion"]
+            if resource_version is not None and str(resource_version) != current:
+                raise errors.conflict(kind.plural, name, _STALE)
+            admit(None, old)
+            key = self.key(kind, namespace, name)
+            ops: list[Operation] = [Delete(key)]
+            claim = self._claim(kind, old)
+            if claim:
+                ops.append(Delete(claim))
+            revision = await self._commit([ModRevisionIs(key, int(current))], ops)
+            if revision is not None:
+                old["metadata"]["resourceVersion"] = str(revision)
+                return old
+            if resource_version is not None:
+                raise errors.conflict(kind.plural, name, _STALE)
+        raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
+
+
+_STALE = "the object has been modified; please apply your changes to the latest version and try again"
+
+
+def _body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _next_generation(old: Obj, new: Obj) -> int:
+    generation = int(old["metadata"].get("generation") or 1)
+    return generation + 1 if _body(old) != _body(new) else generation
+
+
+def _same_content(old: Obj, new: Obj) -> bool:
+    strip = {"resourceVersion"}
+    old_meta = {k: v for k, v in old["metadata"].items() if k not in strip}
+    new_meta = {k: v for k, v in new["metadata"].items() if k not in strip}
+    rest_old = {k: v for k, v in old.items() if k != "metadata"}
+    rest_new = {k: v for k, v in new.items() if k != "metadata"}
+    return old_meta == new_meta and rest_old == rest_new
+
+
+def matches(
+    obj: Mapping[str, Any],
+    labels: LabelSelector | None,
+    fields: Sequence[FieldRequirement] = (),
+) -> bool:
+    """Whether ``obj`` passes a label selector and field requirements."""
+    if labels is not None and not labels.matches((obj.get("metadata") or {}).get("labels")):
+        return False
+    return not fields or fields_match(obj, fields)

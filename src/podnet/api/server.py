@@ -1,0 +1,164 @@
+"""The HTTPS API server: middleware, non-resource endpoints and the resource routes."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from podnet import __version__
+from podnet.api import discovery
+from podnet.api.auth import TokenFile, User
+from podnet.api.handlers import ResourceHandlers, json_response
+from podnet.api.metrics import ApiMetrics
+from podnet.api.registry import Registry
+from podnet.api.requests import MAX_BODY
+from podnet.api.watchcache import WatchCache
+from podnet.model import errors
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/version"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiServer:
+    """Owns the aiohttp application and its listener."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        tokens: TokenFile,
+        metrics: ApiMetrics | None = None,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.registry = registry
+        self.tokens = tokens
+        self.metrics = metrics or ApiMetrics()
+        self.cache = WatchCache(registry)
+        self.handlers = ResourceHandlers(registry, self.cache, self.metrics)
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+        self.address = ""
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors, self._authenticate],
+            client_max_size=MAX_BODY + 1,
+        )
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/livez", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api", self._api)
+        app.router.add_get("/apis", self._apis)
+        app.router.add_get("/api/{version}", self._core_resources)
+        app.router.add_get("/apis/{group}", self._group)
+        app.router.add_get("/apis/{group}/{version}", self._group_resources)
+        app.router.add_route("*", "/api/{version}/{tail:.+}", self.handlers.core)
+        app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", self.handlers.grouped)
+        return app
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
+        await self.cache.start()
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
+        await site.start()
+        scheme = "https" if ssl_context else "http"
+        bound = self._runner.addresses[0]
+        self.address = f"{scheme}://{host}:{bound[1]}"
+        log.info("API server listening on %s", self.address)
+
+    async def stop(self) -> None:
+        await self.cache.stop()
+        if self._runner:
+            await self._runner.cleanup()
+
+    # ---- middleware -------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        code = 500
+        try:
+            response = await handler(request)
+            code = response.status
+            return response
+        except errors.ApiError as exc:
+            code = exc.code
+            return json_response(exc.status(), exc.code)
+        except web.HTTPRequestEntityTooLarge:
+            code = 413
+            return json_response(errors.too_large("the request body is too large").status(), 413)
+        except web.HTTPException as exc:
+            code = exc.status
+            err = errors.ApiError(exc.reason or "error", exc.status, exc.reason or "Unknown")
+            return json_response(err.status(), exc.status)
+        except Exception:
+            log.exception("internal error serving %s %s", request.method, request.path)
+            return json_response(errors.ApiError("internal error").status(), 500)
+        finally:
+            verb = request.get("verb", request.method.lower())
+            resource = request.get("resource", "")
+            self.metrics.requests.labels(verb, resource, str(code)).inc()
+            if verb != "watch":
+                self.metrics.latency.labels(verb, resource).observe(time.perf_counter() - started)
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PUBLIC_PATHS:
+            request["user"] = User("system:anonymous", ("system:unauthenticated",))
+        else:
+            request["user"] = self.tokens.authenticate(request.headers.get("Authorization"))
+        return await handler(request)
+
+    # ---- non-resource endpoints -------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if not self._ready():
+            return web.Response(text="not ready: controllers starting", status=503)
+        try:
+            await self.registry.store.revision()
+        except Exception as exc:
+            return web.Response(text=f"not ready: etcd: {exc}", status=503)
+        return web.Response(text="ok")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return json_response({
+            "major": "1", "minor": "32", "gitVersion": f"v1.32.0-podnet.{__version__}",
+            "gitCommit": "", "gitTreeState": "clean", "buildDate": "",
+            "goVersion": "python", "compiler": "cpython", "platform": "linux/amd64",
+        })
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain")
+
+    async def _api(self, request: web.Request) -> web.Response:
+        return json_response(discovery.api_versions(request.host))
+
+    async def _apis(self, request: web.Request) -> web.Response:
+        return json_response(discovery.api_group_list())
+
+    async def _core_resources(self, request: web.Request) -> web.Response:
+        return _or_404(discovery.api_resource_list(request.match_info["version"]))
+
+    async def _group(self, request: web.Request) -> web.Response:
+        return _or_404(discovery.api_group(request.match_info["group"]))
+
+    async def _group_resources(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return _or_404(discovery.api_resource_list(f"{info['group']}/{info['version']}"))
+
+
+def _or_404(body: object) -> web.Response:
+    if body is None:
+        raise errors.ApiError("the server could not find the requested resource", 404, "NotFound")
+    return json_response(body)

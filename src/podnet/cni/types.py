@@ -1,0 +1,401 @@
+"""CNI types for the node agent: results in each spec version, errors, args, config.
+
+The agent receives the shim's ``POST /cni`` body, turns it into a ``CniRequest`` with
+``parse_request`` (which re-runs every check the shims make, with the same codes), and
+answers with ``result_answer`` or ``error_answer``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Names imported "as" themselves are re-exported: the agent imports everything from here.
+from podnet.cni.shim import AGENT_PATH as AGENT_PATH
+from podnet.cni.shim import DEFAULT_SOCKET as DEFAULT_SOCKET
+from podnet.cni.validate import (
+    DEFAULT_VERSION,
+    CniError,
+    check_config,
+    check_version,
+    decode_config,
+    validate_request,
+)
+from podnet.cni.validate import ERR_BAD_AGENT_ANSWER as ERR_BAD_AGENT_ANSWER
+from podnet.cni.validate import ERR_DECODING_FAILURE as ERR_DECODING_FAILURE
+from podnet.cni.validate import ERR_INCOMPATIBLE_VERSION as ERR_INCOMPATIBLE_VERSION
+from podnet.cni.validate import ERR_INTERNAL as ERR_INTERNAL
+from podnet.cni.validate import ERR_INVALID_ENVIRONMENT as ERR_INVALID_ENVIRONMENT
+from podnet.cni.validate import ERR_INVALID_NETWORK_CONFIG as ERR_INVALID_NETWORK_CONFIG
+from podnet.cni.validate import ERR_IO_FAILURE as ERR_IO_FAILURE
+from podnet.cni.validate import ERR_NOT_AVAILABLE as ERR_NOT_AVAILABLE
+from podnet.cni.validate import ERR_NOT_AVAILABLE_LIMITED as ERR_NOT_AVAILABLE_LIMITED
+from podnet.cni.validate import ERR_TRY_AGAIN_LATER as ERR_TRY_AGAIN_LATER
+from podnet.cni.validate import ERR_UNKNOWN_CONTAINER as ERR_UNKNOWN_CONTAINER
+from podnet.cni.validate import ERR_UNSUPPORTED_FIELD as ERR_UNSUPPORTED_FIELD
+from podnet.cni.validate import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
+
+# Versions whose results carry "version": "4"|"6" in each ip and lack the 1.1.0 extras.
+LEGACY_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.4.0"})
+MTU_RANGE = range(68, 65536)
+ROUTE_EXTRAS = ("mtu", "advmss", "priority", "table", "scope")
+VALID_ATTACHMENTS_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """An interface of a result; ``sandbox`` is the netns path for pod-side ones."""
+
+    name: str
+    mac: str = ""
+    mtu: int | None = None  # emitted for 1.1.0 only
+    sandbox: str = ""
+
+
+@dataclass(frozen=True)
+class IPConfig:
+    """An address in CIDR form; ``interface`` indexes ``CniResult.interfaces``."""
+
+    address: str
+    gateway: str | None = None
+    interface: int | None = None
+
+    @property
+    def version(self) -> str:
+        """The IP version as the 0.3.x/0.4.0 formats spell it: "4" or "6"."""
+        return str(ipaddress.ip_interface(self.address).version)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A route; the attributes after ``gw`` exist in spec 1.1.0 only."""
+
+    dst: str
+    gw: str | None = None
+    mtu: int | None = None
+    advmss: int | None = None
+    priority: int | None = None
+    table: int | None = None
+    scope: int | None = None
+
+
+@dataclass(frozen=True)
+class DNS:
+    """DNS settings of a result."""
+
+    nameservers: tuple[str, ...] = ()
+    domain: str = ""
+    search: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CniResult:
+    """The version-neutral result of ADD; ``format_result`` renders one version."""
+
+    interfaces: tuple[Interface, ...] = ()
+    ips: tuple[IPConfig, ...] = ()
+    routes: tuple[Route, ...] = ()
+    dns: DNS = field(default_factory=DNS)
+
+
+def _format_interface(iface: Interface, legacy: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": iface.name}
+    if iface.mac:
+        out["mac"] = iface.mac
+    if iface.mtu and not legacy:
+        out["mtu"] = iface.mtu
+    if iface.sandbox:
+        out["sandbox"] = iface.sandbox
+    return out
+
+
+def _format_ip(ip: IPConfig, legacy: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"version": ip.version} if legacy else {}
+    out["address"] = ip.address
+    if ip.gateway:
+        out["gateway"] = ip.gateway
+    if ip.interface is not None:
+        out["interface"] = ip.interface
+    return out
+
+
+def _format_route(route: Route, legacy: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"dst": route.dst}
+    if route.gw:
+        out["gw"] = route.gw
+    if not legacy:
+        out.update({k: getattr(route, k) for k in ROUTE_EXTRAS if getattr(route, k) is not None})
+    return out
+
+
+def _format_dns(dns: DNS) -> dict[str, Any]:
+    out = {"nameservers": list(dns.nameservers), "domain": dns.domain}
+    out.update({"search": list(dns.search), "options": list(dns.options)})
+    return {key: value for key, value in out.items() if value}
+
+
+def format_result(result: CniResult, cni_version: str) -> dict[str, Any]:
+    """Render ``result`` in the format of ``cni_version`` (the request config's)."""
+    check_version("ADD", {"cniVersion": cni_version})
+    legacy = cni_version in LEGACY_VERSIONS
+    out: dict[str, Any] = {"cniVersion": cni_version}
+    if result.interfaces:
+        out["interfaces"] = [_format_interface(i, legacy) for i in result.interfaces]
+    if result.ips:
+        out["ips"] = [_format_ip(ip, legacy) for ip in result.ips]
+    if result.routes:
+        out["routes"] = [_format_route(r, legacy) for r in result.routes]
+    out["dns"] = _format_dns(result.dns)
+    return out
+
+
+def _invalid(what: str, details: str) -> CniError:
+    return CniError(ERR_INVALID_NETWORK_CONFIG, f"invalid {what}", details)
+
+
+def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise _invalid(what, f'"{key}" has the wrong type')
+    return value
+
+
+def _objects(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+    items = _get(data, key, list, what) or []
+    if not all(isinstance(item, dict) for item in items):
+        raise _invalid(what, f'"{key}" must be a list of objects')
+    return items
+
+
+def _required(item: Mapping[str, Any], key: str, what: str) -> str:
+    value = _get(item, key, str, what)
+    if not value:
+        raise _invalid(what, f'missing "{key}"')
+    return str(value)
+
+
+def _strings(item: Mapping[str, Any], key: str, what: str) -> tuple[str, ...]:
+    values = _get(item, key, list, what) or []
+    if not all(isinstance(v, str) for v in values):
+        raise _invalid(what, f'"{key}" must be a list of strings')
+    return tuple(values)
+
+
+def _parse_ip(item: Mapping[str, Any]) -> IPConfig:
+    address = _required(item, "address", "result")
+    try:
+        ipaddress.ip_interface(address)
+    except ValueError:
+        raise _invalid("result", f'bad ip address "{address}"') from None
+    gateway = _get(item, "gateway", str, "result")
+    return IPConfig(address, gateway, _get(item, "interface", int, "result"))
+
+
+def _parse_route(item: Mapping[str, Any]) -> Route:
+    ints = {k: _get(item, k, int, "result") for k in ROUTE_EXTRAS}
+    return Route(_required(item, "dst", "result"), _get(item, "gw", str, "result"), **ints)
+
+
+def _parse_interface(item: Mapping[str, Any]) -> Interface:
+    return Interface(
+        _required(item, "name", "result"),
+        _get(item, "mac", str, "result") or "",
+        _get(item, "mtu", int, "result"),
+        _get(item, "sandbox", str, "result") or "",
+    )
+
+
+def _parse_dns(data: Mapping[str, Any]) -> DNS:
+    dns = _get(data, "dns", dict, "result") or {}
+    lists = {k: _strings(dns, k, "result") for k in ("nameservers", "search", "options")}
+    return DNS(domain=_get(dns, "domain", str, "result") or "", **lists)
+
+
+def parse_result(data: Mapping[str, Any]) -> CniResult:
+    """Read a result in any supported version's format (e.g. a prevResult); raise CniError(7)."""
+    return CniResult(
+        interfaces=tuple(_parse_interface(i) for i in _objects(data, "interfaces", "result")),
+        ips=tuple(_parse_ip(i) for i in _objects(data, "ips", "result")),
+        routes=tuple(_parse_route(r) for r in _objects(data, "routes", "result")),
+        dns=_parse_dns(data),
+    )
+
+
+def parse_cni_args(text: str, known: Collection[str] | None = None) -> dict[str, str]:
+    """Parse CNI_ARGS ``K=V;K=V``; raise CniError(4) on a malformed pair.
+
+    With ``known`` given, keys outside it are refused unless ``IgnoreUnknown`` is true.
+    """
+    args: dict[str, str] = {}
+    for item in text.split(";"):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key or "=" in value:
+            raise CniError(ERR_INVALID_ENVIRONMENT, "invalid CNI_ARGS", f'bad pair "{item}"')
+        args[key] = value
+    ignore = args.get("IgnoreUnknown", "").lower() in ("1", "true")
+    unknown = sorted(set(args) - set(known) - {"IgnoreUnknown"}) if known is not None else []
+    if unknown and not ignore:
+        raise CniError(ERR_INVALID_ENVIRONMENT, "unknown CNI_ARGS", ", ".join(unknown))
+    return args
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One entry of GC's ``cni.dev/valid-attachments``."""
+
+    container_id: str
+    ifname: str
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A validated network config, as the runtime sent it for this plugin."""
+
+    name: str
+    cni_version: str
+    type: str
+    prev_result: CniResult | None = None
+    runtime_config: dict[str, Any] = field(default_factory=dict)
+    ipam: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+    socket_path: str | None = None
+    mtu: int | None = None
+    namespace: str | None = None
+    valid_attachments: tuple[Attachment, ...] | None = None  # GC only
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def _parse_attachments(config: Mapping[str, Any]) -> tuple[Attachment, ...] | None:
+    # libcni sends both keys with the same value (the second is a spec typo kept alive).
+    key = next((k for k in VALID_ATTACHMENTS_KEYS if k in config), None)
+    if key is None:
+        return None
+    what = "network config"
+    items = _objects(config, key, what)
+    return tuple(
+        Attachment(_required(item, "containerID", what), _required(item, "ifname", what))
+        for item in items
+    )
+
+
+def _parse_prev_result(config: Mapping[str, Any]) -> CniResult | None:
+    prev = _get(config, "prevResult", dict, "network config")
+    return parse_result(prev) if prev is not None else None
+
+
+def _config_from(config: dict[str, Any], cni_version: str) -> NetworkConfig:
+    what = "network config"
+    mtu = _get(config, "mtu", int, what)
+    if mtu is not None and mtu not in MTU_RANGE:
+        raise _invalid(what, f'"mtu" must be from {MTU_RANGE.start} to {MTU_RANGE.stop - 1}')
+    return NetworkConfig(
+        name=config["name"],
+        cni_version=cni_version,
+        type=config["type"],
+        prev_result=_parse_prev_result(config),
+        runtime_config=_get(config, "runtimeConfig", dict, what) or {},
+        ipam=_get(config, "ipam", dict, what) or {},
+        args=_get(config, "args", dict, what) or {},
+        socket_path=_get(config, "socketPath", str, what) or None,
+        mtu=mtu,
+        namespace=_get(config, "namespace", str, what) or None,
+        valid_attachments=_parse_attachments(config),
+        raw=config,
+    )
+
+
+def parse_network_config(text: str | bytes, command: str = "ADD") -> NetworkConfig:
+    """Parse and check the stdin config of a ``command``; raise CniError(6|7|1)."""
+    config = decode_config(text)
+    return _config_from(config, check_config(command, config))
+
+
+@dataclass(frozen=True)
+class CniRequest:
+    """One CNI invocation as the agent receives it from a shim, fully validated."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: dict[str, str]
+    path: tuple[str, ...]
+    config: NetworkConfig | None  # None for VERSION only
+    env: dict[str, str]
+
+    @property
+    def cni_version(self) -> str:
+        """The version to answer in."""
+        return self.config.cni_version if self.config else DEFAULT_VERSION
+
+
+BAD_REQUEST = "invalid request from shim"
+
+
+def _decode_shim_body(body: bytes | str) -> tuple[dict[str, str], str]:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise CniError(ERR_DECODING_FAILURE, BAD_REQUEST, str(exc)) from None
+    env = obj.get("env") if isinstance(obj, dict) else None
+    config = obj.get("config") if isinstance(obj, dict) else None
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise CniError(ERR_DECODING_FAILURE, BAD_REQUEST, '"env" must map to strings')
+    if not isinstance(config, str):
+        raise CniError(ERR_DECODING_FAILURE, BAD_REQUEST, '"config" must be a string')
+    return env, config
+
+
+def parse_request(body: bytes | str) -> CniRequest:
+    """Decode the shim's ``{"env", "config"}`` body and validate it like the shims do.
+
+    Raises CniError (with ``cni_version`` set to the version to answer in).
+    """
+    env, text = _decode_shim_body(body)
+    checked = validate_request(env, text)
+    try:
+        config = None
+        if checked.command != "VERSION" and checked.config is not None:
+            config = _config_from(checked.config, checked.cni_version)
+        args = parse_cni_args(env.get("CNI_ARGS", ""))
+    except CniError as err:
+        err.cni_version = checked.cni_version
+        raise
+    path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
+    return CniRequest(
+        command=checked.command,
+        container_id=env.get("CNI_CONTAINERID", ""),
+        netns=env.get("CNI_NETNS", ""),
+        ifname=env.get("CNI_IFNAME", ""),
+        args=args,
+        path=path,
+        config=config,
+        env=dict(env),
+    )
+
+
+def http_status_for(code: int) -> int:
+    """The HTTP status the agent uses for a CNI error code (the shims only need non-2xx)."""
+    if code in (ERR_TRY_AGAIN_LATER, ERR_NOT_AVAILABLE, ERR_NOT_AVAILABLE_LIMITED):
+        return 503
+    if 1 <= code <= 7:
+        return 400
+    return 500
+
+
+def error_answer(err: CniError, cni_version: str | None = None) -> tuple[int, bytes]:
+    """The agent's HTTP answer for an error: (status, CNI error JSON body)."""
+    return http_status_for(err.code), err.to_json(cni_version).encode()
+
+
+def result_answer(result: CniResult | None, cni_version: str) -> tuple[int, bytes]:
+    """The agent's HTTP answer on success: ADD's result, or an empty body for the rest."""
+    if result is None:
+        return 200, b""
+    return 200, json.dumps(format_result(result, cni_version)).encode()

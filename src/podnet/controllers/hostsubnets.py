@@ -1,0 +1,447 @@
+"""The HostSubnet controller: one subnet of the cluster network per node.
+
+Start order, as in OpenShift SDN: list the HostSubnets and mark every subnet allocated,
+then list the Nodes, and only then reconcile. Each name (a Node and its HostSubnet share
+it) is one work item, so a name is handled by one worker at a time, and every handler is
+safe to run again: it compares the cached Node and HostSubnet and writes only what is
+missing. The registry's subnet claim makes a duplicate subnet impossible even when two
+masters race; losing that race (409 AlreadyExists) just means "try the next subnet".
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from functools import partial
+from ipaddress import IPv4Network
+from typing import Any
+
+from podnet.api.registry import Registry
+from podnet.controllers.config import NetworkConfig
+from podnet.controllers.informer import (
+    DELETED,
+    RESYNC,
+    SYNCED,
+    ObjectCache,
+    call_with_retry,
+    consume_until_synced,
+    pump,
+    resource_version,
+    watch_objects,
+)
+from podnet.controllers.nodestatus import (
+    CONDITION,
+    REASON_ALLOCATED,
+    REASON_EXHAUSTED,
+    has_condition,
+    node_internal_ip,
+    record_node_event,
+    set_network_condition,
+)
+from podnet.controllers.subnets import SubnetAllocator, SubnetsExhausted
+from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
+from podnet.model.errors import ApiError
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
+
+Obj = dict[str, Any]
+
+NODE_UID_ANNOTATION = "pod.network.openshift.io/node-uid"
+ASSIGN_SUBNET_ANNOTATION = "pod.network.openshift.io/assign-subnet"
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def is_assigned_host(hostsubnet: Obj) -> bool:
+    """Whether a user asked for this HostSubnet's subnet (a host that is not a node)."""
+    return annotations_of(hostsubnet).get(ASSIGN_SUBNET_ANNOTATION) == "true"
+
+
+def subnet_of(hostsubnet: Obj) -> IPv4Network | None:
+    try:
+        return IPv4Network(hostsubnet["subnet"]) if hostsubnet.get("subnet") else None
+    except ValueError:
+        return None
+
+
+def hostsubnet_object(node: str, host_ip: str, subnet: IPv4Network, node_uid: str) -> Obj:
+    """The HostSubnet of ``node``."""
+    return {
+        "apiVersion": HOST_SUBNET.api_version,
+        "kind": HOST_SUBNET.kind,
+        "metadata": {"name": node, "annotations": {NODE_UID_ANNOTATION: node_uid}},
+        "host": node,
+        "hostIP": host_ip,
+        "subnet": str(subnet),
+    }
+
+
+class HostSubnetController:
+    """Keeps one HostSubnet per Node, and fills in subnets for ``assign-subnet`` hosts."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        cluster_network_obj: Obj,
+        log: logging.Logger | None = None,
+        workers: int = 16,
+        resync_period: float | None = 300.0,
+    ) -> None:
+        self.registry = registry
+        self.log = log or logging.getLogger("podnet.controllers.hostsubnets")
+        config = NetworkConfig.from_object(cluster_network_obj)
+        self.allocator = SubnetAllocator(config.cluster_networks)
+        self.nodes = ObjectCache()
+        self.subnets = ObjectCache()
+        self.queue = KeyedQueue("hostsubnets", self._reconcile, workers)
+        self.ready = False
+        self._resync = resync_period
+        self._owners: dict[IPv4Network, str] = {}  # subnet -> HostSubnet name
+        self._waiting: set[str] = set()  # names that found no free subnet
+        self._evented: set[str] = set()  # waiting nodes already given an Event
+        self._no_ip: set[str] = set()  # nodes already logged as lacking an InternalIP
+        self._tasks: list[Any] = []
+
+    @property
+    def tasks(self) -> list[Any]:
+        """The controller's long-running tasks (for the manager to supervise)."""
+        return self._tasks + self.queue.tasks
+
+    @property
+    def waiting(self) -> set[str]:
+        """Names waiting for a subnet to be released."""
+        return set(self._waiting)
+
+    async def start(self) -> None:
+        """Mark existing subnets, list Nodes, reconcile everything; return once done."""
+        subnet_stream = watch_objects(self.registry, HOST_SUBNET, self._resync)
+        marked = await consume_until_synced(subnet_stream, self._on_hostsubnet)
+        self.log.info(
+            "marked %d existing HostSubnets allocated (%d of %d subnets free)",
+            marked,
+            self.allocator.available,
+            self.allocator.total,
+        )
+        node_stream = watch_objects(self.registry, NODE, self._resync)
+        nodes = await consume_until_synced(node_stream, self._on_node)
+        self.log.info("listed %d nodes; allocating subnets", nodes)
+        self.queue.start()
+        spawn(self._tasks, pump(subnet_stream, self._on_hostsubnet), "hostsubnet-watch")
+        spawn(self._tasks, pump(node_stream, self._on_node), "node-watch")
+        spawn(self._tasks, self._watch_cluster_network(), "clusternetwork-watch")
+        await self.queue.wait_idle()
+        self.ready = True
+        self.log.info(
+            "HostSubnet controller synced: %d nodes, %d HostSubnets, %d subnets free",
+            len(self.nodes),
+            len(self.subnets),
+            self.allocator.available,
+        )
+
+    async def stop(self) -> None:
+        """Stop the watches and workers."""
+        self.ready = False
+        await self.queue.stop()
+        await cancel_all(self._tasks)
+        self._tasks.clear()
+
+    # ---- events -------------------------------------------------------------------------
+
+    def _on_hostsubnet(self, change: str, obj: Obj) -> None:
+        if change == SYNCED:
+            self.subnets.forget_deletions(resource_version(obj))
+        if change in (SYNCED, RESYNC):
+            return
+        name = obj["metadata"]["name"]
+        if change == DELETED:
+            self._forget(name, resource_version(obj))
+        else:
+            self._remember(obj)
+        self.queue.add(name)
+
+    def _on_node(self, change: str, obj: Obj) -> None:
+        if change == SYNCED:
+            self.nodes.forget_deletions(resource_version(obj))
+        if change in (SYNCED, RESYNC):
+            return
+        name = obj["metadata"]["name"]
+        if change == DELETED:
+            self.nodes.remove(name, resource_version(obj))
+            self._waiting.discard(name)
+            self._evented.discard(name)
+        else:
+            self.nodes.put(obj)
+        self.queue.add(name)
+
+    def _remember(self, hostsubnet: Obj) -> None:
+        """Cache a HostSubnet version and keep the allocator's marks in step with it."""
+        stored, old = self.subnets.put(hostsubnet)
+        if not stored:
+            return
+        before = subnet_of(old) if old else None
+        after = subnet_of(hostsubnet)
+        if before != after and before is not None:
+            self._release(before)
+        if after is not None:
+            self.allocator.mark_allocated(after)
+            self._owners[after] = hostsubnet["metadata"]["name"]
+
+    def _forget(self, name: str, revision: int) -> None:
+        old = self.subnets.remove(name, revision)
+        subnet = subnet_of(old) if old else None
+        if subnet is not None:
+            self._release(subnet)
+
+    def _release(self, subnet: IPv4Network) -> None:
+        self._owners.pop(subnet, None)
+        self.allocator.release(subnet)
+        for name in self._waiting:
+            self.queue.add(name)
+
+    async def _watch_cluster_network(self) -> None:
+        async for change, obj in watch_objects(self.registry, CLUSTER_NETWORK, self._resync):
+            name = (obj.get("metadata") or {}).get("name")
+            if change not in (SYNCED, RESYNC, DELETED) and name == "default":
+                self.apply_cluster_network(obj)
+
+    def apply_cluster_network(self, obj: Obj) -> None:
+        """Follow a permitted grow of the ClusterNetwork; log and ignore anything else."""
+        try:
+            entries = NetworkConfig.from_object(obj).cluster_networks
+            if entries == self.allocator.entries:
+                return
+            self.allocator.grow(entries)
+        except (KeyError, ValueError) as exc:
+            self.log.error("ignoring ClusterNetwork change: %s", exc)
+            return
+        nets = ",".join(str(e) for e in entries)
+        self.log.info(
+            "cluster network is now %s: %d subnets, %d free",
+            nets,
+            self.allocator.total,
+            self.allocator.available,
+        )
+        for name in self._waiting:
+            self.queue.add(name)
+
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def _reconcile(self, name: str) -> None:
+        node = self.nodes.get(name)
+        hostsubnet = self.subnets.get(name)
+        if hostsubnet is not None and is_assigned_host(hostsubnet):
+            await self._fill_assigned(hostsubnet)
+        elif node is not None:
+            await self._ensure_for_node(node, hostsubnet)
+        elif hostsubnet is not None:
+            await self._remove_orphan(hostsubnet)
+
+    async def _ensure_for_node(self, node: Obj, hostsubnet: Obj | None) -> None:
+        name = node["metadata"]["name"]
+        ip = node_internal_ip(node)
+        if ip is None:
+            if name not in self._no_ip:
+                self._no_ip.add(name)
+                self.log.info("node %s has no InternalIP address; no subnet yet", name)
+            return
+        self._no_ip.discard(name)
+        owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION) if hostsubnet else None
+        if hostsubnet is not None and owner and owner != node["metadata"].get("uid"):
+            if not await self._remove_orphan(hostsubnet):
+                return
+            hostsubnet = None
+        if hostsubnet is None:
+            await self._allocate_for(node, ip)
+        else:
+            await self._update_host(hostsubnet, node, ip)
+
+    async def _remove_orphan(self, hostsubnet: Obj) -> bool:
+        """Delete a HostSubnet whose Node is gone or is a different one; True once deleted."""
+        name = hostsubnet["metadata"]["name"]
+        node = await self._fetch(NODE, name)  # the cache may lag: confirm before deleting
+        owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
+        if node is not None:
+            self.nodes.put(node)
+            if owner in (None, "", node["metadata"].get("uid")):
+                self.queue.add(name)  # not an orphan after all; look again
+                return False
+        why = "its node is gone" if node is None else "its node was replaced"
+        self.log.info("deleting HostSubnet %s (%s): %s", name, hostsubnet.get("subnet"), why)
+        try:
+            deleted = await call_with_retry(
+                lambda: self.registry.delete(
+                    HOST_SUBNET, None, name, str(resource_version(hostsubnet))
+                ),
+                f"delete HostSubnet {name}",
+            )
+        except ApiError as exc:
+            if exc.reason != "NotFound":
+                raise
+            return True
+        self._forget(name, resource_version(deleted))
+        return True
+
+    async def _allocate_for(self, node: Obj, ip: str) -> None:
+        name, uid = node["metadata"]["name"], str(node["metadata"].get("uid") or "")
+        while True:
+            try:
+                subnet = self.allocator.allocate()
+            except SubnetsExhausted:
+                await self._exhausted(node)
+                return
+            body = hostsubnet_object(name, ip, subnet, uid)
+            try:
+                created = await call_with_retry(
+                    partial(self.registry.create, HOST_SUBNET, body), f"create HostSubnet {name}"
+                )
+            except ApiError as exc:
+                if exc.reason != "AlreadyExists":
+                    self.allocator.release(subnet)
+                    raise
+                if await self._lost_race(name, subnet):
+                    return
+                continue
+            self._remember(created)
+            self.log.info("allocated subnet %s for node %s (%s)", subnet, name, ip)
+            await self._subnet_assigned(node, subnet)
+            return
+
+    async def _lost_race(self, name: str, subnet: IPv4Network) -> bool:
+        """After a 409: True if ``name`` has a HostSubnet now; False if ``subnet`` was taken."""
+        existing = await self._fetch(HOST_SUBNET, name)
+        if existing is None:
+            # Another master's HostSubnet holds the subnet; it stays marked, try the next.
+            self.log.info("subnet %s is already claimed; trying the next one for %s", subnet, name)
+            return False
+        self._remember(existing)
+        if subnet not in self._owners:
+            self.allocator.release(subnet)
+        self.queue.add(name)  # compare the existing HostSubnet with the node again
+        return True
+
+    async def _update_host(self, hostsubnet: Obj, node: Obj, ip: str) -> None:
+        """Keep the subnet; bring hostIP and the node-uid annotation up to date."""
+        name, uid = node["metadata"]["name"], str(node["metadata"].get("uid") or "")
+        subnet = subnet_of(hostsubnet)
+        owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
+        if hostsubnet.get("hostIP") != ip or owner != uid:
+            updated = await call_with_retry(
+                lambda: self.registry.guaranteed_update(
+                    HOST_SUBNET, None, name, lambda hs: _with_host(hs, ip, uid)
+                ),
+                f"update HostSubnet {name}",
+            )
+            if updated is not None:
+                if hostsubnet.get("hostIP") != ip:
+                    self.log.info(
+                        "node %s IP changed %s -> %s; HostSubnet keeps subnet %s",
+                        name,
+                        hostsubnet.get("hostIP"),
+                        ip,
+                        subnet,
+                    )
+                self._remember(updated)
+        if subnet is not None:
+            await self._subnet_assigned(node, subnet)
+
+    async def _fill_assigned(self, hostsubnet: Obj) -> None:
+        """Give a subnet to a user's ``assign-subnet`` HostSubnet that has none yet."""
+        if subnet_of(hostsubnet) is not None:
+            return
+        name = hostsubnet["metadata"]["name"]
+        while True:
+            try:
+                subnet = self.allocator.allocate()
+            except SubnetsExhausted:
+                if name not in self._waiting:
+                    self._waiting.add(name)
+                    self.log.error("no subnets available for HostSubnet %s", name)
+                return
+            if await self._write_assigned(hostsubnet, subnet):
+                return
+
+    async def _write_assigned(self, hostsubnet: Obj, subnet: IPv4Network) -> bool:
+        """Store ``subnet`` in the HostSubnet; False if only the subnet's claim failed."""
+        name = hostsubnet["metadata"]["name"]
+        body = copy.deepcopy(hostsubnet)
+        body["subnet"] = str(subnet)
+        try:
+            updated = await call_with_retry(
+                lambda: self.registry.update(HOST_SUBNET, body, None, name),
+                f"assign a subnet to HostSubnet {name}",
+            )
+        except ApiError as exc:
+            self.allocator.release(subnet)
+            if exc.reason != "Conflict":
+                raise
+            current = await self._fetch(HOST_SUBNET, name)
+            if current is None or resource_version(current) != resource_version(hostsubnet):
+                if current is not None:
+                    self._remember(current)
+                self.queue.add(name)
+                return True
+            self.allocator.mark_allocated(subnet)  # unchanged object: the claim lost a race
+            return False
+        self._remember(updated)
+        self._waiting.discard(name)
+        host_ip = body.get("hostIP")
+        self.log.info("assigned subnet %s to HostSubnet %s (host %s)", subnet, name, host_ip)
+        return True
+
+    # ---- exhaustion and conditions ----------------------------------------------------
+
+    async def _exhausted(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        nets = ",".join(str(e) for e in self.allocator.entries)
+        message = (
+            f"no subnets available for node {name}: "
+            f"all {self.allocator.total} subnets of {nets} are in use"
+        )
+        if name not in self._waiting:
+            self._waiting.add(name)
+            self.log.error("no subnets available for node %s (%s)", name, nets)
+        await self._set_condition(node, "True", REASON_EXHAUSTED, message)
+        if name not in self._evented:
+            await record_node_event(self.registry, node, REASON_EXHAUSTED, message, self.log)
+            self._evented.add(name)
+
+    async def _subnet_assigned(self, node: Obj, subnet: IPv4Network) -> None:
+        name = node["metadata"]["name"]
+        self._waiting.discard(name)
+        self._evented.discard(name)
+        if has_condition(node, "True", REASON_EXHAUSTED):
+            message = f"subnet {subnet} allocated"
+            await self._set_condition(node, "False", REASON_ALLOCATED, message)
+
+    async def _set_condition(self, node: Obj, status: str, reason: str, message: str) -> None:
+        if has_condition(node, status, reason):
+            return
+        updated = await set_network_condition(self.registry, node, status, reason, message)
+        if updated is not None:
+            self.nodes.put(updated)
+            name = node["metadata"]["name"]
+            self.log.info("node %s: condition %s=%s (%s)", name, CONDITION, status, reason)
+
+    async def _fetch(self, kind: Kind, name: str) -> Obj | None:
+        try:
+            return await call_with_retry(
+                lambda: self.registry.get(kind, None, name), f"get {kind.singular} {name}"
+            )
+        except ApiError as exc:
+            if exc.reason == "NotFound":
+                return None
+            raise
+
+
+def _with_host(hostsubnet: Obj, ip: str, uid: str) -> Obj | None:
+    """``hostsubnet`` with hostIP and node-uid set (None when already so)."""
+    meta = hostsubnet.setdefault("metadata", {})
+    notes = meta.setdefault("annotations", {})
+    if hostsubnet.get("hostIP") == ip and notes.get(NODE_UID_ANNOTATION) == uid:
+        return None
+    if notes.get(NODE_UID_ANNOTATION) not in (None, "", uid):
+        return None  # it now belongs to another node object: the next reconcile decides
+    hostsubnet["hostIP"] = ip
+    notes[NODE_UID_ANNOTATION] = uid
+    return hostsubnet

@@ -1,0 +1,230 @@
+"""Leader election, so that only one master runs the controllers at a time.
+
+``EtcdLeaderElector`` holds a key bound to an etcd lease: it is created with a
+put-if-absent transaction, kept alive every ttl/3, and vanishes with the lease when the
+holder dies. The holder declares itself no longer leader (``lost`` is set) *before* the
+lease can expire: when a renewal fails and the lease's deadline comes near, when etcd
+reports the lease gone, or when the key no longer carries this holder's value.
+``AlwaysLeader`` is for a single master on the in-memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, Protocol
+
+from aetcd import rpc
+
+from podnet.controllers.informer import Backoff
+from podnet.store.base import StoreUnavailable
+from podnet.store.etcd import EtcdStore
+
+log = logging.getLogger("podnet.controllers.leader")
+
+DEFAULT_LEADER_KEY = "/podnet/leader/controllers"
+
+
+class LeaderElector(Protocol):
+    """What the controller manager needs from an election."""
+
+    identity: str
+    lost: asyncio.Event
+
+    async def acquire(self) -> None:
+        """Block until this process leads; ``lost`` is cleared for the new term."""
+
+    async def release(self) -> None:
+        """Stop leading (idempotent)."""
+
+
+class AlwaysLeader:
+    """The only master there is: leads at once and never loses."""
+
+    def __init__(self, identity: str = "podnet-master") -> None:
+        self.identity = identity
+        self.lost = asyncio.Event()
+
+    async def acquire(self) -> None:
+        self.lost = asyncio.Event()
+
+    async def release(self) -> None:
+        return None
+
+
+class EtcdLeaderElector:
+    """Leadership as an etcd key bound to this process's lease."""
+
+    def __init__(self, store: EtcdStore, key: str, identity: str, ttl: int = 10) -> None:
+        if ttl < 2:
+            raise ValueError("the lease ttl must be at least 2 seconds")
+        self.store = store
+        self.key = key
+        self.identity = identity
+        self.ttl = ttl
+        self.lost = asyncio.Event()
+        self._lease_id: int | None = None
+        self._value = b""
+        self._deadline = 0.0
+        self._keepalive: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._lease_id is not None and not self.lost.is_set()
+
+    async def holder(self) -> str | None:
+        """The identity of the current leader, if any."""
+        kv = await self.store.get(self.key)
+        if kv is None:
+            return None
+        try:
+            return str(json.loads(kv.value)["holder"])
+        except (ValueError, KeyError, TypeError):
+            return kv.value.decode(errors="replace")
+
+    async def acquire(self) -> None:
+        """Block until this process holds the key; then keep its lease alive."""
+        await self.release()
+        self.lost = asyncio.Event()
+        attempt = 0
+        while True:
+            try:
+                if await self._campaign_once():
+                    break
+                attempt = 0
+            except StoreUnavailable as exc:
+                delay = Backoff(0.2, 5.0).delay(attempt)
+                log.warning("leader election on %s: %s; retrying in %.1fs", self.key, exc, delay)
+                await asyncio.sleep(delay)
+                attempt += 1
+        self._keepalive = asyncio.create_task(self._keep_alive(), name="leader-keepalive")
+        log.info("%s is now the leader (%s, lease %x)", self.identity, self.key, self._lease_id)
+
+    async def release(self) -> None:
+        """Stop renewing and revoke the lease, which deletes the key at once."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+        lease_id, self._lease_id = self._lease_id, None
+        if lease_id is None:
+            return
+        try:
+            await asyncio.wait_for(self.store.client.revoke_lease(lease_id), self.ttl / 2)
+            log.info("%s released leadership of %s", self.identity, self.key)
+        except Exception as exc:  # the lease then just expires
+            log.warning("could not revoke lease %x (%s); it expires by itself", lease_id, exc)
+
+    # ---- campaign -----------------------------------------------------------------------
+
+    async def _campaign_once(self) -> bool:
+        """Try to take the key; on failure wait until it is free (or a ttl passes)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        lease_id = await self._grant()
+        value = json.dumps({"holder": self.identity, "lease": lease_id}).encode()
+        if await self._put_if_absent(lease_id, value):
+            self._lease_id, self._value = lease_id, value
+            self._deadline = started + self.ttl
+            return True
+        await self._revoke_quietly(lease_id)
+        await self._wait_vacant()
+        return False
+
+    async def _grant(self) -> int:
+        try:
+            lease = await asyncio.wait_for(self.store.client.lease(self.ttl), self.ttl)
+        except Exception as exc:
+            raise StoreUnavailable(f"cannot grant a lease: {exc}") from exc
+        return int(lease.id)
+
+    async def _put_if_absent(self, lease_id: int, value: bytes) -> bool:
+        key = self.key.encode()
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    key=key,
+                    target=rpc.Compare.CREATE,
+                    result=rpc.Compare.EQUAL,
+                    create_revision=0,
+                )
+            ],
+            success=[
+                rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease_id))
+            ],
+            failure=[],
+        )
+        response = await self._rpc(self.store.client.kvstub.Txn, request)
+        return bool(response.succeeded)
+
+    async def _rpc(self, method: Any, request: Any) -> Any:
+        client = self.store.client
+        try:
+            return await method(request, timeout=self.ttl / 2, metadata=client.metadata)
+        except Exception as exc:
+            raise StoreUnavailable(f"etcd request failed: {exc}") from exc
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.store.client.revoke_lease(lease_id), self.ttl / 2)
+
+    async def _wait_vacant(self) -> None:
+        kv = await self.store.get(self.key)
+        if kv is None:
+            return
+        holder = await self.holder()
+        log.info("%s waits for leadership: %s holds %s", self.identity, holder, self.key)
+        stream = self.store.watch(self.key, kv.mod_revision)
+        try:
+            async with asyncio.timeout(self.ttl):
+                async for event in stream:
+                    if event.key == self.key and event.type == "DELETE":
+                        return
+        except TimeoutError:
+            return
+        finally:
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+
+    # ---- keepalive ----------------------------------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.ttl / 3
+        margin = min(1.0, interval / 2)
+        while True:
+            await asyncio.sleep(interval)
+            problem = await self._renew(loop.time())
+            if problem is None:
+                continue
+            if problem.startswith("!") or loop.time() + interval >= self._deadline - margin:
+                self._lose(problem.lstrip("!"))
+                return
+            log.warning("leader %s: lease renewal failed (%s); retrying", self.identity, problem)
+
+    async def _renew(self, sent: float) -> str | None:
+        """Renew the lease and check the key; None if fine, else why (``!``: lost for sure)."""
+        assert self._lease_id is not None
+        try:
+            reply = await asyncio.wait_for(
+                self.store.client.refresh_lease(self._lease_id), self.ttl / 3
+            )
+            if reply is None or reply.TTL <= 0:
+                return "!the lease expired"
+            self._deadline = sent + int(reply.TTL)
+            kv = await asyncio.wait_for(self.store.get(self.key), self.ttl / 3)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if kv is None or kv.value != self._value:
+            return "!the leader key no longer names this holder"
+        return None
+
+    def _lose(self, why: str) -> None:
+        # The lease is revoked by the next release() (or acquire()), best effort.
+        log.error("%s lost leadership of %s: %s", self.identity, self.key, why)
+        self.lost.set()

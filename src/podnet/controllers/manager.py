@@ -1,0 +1,188 @@
+"""The controller manager: leadership first, then the master's controllers in order.
+
+One leadership term: make the ClusterNetwork agree with the configuration, make sure
+Namespace ``default`` exists, start the HostSubnet controller (nodes wait for their
+subnets), then the NetNamespace controller (multitenant and networkpolicy only), then
+namespace cleanup. Each controller's ``start`` returns after its initial sync, and
+``ready`` is True once all have. When leadership is lost the controllers are stopped
+before anything else happens and the manager campaigns again: it never acts without
+holding leadership. A refused network configuration ends ``run`` with
+``ClusterNetworkError``; any other failure ends the term, gives up leadership, and the
+manager campaigns again after a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from podnet.api.registry import Registry
+from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
+from podnet.controllers.config import NetworkConfig, uses_vnids
+from podnet.controllers.hostsubnets import HostSubnetController
+from podnet.controllers.informer import Backoff
+from podnet.controllers.leader import AlwaysLeader, LeaderElector
+from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
+from podnet.controllers.netnamespaces import NetNamespaceController
+from podnet.controllers.workqueue import cancel_all
+
+Obj = dict[str, Any]
+TERM_BACKOFF = Backoff(1.0, 30.0)  # between failed leadership terms
+
+
+class Controller(Protocol):
+    ready: bool
+
+    @property
+    def tasks(self) -> list[Any]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class ControllerManager:
+    """Runs the master's controllers while, and only while, this process leads."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        config: NetworkConfig,
+        elector: LeaderElector | None = None,
+        log: logging.Logger | None = None,
+        resync_period: float | None = 300.0,
+        retry_backoff: Backoff = TERM_BACKOFF,
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self.elector: LeaderElector = elector or AlwaysLeader()
+        self.log = log or logging.getLogger("podnet.controllers.manager")
+        self.resync_period = resync_period
+        self.cluster_network: Obj | None = None
+        self.hostsubnets: HostSubnetController | None = None
+        self.netnamespaces: NetNamespaceController | None = None
+        self._backoff = retry_backoff
+        self._controllers: list[Controller] = []
+        self._started = False
+        self._stopping = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._running = False
+
+    @property
+    def ready(self) -> bool:
+        """True while leading with every controller through its initial sync."""
+        return self._started and all(c.ready for c in self._controllers)
+
+    async def run(self) -> None:
+        """Campaign, lead, and campaign again after a lost term, until ``stop``."""
+        self._running = True
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                self.log.info("campaigning for leadership as %s", self.elector.identity)
+                if not await self._unless_stopped(self.elector.acquire()):
+                    break
+                self.log.info("%s acquired leadership; starting controllers", self.elector.identity)
+                failures = await self._term(failures)
+        finally:
+            await self._stop_controllers()
+            await self.elector.release()
+            self._running = False
+            self._finished.set()
+            self.log.info("controller manager stopped")
+
+    async def stop(self) -> None:
+        """Stop the controllers, give up leadership and end ``run``."""
+        self._stopping.set()
+        if self._running:
+            await self._finished.wait()
+
+    async def _unless_stopped(self, work: Awaitable[None]) -> bool:
+        """Run ``work`` unless ``stop`` comes first; True when it finished."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finished = task.done() and not task.cancelled()
+        await cancel_all([task, stopper])
+        if finished:
+            task.result()
+        return finished
+
+    async def _term(self, failures: int) -> int:
+        """One leadership term; returns the count of consecutive failed terms."""
+        lead = asyncio.create_task(self._lead(), name="controller-manager-lead")
+        lost = asyncio.create_task(self.elector.lost.wait())
+        stopper = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait({lead, lost, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        error = lead.exception() if lead.done() and not lead.cancelled() else None
+        await cancel_all([lead, lost, stopper])
+        await self._stop_controllers()
+        if isinstance(error, ClusterNetworkError):
+            self.log.error("refusing to run: %s", error)
+            raise error
+        if error is not None:
+            return await self._after_failure(error, failures)
+        if self.elector.lost.is_set() and not self._stopping.is_set():
+            self.log.warning("lost leadership; controllers stopped; campaigning again")
+        return 0
+
+    async def _after_failure(self, error: BaseException, failures: int) -> int:
+        delay = self._backoff.delay(failures)
+        self.log.error(
+            "controllers failed: %s; giving up leadership, campaigning again in %.1fs",
+            error,
+            delay,
+            exc_info=error,
+        )
+        await self.elector.release()
+        await self._unless_stopped(asyncio.sleep(delay))
+        return failures + 1
+
+    async def _lead(self) -> None:
+        self.cluster_network = await ensure_cluster_network(self.registry, self.config)
+        if await ensure_namespace(self.registry, "default"):
+            self.log.info("created namespace default")
+        for controller in self._build(self.cluster_network):
+            name = type(controller).__name__
+            self.log.info("starting %s", name)
+            self._controllers.append(controller)
+            await controller.start()
+        self._started = True
+        self.log.info("all controllers synced; the master is ready")
+        await self._supervise()
+
+    def _build(self, cluster_network: Obj) -> list[Controller]:
+        self.hostsubnets = HostSubnetController(
+            self.registry, cluster_network, resync_period=self.resync_period
+        )
+        controllers: list[Controller] = [self.hostsubnets]
+        self.netnamespaces = None
+        plugin = str(cluster_network.get("pluginName") or self.config.plugin_name)
+        if uses_vnids(plugin):
+            self.netnamespaces = NetNamespaceController(
+                self.registry, plugin, resync_period=self.resync_period
+            )
+            controllers.append(self.netnamespaces)
+        controllers.append(
+            NamespaceCleanupController(self.registry, resync_period=self.resync_period)
+        )
+        return controllers
+
+    async def _supervise(self) -> None:
+        """Wait until one of the controllers' tasks ends, which is a failure."""
+        tasks = [task for c in self._controllers for task in c.tasks]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = done.pop()
+        cause = task.exception() if not task.cancelled() else None
+        raise RuntimeError(f"controller task {task.get_name()} ended: {cause or 'cancelled'}")
+
+    async def _stop_controllers(self) -> None:
+        if not self._controllers:
+            return
+        self._started = False
+        for controller in reversed(self._controllers):
+            await controller.stop()
+        self._controllers.clear()
+        self.log.info("controllers stopped")

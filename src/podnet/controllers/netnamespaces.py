@@ -1,0 +1,334 @@
+"""The NetNamespace controller: one VNID per project (multitenant and networkpolicy modes).
+
+Start order: list the NetNamespaces and rebuild the VNID reference counts, then list the
+Namespaces, then reconcile each name. Namespace ``default`` gets the global VNID 0; every
+other namespace gets a fresh VNID, released when its last user is gone.
+
+The change-network protocol: a request is the annotation
+``pod.network.openshift.io/multitenant.change-network`` on a NetNamespace, one of
+``global``, ``join:<namespace>`` or ``isolate``. The controller applies it and removes the
+annotation in ONE update (pinned to the version it read). A request that cannot be
+applied (``join`` to a namespace without a NetNamespace, an unknown request, changing
+``default``, no VNID left) is answered in one update too: the request annotation is
+removed and ``pod.network.openshift.io/multitenant.change-network-error`` says why, so a
+client polling for the request to disappear can tell success (no error annotation) from
+refusal. A later successful change removes a stale error annotation.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from podnet.api.registry import Registry
+from podnet.controllers.informer import (
+    DELETED,
+    RESYNC,
+    SYNCED,
+    ObjectCache,
+    call_with_retry,
+    consume_until_synced,
+    pump,
+    resource_version,
+    watch_objects,
+)
+from podnet.controllers.vnids import GLOBAL_VNID, VnidAllocator, VnidsExhausted
+from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
+from podnet.model.errors import ApiError
+from podnet.model.kinds import NAMESPACE, NET_NAMESPACE, Kind
+
+Obj = dict[str, Any]
+
+CHANGE_NETWORK_ANNOTATION = "pod.network.openshift.io/multitenant.change-network"
+CHANGE_NETWORK_ERROR_ANNOTATION = "pod.network.openshift.io/multitenant.change-network-error"
+DEFAULT_NAMESPACE = "default"
+
+
+class ChangeRefused(Exception):
+    """A change-network request that cannot be applied; the message says why."""
+
+
+def netnamespace_object(name: str, netid: int) -> Obj:
+    """The NetNamespace of namespace ``name``."""
+    return {
+        "apiVersion": NET_NAMESPACE.api_version,
+        "kind": NET_NAMESPACE.kind,
+        "metadata": {"name": name},
+        "netname": name,
+        "netid": netid,
+    }
+
+
+def netid_of(netnamespace: Obj) -> int:
+    return int(netnamespace.get("netid") or 0)
+
+
+def change_request(netnamespace: Obj) -> str | None:
+    """The pending change-network request, if any."""
+    notes = (netnamespace.get("metadata") or {}).get("annotations") or {}
+    value = notes.get(CHANGE_NETWORK_ANNOTATION)
+    return None if value is None else str(value)
+
+
+class NetNamespaceController:
+    """Keeps one NetNamespace per Namespace and applies change-network requests."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        plugin_name: str,
+        log: logging.Logger | None = None,
+        workers: int = 8,
+        resync_period: float | None = 300.0,
+    ) -> None:
+        self.registry = registry
+        self.plugin_name = plugin_name
+        self.log = log or logging.getLogger("podnet.controllers.netnamespaces")
+        self.vnids = VnidAllocator()
+        self.namespaces = ObjectCache()
+        self.netnamespaces = ObjectCache()
+        self.queue = KeyedQueue("netnamespaces", self._reconcile, workers)
+        self.ready = False
+        self._resync = resync_period
+        self._tasks: list[Any] = []
+
+    @property
+    def tasks(self) -> list[Any]:
+        return self._tasks + self.queue.tasks
+
+    async def start(self) -> None:
+        """Rebuild VNIDs from NetNamespaces, list Namespaces, reconcile; return once done."""
+        netns_stream = watch_objects(self.registry, NET_NAMESPACE, self._resync)
+        count = await consume_until_synced(netns_stream, self._on_netnamespace)
+        self.log.info("rebuilt VNID usage from %d NetNamespaces", count)
+        ns_stream = watch_objects(self.registry, NAMESPACE, self._resync)
+        namespaces = await consume_until_synced(ns_stream, self._on_namespace)
+        self.log.info("listed %d namespaces; reconciling NetNamespaces", namespaces)
+        self.queue.start()
+        spawn(self._tasks, pump(netns_stream, self._on_netnamespace), "netnamespace-watch")
+        spawn(self._tasks, pump(ns_stream, self._on_namespace), "namespace-watch")
+        await self.queue.wait_idle()
+        self.ready = True
+        self.log.info("NetNamespace controller synced: %d NetNamespaces", len(self.netnamespaces))
+
+    async def stop(self) -> None:
+        """Stop the watches and workers."""
+        self.ready = False
+        await self.queue.stop()
+        await cancel_all(self._tasks)
+        self._tasks.clear()
+
+    # ---- events -------------------------------------------------------------------------
+
+    def _on_netnamespace(self, change: str, obj: Obj) -> None:
+        if change == SYNCED:
+            self.netnamespaces.forget_deletions(resource_version(obj))
+        if change in (SYNCED, RESYNC):
+            return
+        name = obj["metadata"]["name"]
+        if change == DELETED:
+            self._forget(name, resource_version(obj))
+        else:
+            self._remember(obj)
+        self.queue.add(name)
+
+    def _on_namespace(self, change: str, obj: Obj) -> None:
+        if change == SYNCED:
+            self.namespaces.forget_deletions(resource_version(obj))
+        if change in (SYNCED, RESYNC):
+            return
+        name = obj["metadata"]["name"]
+        if change == DELETED:
+            self.namespaces.remove(name, resource_version(obj))
+        else:
+            self.namespaces.put(obj)
+        self.queue.add(name)
+
+    def _remember(self, netnamespace: Obj, reserved: int | None = None) -> None:
+        """Cache a NetNamespace version; each cached NetNamespace holds one VNID use.
+
+        ``reserved`` is a use this controller took before writing ``netnamespace``: it is
+        handed to the cached object instead of counting its netid a second time.
+        """
+        stored, old = self.netnamespaces.put(netnamespace)
+        new = netid_of(netnamespace)
+        if not stored:
+            if reserved is not None:
+                self.vnids.release(reserved)
+            return
+        if reserved is None or reserved != new:
+            self.vnids.mark(new)
+            if reserved is not None:
+                self.vnids.release(reserved)
+        if old is not None:
+            self.vnids.release(netid_of(old))
+
+    def _forget(self, name: str, revision: int) -> bool:
+        """Drop a deleted NetNamespace; True when its VNID has no user left."""
+        old = self.netnamespaces.remove(name, revision)
+        return old is not None and self.vnids.release(netid_of(old))
+
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def _reconcile(self, name: str) -> None:
+        namespace = self.namespaces.get(name)
+        netnamespace = self.netnamespaces.get(name)
+        if namespace is None:
+            if netnamespace is not None:
+                await self._delete(netnamespace)
+        elif netnamespace is None:
+            await self._create(name)
+        elif (request := change_request(netnamespace)) is not None:
+            await self._change_network(netnamespace, request)
+
+    async def _create(self, name: str) -> None:
+        try:
+            netid = self._reserve_new(name)
+        except VnidsExhausted:
+            self.log.error("no VNIDs available for namespace %s", name)
+            return
+        try:
+            created = await call_with_retry(
+                lambda: self.registry.create(NET_NAMESPACE, netnamespace_object(name, netid)),
+                f"create NetNamespace {name}",
+            )
+        except ApiError as exc:
+            self.vnids.release(netid)
+            if exc.reason != "AlreadyExists":
+                raise
+            existing = await self._fetch(NET_NAMESPACE, name)
+            if existing is not None:
+                self._remember(existing)
+            return
+        self._remember(created, reserved=netid)
+        self.log.info("created NetNamespace %s with netid %d", name, netid)
+
+    def _reserve_new(self, name: str) -> int:
+        if name == DEFAULT_NAMESPACE:
+            self.vnids.mark(GLOBAL_VNID)
+            return GLOBAL_VNID
+        return self.vnids.allocate()
+
+    async def _delete(self, netnamespace: Obj) -> None:
+        name = netnamespace["metadata"]["name"]
+        namespace = await self._fetch(NAMESPACE, name)  # the cache may lag: confirm first
+        if namespace is not None:
+            self.namespaces.put(namespace)
+            self.queue.add(name)
+            return
+        try:
+            deleted = await call_with_retry(
+                lambda: self.registry.delete(
+                    NET_NAMESPACE, None, name, str(resource_version(netnamespace))
+                ),
+                f"delete NetNamespace {name}",
+            )
+        except ApiError as exc:
+            if exc.reason != "NotFound":
+                raise
+            return
+        freed = self._forget(name, resource_version(deleted))
+        netid = netid_of(netnamespace)
+        self.log.info(
+            "deleted NetNamespace %s (netid %d, %s)",
+            name,
+            netid,
+            "released" if freed else "still in use",
+        )
+
+    # ---- change-network -----------------------------------------------------------------
+
+    async def _change_network(self, netnamespace: Obj, request: str) -> None:
+        name = netnamespace["metadata"]["name"]
+        try:
+            netid, reserved = await self._target_netid(netnamespace, request)
+        except ChangeRefused as exc:
+            await self._refuse(netnamespace, request, str(exc))
+            return
+        body = _answered(netnamespace, netid, None)
+        try:
+            updated = await self._write(body, f"change network of NetNamespace {name}")
+        except ApiError:
+            if reserved is not None:
+                self.vnids.release(reserved)
+            raise
+        old = netid_of(netnamespace)
+        self._remember(updated, reserved=reserved)
+        released = old != netid and old != GLOBAL_VNID and self.vnids.users(old) == 0
+        self.log.info(
+            "NetNamespace %s: %s: netid %d -> %d%s",
+            name,
+            request,
+            old,
+            netid,
+            f" (VNID {old} released)" if released else "",
+        )
+
+    async def _target_netid(self, netnamespace: Obj, request: str) -> tuple[int, int | None]:
+        """The netid ``request`` asks for, and the VNID use reserved for it (if fresh)."""
+        name, current = netnamespace["metadata"]["name"], netid_of(netnamespace)
+        if name == DEFAULT_NAMESPACE and request != "global":
+            raise ChangeRefused("the default namespace must stay global (netid 0)")
+        if request == "global":
+            return GLOBAL_VNID, None
+        if request == "isolate":
+            if current != GLOBAL_VNID and self.vnids.users(current) == 1:
+                return current, None  # already alone on its VNID
+            try:
+                fresh = self.vnids.allocate()
+            except VnidsExhausted as exc:
+                raise ChangeRefused(str(exc)) from exc
+            return fresh, fresh
+        if request.startswith("join:") and request[5:]:
+            return await self._netid_of_namespace(request[5:]), None
+        raise ChangeRefused(
+            f"unknown request {request!r}: expected global, isolate or join:<namespace>"
+        )
+
+    async def _netid_of_namespace(self, other: str) -> int:
+        target = await self._fetch(NET_NAMESPACE, other)  # fresh: another change may be in flight
+        if target is None:
+            raise ChangeRefused(f"cannot join namespace {other!r}: it has no NetNamespace")
+        return netid_of(target)
+
+    async def _refuse(self, netnamespace: Obj, request: str, why: str) -> None:
+        name = netnamespace["metadata"]["name"]
+        self.log.error("NetNamespace %s: change-network %r refused: %s", name, request, why)
+        body = _answered(netnamespace, netid_of(netnamespace), why)
+        updated = await self._write(body, f"refuse network change of NetNamespace {name}")
+        self._remember(updated)
+
+    async def _write(self, body: Obj, what: str) -> Obj:
+        name = body["metadata"]["name"]
+        return await call_with_retry(
+            lambda: self.registry.update(NET_NAMESPACE, body, None, name), what
+        )
+
+    async def _fetch(self, kind: Kind, name: str) -> Obj | None:
+        try:
+            return await call_with_retry(
+                lambda: self.registry.get(kind, None, name), f"get {kind.singular} {name}"
+            )
+        except ApiError as exc:
+            if exc.reason == "NotFound":
+                return None
+            raise
+
+
+def _answered(netnamespace: Obj, netid: int, error: str | None) -> Obj:
+    """``netnamespace`` with ``netid``, the request removed and the error (if any) recorded.
+
+    The body keeps the resourceVersion it was read at, so the update is refused (409) if
+    anything changed since: the request is applied exactly once.
+    """
+    body = copy.deepcopy(netnamespace)
+    body["netid"] = netid
+    meta = body.setdefault("metadata", {})
+    notes = dict(meta.get("annotations") or {})
+    notes.pop(CHANGE_NETWORK_ANNOTATION, None)
+    notes.pop(CHANGE_NETWORK_ERROR_ANNOTATION, None)
+    if error is not None:
+        notes[CHANGE_NETWORK_ERROR_ANNOTATION] = error
+    meta["annotations"] = notes
+    return body

@@ -1,0 +1,129 @@
+"""What the master tells about a Node: its ``NetworkUnavailable`` condition, and Events.
+
+A node that finds no free subnet gets ``NetworkUnavailable=True`` (reason
+``NoSubnetsAvailable``) and a Warning Event in namespace ``default``; once it gets a subnet
+the condition turns ``False`` (reason ``SubnetAllocated``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from podnet.api.registry import Registry, now_rfc3339
+from podnet.controllers.informer import call_with_retry
+from podnet.model.errors import ApiError
+from podnet.model.kinds import EVENT, NODE
+
+Obj = dict[str, Any]
+
+CONDITION = "NetworkUnavailable"
+REASON_EXHAUSTED = "NoSubnetsAvailable"
+REASON_ALLOCATED = "SubnetAllocated"
+EVENT_NAMESPACE = "default"
+COMPONENT = "podnet-master"
+
+
+def node_internal_ip(node: Obj) -> str | None:
+    """The node's ``InternalIP`` address, or None."""
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP" and address.get("address"):
+            return str(address["address"])
+    return None
+
+
+def network_condition(node: Obj) -> Obj | None:
+    """The node's ``NetworkUnavailable`` condition, if any."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == CONDITION), None)
+
+
+def has_condition(node: Obj, status: str, reason: str) -> bool:
+    current = network_condition(node)
+    return current is not None and (current.get("status"), current.get("reason")) == (
+        status,
+        reason,
+    )
+
+
+def with_condition(node: Obj, status: str, reason: str, message: str) -> Obj | None:
+    """``node`` with its ``NetworkUnavailable`` condition set (None when already so)."""
+    if has_condition(node, status, reason):
+        return None
+    current = network_condition(node)
+    now = now_rfc3339()
+    since = now
+    if current is not None and current.get("status") == status:
+        since = current.get("lastTransitionTime", now)
+    condition = {
+        "type": CONDITION,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": since,
+    }
+    status_obj = node.setdefault("status", {})
+    others = [c for c in status_obj.get("conditions") or [] if c.get("type") != CONDITION]
+    status_obj["conditions"] = [*others, condition]
+    return node
+
+
+async def set_network_condition(
+    registry: Registry, node: Obj, status: str, reason: str, message: str
+) -> Obj | None:
+    """Write the condition to the Node's status; the updated Node, or None if unchanged/gone."""
+    name = node["metadata"]["name"]
+    try:
+        return await call_with_retry(
+            lambda: registry.guaranteed_update(
+                NODE, None, name, lambda n: with_condition(n, status, reason, message)
+            ),
+            f"set condition {CONDITION} of node {name}",
+        )
+    except ApiError as exc:
+        if exc.reason == "NotFound":
+            return None
+        raise
+
+
+def node_event(node: Obj, reason: str, message: str, kind: str = "Warning") -> Obj:
+    """A v1 Event about ``node`` in namespace ``default``."""
+    name = node["metadata"]["name"]
+    now = now_rfc3339()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": name,
+            "uid": node["metadata"].get("uid", ""),
+        },
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+async def record_node_event(
+    registry: Registry, node: Obj, reason: str, message: str, log: logging.Logger
+) -> bool:
+    """Create a Warning Event about ``node``; best effort (False and a log line on failure)."""
+    name = node["metadata"]["name"]
+    try:
+        await call_with_retry(
+            lambda: registry.create(EVENT, node_event(node, reason, message), EVENT_NAMESPACE),
+            f"record event for node {name}",
+        )
+    except ApiError as exc:
+        log.warning("could not record event %s for node %s: %s", reason, name, exc)
+        return False
+    return True

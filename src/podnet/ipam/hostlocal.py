@@ -1,0 +1,418 @@
+"""Host-local IPAM store, on disk exactly as the reference host-local plugin keeps it.
+
+Under ``<data_dir>/<network>/``, shared with ``/usr/lib/cni/host-local``:
+
+- ``<ip>``: one file per address, created with O_EXCL, mode 0600, holding
+  ``<containerID>\\r\\n<ifname>``. Old plugin versions wrote the ID only; such a file
+  matches (ID, any ifname) when no file matches the exact pair (the reference's rule).
+- ``last_reserved_ip.<range set index>``: the round-robin cursor, rewritten on every
+  reservation (requested IPs included).
+- ``lock``: flock(LOCK_EX) around every operation, by us and by the reference.
+
+Concurrency: a ``threading.Lock`` per store orders its threads; the flock, taken on a
+fresh open of ``lock`` per operation (so it also excludes other stores in this process,
+is safe across fork, and excludes the Go binary), orders everyone else. O_EXCL is the
+final arbiter: an address is never handed out twice, whatever the in-memory view says.
+
+Speed: allocation starts after the cursor and usually succeeds at the first O_EXCL. For
+idempotent re-ADD a store keeps a view (name -> inode, owner): every ADD re-lists the
+directory (getdents, no reads) and reads only new or replaced files. ``release``,
+``find`` and ``allocations`` re-read every file, as the reference's DEL does, to stay
+exact even when a file was rewritten behind a listing's back (same name and inode).
+
+Deliberate deviations from the reference:
+
+- ADD for a (container ID, ifname) that holds an address in a range set returns it (the
+  reference fails: "duplicate allocation is not allowed"), so a retried ADD is harmless;
+  a different requested IP for that set is an ``IpamConflict``.
+- The network and IPv4 broadcast addresses and every gateway of the set are never
+  handed out, even when rangeStart/rangeEnd include them.
+- All range sets are reserved under one flock hold; a failure removes only the files
+  this call created (the reference releases every address of the container).
+- Allocation is IPv4 only. ``release`` also removes the pair's IPv6 files (made by the
+  reference) but returns only IPv4 addresses.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, ip_address
+from pathlib import Path
+
+from podnet.ipam.config import (
+    IPAddress,
+    IpamConfigError,
+    IpamError,
+    RangeSet,
+    validate_network_name,
+)
+
+LOCK_NAME = "lock"
+CURSOR_PREFIX = "last_reserved_ip."
+LINE_BREAK = "\r\n"
+FILE_MODE = 0o600
+DIR_MODE = 0o755
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+class IpamExhausted(IpamError):
+    """No free address in a range set (permanent until something is released)."""
+
+    def __init__(self, range_set: RangeSet, range_set_index: int) -> None:
+        super().__init__(f"no IP addresses available in range set: {range_set}")
+        self.range_set_index = range_set_index
+
+
+class IpamConflict(IpamError):
+    """A requested IP is taken (or reserved), or differs from the one already held."""
+
+
+class IpamArgumentError(IpamError, ValueError):
+    """Container ID or interface name unusable in a reservation file."""
+
+
+class IpamLockTimeout(IpamError):
+    """The store's lock stayed busy past the timeout (transient: retry later)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One address handed out: with its prefix, its range's gateway, and the range set."""
+
+    address: IPv4Interface
+    gateway: IPv4Address
+    range_set_index: int
+
+
+def owner_line(container_id: str, ifname: str) -> str:
+    """The reservation file content for (container ID, ifname), as the reference writes it."""
+    cid = container_id.strip()
+    if not cid or any(c.isspace() for c in cid):
+        raise IpamArgumentError(f"invalid container ID {container_id!r}")
+    if not ifname or any(c.isspace() for c in ifname):
+        raise IpamArgumentError(f"invalid interface name {ifname!r}")
+    return f"{cid}{LINE_BREAK}{ifname}"
+
+
+def parse_owner(text: str) -> tuple[str, str]:
+    """(container ID, ifname) from a reservation file; ifname is "" in legacy files."""
+    cid, _, ifname = text.strip().partition(LINE_BREAK)
+    return cid, ifname
+
+
+def _match(entries: Iterable[tuple[str, str]], container_id: str, ifname: str) -> list[str]:
+    """Names of files owned by the pair; legacy (ID-only) files only if none match exactly."""
+    pairs = list(entries)
+    line = owner_line(container_id, ifname)
+    exact = [name for name, text in pairs if text == line]
+    if exact:
+        return exact
+    legacy = container_id.strip()
+    return [name for name, text in pairs if text == legacy]
+
+
+def _is_reservation(name: str) -> bool:
+    return name != LOCK_NAME and not name.startswith(CURSOR_PREFIX)
+
+
+def _read_at(dfd: int, name: str) -> str | None:
+    """Stripped content of a small file in the directory, or None if it cannot be read."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _ipv4s(names: Iterable[str]) -> list[IPv4Address]:
+    """The names that are IPv4 addresses, as sorted addresses."""
+    out = []
+    for name in names:
+        with suppress(ValueError):
+            out.append(IPv4Address(name))
+    return sorted(out)
+
+
+def _flock(fd: int, deadline: float, path: Path) -> None:
+    """LOCK_EX with a deadline: poll LOCK_NB with a short exponential back-off."""
+    delay = 0.0002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise IpamLockTimeout(f"timed out waiting for the flock on {path}")
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.01)
+
+
+class _DirIndex:
+    """A store's view of its directory: reservation file name -> (inode, owner text)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[int, str]] = {}
+
+    def refresh(self, dfd: int, *, reread: bool = False) -> None:
+        """Re-list the directory; read files that are new or replaced (all if ``reread``)."""
+        known = {} if reread else self.entries
+        fresh: dict[str, tuple[int, str]] = {}
+        with os.scandir(dfd) as it:
+            for entry in it:
+                if not _is_reservation(entry.name) or entry.is_dir(follow_symlinks=False):
+                    continue
+                seen = known.get(entry.name)
+                if seen is not None and seen[0] == entry.inode():
+                    fresh[entry.name] = seen
+                    continue
+                text = _read_at(dfd, entry.name)
+                if text is not None:
+                    fresh[entry.name] = (entry.inode(), text)
+        self.entries = fresh
+
+    def texts(self) -> Iterator[tuple[str, str]]:
+        """(name, owner text) pairs."""
+        return ((name, text) for name, (_, text) in self.entries.items())
+
+
+@dataclass
+class _Claim:
+    """One ADD in progress: the owner line, what the pair held, what this call created."""
+
+    owner: str
+    held: list[IPv4Address]
+    created: list[str] = field(default_factory=list)
+
+
+class HostLocalStore:
+    """Allocate and release addresses of one network in a host-local data dir.
+
+    Thread-safe and process-safe; keep one instance per network for the fast path.
+    """
+
+    def __init__(self, data_dir: Path, network: str, *, lock_timeout: float = 30.0) -> None:
+        self.path = Path(data_dir) / validate_network_name(network)
+        self.lock_timeout = lock_timeout
+        self._mutex = threading.Lock()
+        self._index = _DirIndex()
+
+    def allocate(
+        self,
+        container_id: str,
+        ifname: str,
+        range_sets: Sequence[RangeSet],
+        requested: Sequence[IPAddress] = (),
+    ) -> list[Allocation]:
+        """One address per range set, all or nothing.
+
+        ``requested`` IPs go to the range set holding them (one per set); the others are
+        taken round-robin after ``last_reserved_ip.<index>``. A pair that already holds an
+        address in a set gets that address back (idempotent re-ADD). Raises
+        ``IpamExhausted``, ``IpamConflict`` or ``IpamConfigError``; on any failure the
+        files this call created are removed.
+        """
+        owner = owner_line(container_id, ifname)
+        sets = _ipv4_sets(range_sets)
+        wanted = _assign_requested(sets, requested)
+        with self._locked() as dfd:
+            self._index.refresh(dfd)
+            claim = _Claim(owner, self._held(dfd, container_id, ifname))
+            try:
+                return [
+                    self._allocate_one(dfd, claim, i, rset, wanted.get(i))
+                    for i, rset in enumerate(sets)
+                ]
+            except BaseException:
+                for name in claim.created:
+                    self._remove(dfd, name)
+                raise
+
+    def release(self, container_id: str, ifname: str) -> list[IPv4Address]:
+        """Remove every file held by the pair; return the IPv4 addresses freed.
+
+        Releasing what is not allocated is fine and returns ``[]``.
+        """
+        owner_line(container_id, ifname)
+        with self._locked() as dfd:
+            self._index.refresh(dfd, reread=True)
+            names = _match(self._index.texts(), container_id, ifname)
+            for name in names:
+                self._remove(dfd, name)
+        return _ipv4s(names)
+
+    def find(self, container_id: str, ifname: str) -> list[IPv4Address]:
+        """The IPv4 addresses the pair holds (what ``release`` would free)."""
+        owner_line(container_id, ifname)
+        with self._locked() as dfd:
+            self._index.refresh(dfd, reread=True)
+            return _ipv4s(_match(self._index.texts(), container_id, ifname))
+
+    def allocations(self) -> list[tuple[IPv4Address, str, str]]:
+        """Every IPv4 reservation as (ip, container ID, ifname), sorted by address."""
+        with self._locked() as dfd:
+            self._index.refresh(dfd, reread=True)
+            texts = dict(self._index.texts())
+        return [(ip, *parse_owner(texts[str(ip)])) for ip in _ipv4s(texts)]
+
+    @contextmanager
+    def _locked(self) -> Iterator[int]:
+        """Hold the thread mutex and the directory flock; yield the directory's fd."""
+        deadline = time.monotonic() + self.lock_timeout
+        if not self._mutex.acquire(timeout=self.lock_timeout):
+            raise IpamLockTimeout(f"timed out waiting for another thread using {self.path}")
+        with ExitStack() as stack:
+            stack.callback(self._mutex.release)
+            dfd = self._open_dir()
+            stack.callback(os.close, dfd)
+            lock_fd = os.open(
+                LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd
+            )
+            stack.callback(os.close, lock_fd)  # closing drops the flock
+            _flock(lock_fd, deadline, self.path / LOCK_NAME)
+            yield dfd
+
+    def _open_dir(self) -> int:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            return os.open(self.path, flags)
+        except FileNotFoundError:
+            os.makedirs(self.path, mode=DIR_MODE, exist_ok=True)
+            return os.open(self.path, flags)
+
+    def _held(self, dfd: int, container_id: str, ifname: str) -> list[IPv4Address]:
+        """Addresses the pair holds per the view, each confirmed by reading its file."""
+        names = _match(self._index.texts(), container_id, ifname)
+        confirmed = [n for n in names if _read_at(dfd, n) == self._index.entries[n][1]]
+        return _ipv4s(confirmed)
+
+    def _allocate_one(
+        self, dfd: int, claim: _Claim, index: int, rset: RangeSet, want: IPv4Address | None
+    ) -> Allocation:
+        mine = next((ip for ip in claim.held if rset.contains(ip)), None)
+        if mine is not None:
+            if want is not None and want != mine:
+                raise IpamConflict(
+                    f"{parse_owner(claim.owner)[0]} already holds {mine} in range set {rset};"
+                    f" cannot also take requested IP {want}"
+                )
+            return _allocation(rset, mine, index)
+        if want is not None:
+            ip = self._reserve_requested(dfd, claim.owner, rset, want)
+        else:
+            ip = self._reserve_next(dfd, claim.owner, index, rset)
+        claim.created.append(str(ip))
+        self._write_cursor(dfd, index, ip)
+        return _allocation(rset, ip, index)
+
+    def _reserve_requested(
+        self, dfd: int, owner: str, rset: RangeSet, ip: IPv4Address
+    ) -> IPv4Address:
+        if ip in rset.skipped():
+            raise IpamConflict(
+                f"requested IP {ip} is a gateway, network or broadcast address of range set {rset}"
+            )
+        if not self._try_create(dfd, str(ip), owner):
+            raise IpamConflict(f"requested IP address {ip} is not available in range set {rset}")
+        return ip
+
+    def _reserve_next(self, dfd: int, owner: str, index: int, rset: RangeSet) -> IPv4Address:
+        taken = self._index.entries  # exact: listed under the lock just now
+        for ip, _ in rset.candidates(self._read_cursor(dfd, index)):
+            name = str(ip)
+            if name not in taken and self._try_create(dfd, name, owner):
+                return _v4(ip)
+        raise IpamExhausted(rset, index)
+
+    def _try_create(self, dfd: int, name: str, owner: str) -> bool:
+        """Create the reservation file exclusively; False if it already exists."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, FILE_MODE, dir_fd=dfd)
+        except FileExistsError:
+            return False
+        try:
+            data = owner.encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.EIO, f"short write to {self.path / name}")
+            self._index.entries[name] = (os.fstat(fd).st_ino, owner)
+        except BaseException:
+            os.close(fd)
+            self._remove(dfd, name)
+            raise
+        os.close(fd)
+        return True
+
+    def _remove(self, dfd: int, name: str) -> None:
+        self._index.entries.pop(name, None)
+        with suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+
+    def _read_cursor(self, dfd: int, index: int) -> IPAddress | None:
+        text = _read_at(dfd, f"{CURSOR_PREFIX}{index}")
+        try:
+            return ip_address(text) if text else None
+        except ValueError:
+            return None  # unreadable cursor: start at rangeStart, as the reference does
+
+    def _write_cursor(self, dfd: int, index: int, ip: IPv4Address) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        fd = os.open(f"{CURSOR_PREFIX}{index}", flags, FILE_MODE, dir_fd=dfd)
+        try:
+            os.write(fd, str(ip).encode())
+        finally:
+            os.close(fd)
+
+
+def _v4(ip: IPAddress) -> IPv4Address:
+    if not isinstance(ip, IPv4Address):
+        raise IpamConfigError(f"{ip} is not an IPv4 address")
+    return ip
+
+
+def _allocation(rset: RangeSet, ip: IPv4Address, index: int) -> Allocation:
+    r = rset.range_for(ip)
+    if r is None:  # callers only pass addresses of the set
+        raise IpamConfigError(f"{ip} is not in range set {rset}")
+    return Allocation(IPv4Interface((ip, r.subnet.prefixlen)), _v4(r.gateway), index)
+
+
+def _ipv4_sets(range_sets: Sequence[RangeSet]) -> list[RangeSet]:
+    if not range_sets:
+        raise IpamConfigError("no range sets to allocate from")
+    for i, rset in enumerate(range_sets):
+        if rset.version != 4:
+            raise IpamConfigError(f"range set {i} ({rset}) is IPv6; this store allocates IPv4 only")
+    return list(range_sets)
+
+
+def _assign_requested(
+    sets: Sequence[RangeSet], requested: Sequence[IPAddress]
+) -> dict[int, IPv4Address]:
+    """Map each requested IP to the index of the range set holding it (one per set)."""
+    wanted: dict[int, IPv4Address] = {}
+    for ip in map(_v4, dict.fromkeys(requested)):
+        index = next((i for i, s in enumerate(sets) if s.contains(ip)), None)
+        if index is None:
+            listing = ", ".join(str(s) for s in sets)
+            raise IpamConfigError(f"requested IP {ip} is not in any range set ({listing})")
+        if index in wanted:
+            raise IpamConfigError(
+                f"requested IPs {wanted[index]} and {ip} are both in range set {index};"
+                " only one address per range set"
+            )
+        wanted[index] = ip
+    return wanted

@@ -1,0 +1,138 @@
+"""``podnet master``: etcd store + API server + controllers, in one process.
+
+Start order: connect to etcd, make the PKI and the admin credentials, serve the API (so
+clients and `/readyz` work at once), then run the controllers under leader election.
+`/readyz` answers 200 once the controllers' first sync is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token, node_user
+from podnet.api.metrics import ApiMetrics
+from podnet.api.pki import Pki, ensure_pki
+from podnet.api.registry import DEFAULT_PREFIX, Registry
+from podnet.api.server import ApiServer
+from podnet.controllers.config import NetworkConfig
+from podnet.controllers.leader import EtcdLeaderElector
+from podnet.controllers.manager import ControllerManager
+from podnet.kubeconfig import write_kubeconfig
+from podnet.store.base import StoreUnavailable
+from podnet.store.etcd import EtcdStore
+
+log = logging.getLogger("podnet.master")
+
+
+@dataclass
+class MasterOptions:
+    network: NetworkConfig
+    etcd: str = "127.0.0.1:2379"
+    etcd_prefix: str = DEFAULT_PREFIX
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 6443
+    state_dir: Path = Path("/var/lib/podnet/master")
+    extra_hosts: list[str] = field(default_factory=list)
+    compact_interval: float = 300.0
+    leader_elect: bool = True
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.state_dir / "tokens.csv"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.state_dir / "admin.kubeconfig"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+
+class Master:
+    """One master process: serves the API and runs the controllers."""
+
+    def __init__(self, options: MasterOptions) -> None:
+        self.options = options
+        self.store = EtcdStore(options.etcd)
+        self.registry = Registry(self.store, prefix=options.etcd_prefix)
+        self.metrics = ApiMetrics()
+        self.controllers: ControllerManager | None = None
+        self.server: ApiServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _ready(self) -> bool:
+        return self.controllers is not None and self.controllers.ready
+
+    async def start(self) -> None:
+        opts = self.options
+        opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await self.store.connect()
+        pki = ensure_pki(opts.pki_dir, [opts.listen_host, *opts.extra_hosts])
+        admin_token = ensure_admin_token(opts.tokens_path)
+        self.server = ApiServer(self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready)
+        await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
+        write_kubeconfig(opts.kubeconfig_path, self.server.address, pki.ca_pem(), admin_token)
+        log.info("admin kubeconfig written to %s", opts.kubeconfig_path)
+        elector = None
+        if opts.leader_elect:
+            elector = EtcdLeaderElector(self.store, f"{opts.etcd_prefix}leader", opts.identity)
+        self.controllers = ControllerManager(self.registry, opts.network, elector)
+        self._tasks.append(asyncio.create_task(self._run_controllers(), name="controllers"))
+        self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
+
+    async def _run_controllers(self) -> None:
+        assert self.controllers is not None
+        try:
+            await self.controllers.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("controllers failed; the master stops")
+            os.kill(os.getpid(), 15)
+
+    async def _compact_forever(self) -> None:
+        """Compact etcd history older than one interval, as kube-apiserver does."""
+        previous = None
+        while True:
+            await asyncio.sleep(self.options.compact_interval)
+            try:
+                current = await self.store.revision()
+                if previous is not None and previous > 1:
+                    await self.store.compact(previous)
+                    if self.server:
+                        self.server.cache.forget_before(previous)
+                    log.info("compacted etcd history up to revision %d", previous)
+                previous = current
+            except StoreUnavailable as exc:
+                log.warning("compaction skipped: %s", exc)
+            except Exception as exc:
+                if "compacted" not in str(exc):
+                    log.warning("compaction failed: %s", exc)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.controllers:
+            await self.controllers.stop()
+        if self.server:
+            await self.server.stop()
+        await self.store.close()
+
+
+def node_credentials(state_dir: Path, node: str, server: str, out: Path) -> Path:
+    """Write a kubeconfig for a node agent, with a token for that node only."""
+    token = ensure_node_token(state_dir / "tokens.csv", node)
+    pki = Pki.at(state_dir / "pki")
+    write_kubeconfig(out, server, pki.ca_pem(), token, user=node_user(node))
+    return out

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: real etcd and master processes on loopback."""

@@ -1,0 +1,71 @@
+"""An httpx client for a test master, built straight from its kubeconfig."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+
+def kubeconfig_parts(path: Path) -> tuple[str, bytes, str]:
+    """(server, CA PEM, token) of the first cluster and user in a kubeconfig."""
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    cluster = data["clusters"][0]["cluster"]
+    token = data["users"][0]["user"]["token"]
+    return cluster["server"], base64.b64decode(cluster["certificate-authority-data"]), token
+
+
+def _ssl(ca_pem: bytes) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    return context
+
+
+def client_for(kubeconfig: Path, token: str | None = "", timeout: float = 30.0) -> httpx.Client:
+    """A sync client; ``token=None`` sends no Authorization header, ``""`` the kubeconfig's."""
+    server, ca, default_token = kubeconfig_parts(kubeconfig)
+    headers = {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token or default_token}"
+    return httpx.Client(base_url=server, verify=_ssl(ca), headers=headers, timeout=timeout)
+
+
+def async_client_for(
+    kubeconfig: Path, token: str | None = "", timeout: float = 30.0, limits: httpx.Limits | None = None
+) -> httpx.AsyncClient:
+    server, ca, default_token = kubeconfig_parts(kubeconfig)
+    headers = {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token or default_token}"
+    return httpx.AsyncClient(
+        base_url=server, verify=_ssl(ca), headers=headers, timeout=timeout,
+        limits=limits or httpx.Limits(max_connections=100),
+    )
+
+
+def node(name: str, ip: str, uid: str | None = None) -> dict[str, Any]:
+    """A minimal v1 Node with an InternalIP."""
+    meta: dict[str, Any] = {"name": name}
+    if uid:
+        meta["uid"] = uid
+    return {
+        "apiVersion": "v1", "kind": "Node", "metadata": meta,
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+    }
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels or {}}}
+
+
+def pod(name: str, ns: str = "default", node_name: str | None = None,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels or {}}, "spec": spec}

@@ -1,0 +1,123 @@
+"""Watch: initial state, resume from a resourceVersion, 410 after compaction, filters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from podnet.store.etcd import EtcdStore
+from podnet.store.etcd_process import EtcdProcess
+from podnet.testing.api import async_client_for, namespace
+from podnet.testing.processes import MasterProcess
+
+NS = "/api/v1/namespaces"
+
+
+async def read_events(
+    api: httpx.AsyncClient, path: str, count: int, timeout: float = 10.0, **params: str
+) -> list[dict[str, Any]]:
+    """The first ``count`` events of a watch (or fewer if ``timeout`` passes)."""
+    events: list[dict[str, Any]] = []
+
+    async def consume() -> None:
+        async with api.stream("GET", path, params={"watch": "1", **params}) as stream:
+            assert stream.status_code == 200, await stream.aread()
+            async for line in stream.aiter_lines():
+                if line.strip():
+                    events.append(json.loads(line))
+                    if len(events) >= count:
+                        return
+
+    try:
+        await asyncio.wait_for(consume(), timeout)
+    except TimeoutError:
+        pass
+    return events
+
+
+def summary(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["type"], e["object"]["metadata"].get("name", "")) for e in events]
+
+
+async def test_watch_resume_replays_only_what_came_after(master: MasterProcess) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        first = (await api.post(NS, json=namespace("w1"))).json()
+        mark = first["metadata"]["resourceVersion"]
+        await api.post(NS, json=namespace("w2"))
+        await api.patch(f"{NS}/w1", json={"metadata": {"labels": {"x": "1"}}},
+                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.delete(f"{NS}/w2")
+        events = await read_events(api, NS, 3, resourceVersion=mark)
+        assert summary(events) == [("ADDED", "w2"), ("MODIFIED", "w1"), ("DELETED", "w2")]
+        revisions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+        assert revisions == sorted(revisions) and revisions[0] > int(mark)
+
+
+async def test_watch_without_version_sends_state_then_live(master: MasterProcess) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        await api.post(NS, json=namespace("live-a", {"team": "x"}))
+        task = asyncio.create_task(
+            read_events(api, NS, 2, labelSelector="team=x")
+        )
+        await asyncio.sleep(0.5)
+        await api.post(NS, json=namespace("live-b", {"team": "y"}))
+        await api.post(NS, json=namespace("live-c", {"team": "x"}))
+        events = await task
+        assert summary(events) == [("ADDED", "live-a"), ("ADDED", "live-c")]
+
+
+async def test_label_change_out_of_selector_is_deleted_for_that_watcher(
+    master: MasterProcess,
+) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        created = (await api.post(NS, json=namespace("sel", {"team": "x"}))).json()
+        rv = created["metadata"]["resourceVersion"]
+        await api.patch(f"{NS}/sel", json={"metadata": {"labels": {"team": "y"}}},
+                        headers={"Content-Type": "application/merge-patch+json"})
+        events = await read_events(api, NS, 1, resourceVersion=rv, labelSelector="team=x")
+        assert summary(events) == [("DELETED", "sel")]
+
+
+async def test_compacted_version_is_gone(master: MasterProcess, etcd: EtcdProcess) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        old = (await api.post(NS, json=namespace("c1"))).json()["metadata"]["resourceVersion"]
+        await api.post(NS, json=namespace("c2"))
+        latest = (await api.post(NS, json=namespace("c3"))).json()["metadata"]["resourceVersion"]
+        store = EtcdStore(etcd.endpoint)
+        await store.connect()
+        try:
+            await store.compact(int(latest))
+        finally:
+            await store.close()
+        answer = await api.get(NS, params={"watch": "1", "resourceVersion": old})
+        assert answer.status_code == 410
+        assert answer.json()["reason"] == "Expired"
+        # The client relists and resumes from the list's version.
+        listed = (await api.get(NS)).json()
+        names = {n["metadata"]["name"] for n in listed["items"]}
+        assert {"c1", "c2", "c3"} <= names
+        task = asyncio.create_task(
+            read_events(api, NS, 1, resourceVersion=listed["metadata"]["resourceVersion"])
+        )
+        await asyncio.sleep(0.3)
+        await api.post(NS, json=namespace("c4"))
+        assert summary(await task) == [("ADDED", "c4")]
+
+
+async def test_watch_of_one_object_sees_only_that_object(master: MasterProcess) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        created = (await api.post(NS, json=namespace("one"))).json()
+        await api.post(NS, json=namespace("two"))
+        rv = created["metadata"]["resourceVersion"]
+        task = asyncio.create_task(
+            read_events(api, f"{NS}/one", 1, resourceVersion=rv)
+        )
+        await asyncio.sleep(0.3)
+        await api.patch(f"{NS}/two", json={"metadata": {"labels": {"a": "b"}}},
+                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.patch(f"{NS}/one", json={"metadata": {"labels": {"a": "b"}}},
+                        headers={"Content-Type": "application/merge-patch+json"})
+        assert summary(await task) == [("MODIFIED", "one")]
