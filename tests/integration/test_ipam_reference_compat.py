@@ -234,3 +234,16 @@ def test_concurrent_reference_processes_and_our_threads(tmp_path: Path) -> None:
     files = reservations(tmp_path)
     assert files == {str(ip): f"{cid}\r\neth0".encode() for cid, ip in got.items()}
     assert sorted(ip for ip, _, _ in ours.store.allocations()) == sorted(got.values())
+
+
+def test_legacy_id_only_files_mean_the_same_to_both(tmp_path: Path, conf: dict[str, Any]) -> None:
+    ours = Side(conf)
+    ours.add("pod-1")  # creates the directory
+    (tmp_path / NETWORK / "10.1.2.5").write_text("old-1")
+    (tmp_path / NETWORK / "10.1.2.6").write_text("old-2")
+    answer = reference("ADD", conf, "old-1")
+    assert answer["rc"] != 0 and "10.1.2.5 has been allocated to old-1" in answer["msg"]
+    assert ours.add("old-1") == [V4("10.1.2.5")]
+    ref_del(conf, "old-2", "eth9")
+    assert ours.store.release("old-1", "eth0") == [V4("10.1.2.5")]
+    assert sorted(reservations(tmp_path)) == ["10.1.2.2"]

@@ -105,7 +105,10 @@ def test_kubectl_watch_sees_new_objects(master: MasterProcess) -> None:
     watcher = subprocess.Popen(env_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)
-        made = run_kubectl(master.kubeconfig, "create", "namespace", "watched")
+        made = run_kubectl(
+            master.kubeconfig, "create", "-f", "-",
+            stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: watched}\n",
+        )
         assert made.returncode == 0, made.stderr
         time.sleep(1.5)
     finally:

@@ -13,7 +13,9 @@ from podnet.model.validation import validate
 
 def cluster_network(*entries: tuple[str, int], **fields: Any) -> dict[str, Any]:
     networks = [{"CIDR": cidr, "hostSubnetLength": length} for cidr, length in entries]
-    body = {"clusterNetworks": networks or [{"CIDR": "10.128.0.0/14", "hostSubnetLength": 9}]}
+    body: dict[str, Any] = {
+        "clusterNetworks": networks or [{"CIDR": "10.128.0.0/14", "hostSubnetLength": 9}]
+    }
     body["serviceNetwork"] = "172.30.0.0/16"
     return {"metadata": {"name": "default"}, **body, **fields}
 

@@ -292,6 +292,17 @@ def test_legacy_id_only_files(store: HostLocalStore) -> None:
     assert on_disk(store) == {}
 
 
+def test_legacy_files_release_by_the_ifname_allocations_reports(store: HostLocalStore) -> None:
+    one(store, "c", "eth1")
+    (store.path / "10.1.2.5").write_text("c")
+    (ip, cid, ifname) = store.allocations()[1]
+    assert (ip, cid, ifname) == (V4("10.1.2.5"), "c", "")
+    assert store.release(cid, ifname) == [ip]
+    assert store.find("c", "eth1") == [V4("10.1.2.2")]
+    with pytest.raises(IpamArgumentError):
+        store.allocate("c", "", SMALL)
+
+
 def test_allocations_skip_lock_cursor_and_foreign_names(store: HostLocalStore) -> None:
     one(store, "a")
     (store.path / "fd00::5").write_bytes(b"v6\r\neth0")
@@ -302,7 +313,7 @@ def test_allocations_skip_lock_cursor_and_foreign_names(store: HostLocalStore) -
 
 
 @pytest.mark.parametrize(
-    ("cid", "ifname"), [("", "eth0"), ("a b", "eth0"), ("a", ""), ("a", "et h0"), ("a", "e\r\n")]
+    ("cid", "ifname"), [("", "eth0"), ("a b", "eth0"), (" ", ""), ("a", "et h0"), ("a", "e\r\n")]
 )
 def test_bad_container_id_or_ifname(store: HostLocalStore, cid: str, ifname: str) -> None:
     with pytest.raises(IpamArgumentError):
@@ -453,6 +464,20 @@ def test_four_processes_get_distinct_addresses(tmp_path: Path) -> None:
     store = HostLocalStore(tmp_path, "net")
     assert len(live) == 4 * 32
     assert_consistent(store, list(live.values()), set(live))
+
+
+def _allocate_in_child(store: HostLocalStore) -> None:
+    store.allocate("forked", "eth0", SMALL)
+
+
+def test_fork_while_a_thread_holds_the_store(store: HostLocalStore) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with store._mutex:  # as if another thread were mid-operation when the fork happens
+        child = ctx.Process(target=_allocate_in_child, args=(store,))
+        child.start()
+        child.join(20)
+    assert child.exitcode == 0
+    assert store.find("forked", "eth0") == [V4("10.1.2.2")]
 
 
 # --- property: any sequence of operations keeps disk and model in step ---------------

@@ -194,7 +194,7 @@ def test_field_selector_escapes() -> None:
 
 
 def test_field_selector_errors() -> None:
-    with pytest.raises(ValueError, match="field label not supported: spec.priority"):
+    with pytest.raises(ValueError, match=r"field label not supported: spec\.priority"):
         parse_field_selector("spec.priority=5", ALLOWED)
     with pytest.raises(ValueError, match="expected <field>=<value>"):
         parse_field_selector("metadata.name", ALLOWED)

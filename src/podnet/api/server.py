@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from podnet import __version__
-from podnet.api import discovery
+from podnet.api import discovery, openapi
 from podnet.api.auth import TokenFile, User
 from podnet.api.handlers import ResourceHandlers, json_response
 from podnet.api.metrics import ApiMetrics
@@ -54,6 +54,8 @@ class ApiServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/openapi/v3", self._openapi_root)
+        app.router.add_get("/openapi/v3/{path:.+}", self._openapi_group_version)
         app.router.add_get("/api", self._api)
         app.router.add_get("/apis", self._apis)
         app.router.add_get("/api/{version}", self._core_resources)
@@ -140,6 +142,17 @@ class ApiServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain")
+
+    async def _openapi_root(self, request: web.Request) -> web.Response:
+        return json_response(openapi.root_document())
+
+    async def _openapi_group_version(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"]
+        group_version = path.removeprefix("apis/").removeprefix("api/")
+        body = openapi.group_version_document(group_version)
+        if body is None:
+            raise errors.ApiError("the server could not find the requested resource", 404, "NotFound")
+        return web.Response(body=body, content_type="application/json")
 
     async def _api(self, request: web.Request) -> web.Response:
         return json_response(discovery.api_versions(request.host))

@@ -31,9 +31,11 @@ from podnet.kubeconfig import ClientConfig, KubeconfigError, load_client_config
 COMMANDS = {
     "adm": ("podnet.cli.adm", "adm"),
     "apply": ("podnet.cli.resources", "apply"),
+    "cluster": ("podnet.cli.cluster_cmd", "cluster"),
     "delete": ("podnet.cli.resources", "delete"),
     "describe": ("podnet.cli.resources", "describe"),
     "get": ("podnet.cli.resources", "get"),
+    "node-credentials": ("podnet.cli.master_cmd", "node_credentials"),
 }
 
 

@@ -103,9 +103,11 @@ class ControllerManager:
         """Run ``work`` unless ``stop`` comes first; True when it finished."""
         task = asyncio.ensure_future(work)
         stopper = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finished = task.done() and not task.cancelled()
-        await cancel_all([task, stopper])
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished = task.done() and not task.cancelled()
+            await cancel_all([task, stopper])
         if finished:
             task.result()
         return finished
@@ -115,10 +117,12 @@ class ControllerManager:
         lead = asyncio.create_task(self._lead(), name="controller-manager-lead")
         lost = asyncio.create_task(self.elector.lost.wait())
         stopper = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait({lead, lost, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        error = lead.exception() if lead.done() and not lead.cancelled() else None
-        await cancel_all([lead, lost, stopper])
-        await self._stop_controllers()
+        try:
+            await asyncio.wait({lead, lost, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when run() itself is cancelled: nothing may outlive the term
+            error = lead.exception() if lead.done() and not lead.cancelled() else None
+            await cancel_all([lead, lost, stopper])
+            await self._stop_controllers()
         if isinstance(error, ClusterNetworkError):
             self.log.error("refusing to run: %s", error)
             raise error

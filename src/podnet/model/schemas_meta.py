@@ -81,11 +81,8 @@ def _name_errors(kind: Kind, name_rule: NameRule, raw: Mapping[str, Any]) -> lis
             "metadata.generateName", prefix, mask_trailing_dash(prefix), name_rule
         )
     elif name is None or name == "":
-        errors.append(
-            FieldError(
-                "metadata.name", "Required value: name or generateName is required", REQUIRED
-            )
-        )
+        why = "Required value: name or generateName is required"
+        errors.append(FieldError("metadata.name", why, REQUIRED))
     return errors + _namespace_errors(kind, raw.get("namespace"))
 
 

@@ -52,13 +52,17 @@ class Requirement:
 
 def _compare(operator: str, value: str | None, bound: str) -> bool:
     """Gt/Lt compare integers; a missing or non-integer label never matches."""
+    if value is None:
+        return False
     try:
-        number = int(value) if value is not None else None
+        number = int(value)
     except ValueError:
         return False
-    if number is None:
-        return False
     return number > int(bound) if operator == GT else number < int(bound)
+
+
+def _sort_key(req: Requirement) -> tuple[str, str, list[str]]:
+    return req.key, req.operator, sorted(req.values)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class LabelSelector:
 
     def __post_init__(self) -> None:
         # Sorted so that equal selectors compare and hash equal, whatever their order.
-        ordered = tuple(sorted(self.requirements, key=lambda r: (r.key, r.operator)))
+        ordered = tuple(sorted(self.requirements, key=_sort_key))
         object.__setattr__(self, "requirements", ordered)
 
     def matches(self, labels: Mapping[str, str] | None) -> bool:
@@ -128,7 +132,8 @@ def _tokens(text: str) -> Iterator[_Token]:
         if match is None:
             raise ValueError(f"unexpected character {text[position]!r} at position {position}")
         word = match.group(2)
-        yield _Token(word if word is not None else match.group(1), word is not None, match.start(0))
+        group = 2 if word is not None else 1
+        yield _Token(match.group(group), word is not None, match.start(group))
         position = match.end()
 
 

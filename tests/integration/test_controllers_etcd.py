@@ -1,0 +1,292 @@
+"""The master's controllers against a real etcd: scale, racing masters, restarts, leases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podnet.api.registry import Registry
+from podnet.controllers.clusternetwork import ensure_cluster_network
+from podnet.controllers.config import NetworkConfig
+from podnet.controllers.hostsubnets import HostSubnetController
+from podnet.controllers.leader import EtcdLeaderElector
+from podnet.controllers.manager import ControllerManager
+from podnet.controllers.namespaces import ensure_namespace
+from podnet.model.errors import ApiError
+from podnet.model.kinds import HOST_SUBNET, NODE
+from podnet.store.etcd import EtcdStore
+from podnet.store.etcd_process import EtcdProcess, pid_alive, start_etcd
+
+Obj = dict[str, Any]
+NODES = 500
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One etcd for this module, on free loopback ports; removed even on failure."""
+    if not Path("/usr/bin/etcd").exists():
+        pytest.skip("etcd is not installed")
+    process = start_etcd(tmp_path_factory.mktemp("controllers-etcd"))
+    pid = process.pid
+    try:
+        yield process
+    finally:
+        process.stop(remove_data=True)
+        assert pid is None or not pid_alive(pid)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"/podnet-test-{uuid.uuid4().hex}/"
+
+
+@pytest.fixture
+async def connect(etcd_server: EtcdProcess) -> AsyncIterator[Callable[[], Awaitable[EtcdStore]]]:
+    """Open EtcdStores (one per simulated master); all are closed after the test."""
+    stores: list[EtcdStore] = []
+
+    async def open_store() -> EtcdStore:
+        store = EtcdStore(etcd_server.endpoint)
+        await store.connect()
+        stores.append(store)
+        return store
+
+    yield open_store
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture
+async def registry(connect: Callable[[], Awaitable[EtcdStore]], prefix: str) -> Registry:
+    return Registry(await connect(), prefix=prefix)
+
+
+def node(name: str, index: int) -> Obj:
+    ip = f"192.0.{2 + index // 250}.{1 + index % 250}"
+    return {
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+    }
+
+
+async def create_nodes(registry: Registry, names: list[str]) -> None:
+    await asyncio.gather(*(registry.create(NODE, node(n, i)) for i, n in enumerate(names)))
+
+
+async def subnets(registry: Registry) -> dict[str, Obj]:
+    items, _ = await registry.list(HOST_SUBNET)
+    return {h["metadata"]["name"]: h for h in items}
+
+
+async def wait_for_subnets(registry: Registry, count: int, timeout: float = 60.0) -> dict[str, Obj]:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await subnets(registry)
+        if len(current) >= count:
+            return current
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(current)} of {count} HostSubnets after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+def assert_distinct(hostsubnets: dict[str, Obj]) -> None:
+    nets = sorted(IPv4Network(h["subnet"]) for h in hostsubnets.values())
+    assert len(set(nets)) == len(nets)
+    for left, right in zip(nets, nets[1:], strict=False):
+        assert not left.overlaps(right), f"{left} overlaps {right}"
+    for name, h in hostsubnets.items():
+        assert h["host"] == name
+        assert IPv4Network(h["subnet"]).subnet_of(IPv4Network("10.128.0.0/14"))
+
+
+async def start_controller(registry: Registry) -> HostSubnetController:
+    cluster_network = await ensure_cluster_network(registry, NetworkConfig.default())
+    await ensure_namespace(registry, "default")
+    controller = HostSubnetController(registry, cluster_network, resync_period=None)
+    await controller.start()
+    return controller
+
+
+# ---- scale -------------------------------------------------------------------------------
+
+
+async def test_500_nodes_registered_at_once_get_500_distinct_subnets(registry: Registry) -> None:
+    controller = await start_controller(registry)
+    try:
+        names = [f"node-{i:03d}" for i in range(NODES)]
+        started = time.monotonic()
+        await create_nodes(registry, names)
+        allocated = await wait_for_subnets(registry, NODES)
+        elapsed = time.monotonic() - started
+        print(f"\n500 nodes registered and allocated in {elapsed:.2f}s")
+        assert set(allocated) == set(names)
+        assert_distinct(allocated)
+        assert controller.allocator.available == 512 - NODES
+    finally:
+        await controller.stop()
+
+
+async def test_a_controller_cancelled_halfway_resumes_without_duplicates(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    first_registry = Registry(await connect(), prefix=prefix)
+    first = await start_controller(first_registry)
+    names = [f"crash-{i:03d}" for i in range(NODES)]
+    creating = asyncio.create_task(create_nodes(first_registry, names))
+    await wait_for_subnets(first_registry, 100)
+    await first.stop()  # cancels work in flight, mid-allocation
+    await creating
+    halfway = len(await subnets(first_registry))
+    assert halfway < NODES
+    second = await start_controller(Registry(await connect(), prefix=prefix))
+    try:
+        allocated = await wait_for_subnets(first_registry, NODES)
+        assert set(allocated) == set(names)
+        assert_distinct(allocated)
+    finally:
+        await second.stop()
+
+
+# ---- racing masters ----------------------------------------------------------------------
+
+
+async def test_two_controllers_without_election_never_share_a_subnet(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    registries = [Registry(await connect(), prefix=prefix) for _ in range(2)]
+    controllers = [await start_controller(r) for r in registries]
+    try:
+        names = [f"race-{i:03d}" for i in range(NODES)]
+        started = time.monotonic()
+        await create_nodes(registries[0], names)
+        allocated = await wait_for_subnets(registries[0], NODES)
+        print(f"\n500 nodes allocated by two racing controllers in {time.monotonic() - started:.2f}s")
+        for controller in controllers:
+            await controller.queue.wait_idle()
+        allocated = await subnets(registries[0])
+        assert set(allocated) == set(names)
+        assert_distinct(allocated)
+    finally:
+        for controller in controllers:
+            await controller.stop()
+
+
+async def test_the_subnet_claim_alone_stops_a_duplicate(registry: Registry) -> None:
+    def body(name: str) -> Obj:
+        return {
+            "apiVersion": "network.openshift.io/v1", "kind": "HostSubnet",
+            "metadata": {"name": name}, "host": name, "hostIP": "192.0.2.9",
+            "subnet": "10.128.0.0/23",
+        }
+
+    results = await asyncio.gather(
+        *(registry.create(HOST_SUBNET, body(f"claim-{i}")) for i in range(10)),
+        return_exceptions=True,
+    )
+    winners = [r for r in results if isinstance(r, dict)]
+    losers = [r for r in results if isinstance(r, ApiError)]
+    assert len(winners) == 1 and len(losers) == 9
+    assert all(e.code == 409 and e.reason == "AlreadyExists" for e in losers)
+
+
+async def test_two_managers_with_election_take_turns(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    managers: list[ControllerManager] = []
+    runs: list[asyncio.Task[None]] = []
+    for identity in ("master-a", "master-b"):
+        store = await connect()
+        elector = EtcdLeaderElector(store, f"{prefix}leader", identity, ttl=3)
+        manager = ControllerManager(
+            Registry(store, prefix=prefix), NetworkConfig.default(), elector, resync_period=None
+        )
+        managers.append(manager)
+        runs.append(asyncio.create_task(manager.run()))
+    registry = managers[0].registry
+    try:
+        leader = await wait_until(lambda: next((m for m in managers if m.ready), None))
+        follower = next(m for m in managers if m is not leader)
+        assert not follower.ready
+        await create_nodes(registry, [f"ha-{i:03d}" for i in range(NODES)])
+        allocated = await wait_for_subnets(registry, NODES)
+        assert_distinct(allocated)
+        await leader.stop()  # hand over: the follower must take the lease
+        await wait_until(lambda: follower.ready, timeout=15)
+        await create_nodes(registry, [f"late-{i}" for i in range(5)])
+        allocated = await wait_for_subnets(registry, NODES + 5)
+        assert_distinct(allocated)
+    finally:
+        for manager in managers:
+            await manager.stop()
+        await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def wait_until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+# ---- leader election ---------------------------------------------------------------------
+
+
+async def test_second_elector_waits_for_release(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    key = f"{prefix}leader"
+    first = EtcdLeaderElector(await connect(), key, "first", ttl=3)
+    second = EtcdLeaderElector(await connect(), key, "second", ttl=3)
+    await first.acquire()
+    waiting = asyncio.create_task(second.acquire())
+    await asyncio.sleep(1.5)
+    assert not waiting.done() and await second.holder() == "first"
+    started = time.monotonic()
+    await first.release()
+    await asyncio.wait_for(waiting, 5)
+    assert time.monotonic() - started < 2.0  # woken by the watch, not by polling
+    assert second.is_leader and await first.holder() == "second"
+    await second.release()
+    assert await first.holder() is None
+
+
+async def test_a_dead_leaders_lease_expires(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    key = f"{prefix}leader"
+    crashed = EtcdLeaderElector(await connect(), key, "crashed", ttl=2)
+    await crashed.acquire()
+    assert crashed._keepalive is not None
+    crashed._keepalive.cancel()  # the process "dies": no more renewals, no revoke
+    crashed._lease_id = None
+    heir = EtcdLeaderElector(await connect(), key, "heir", ttl=2)
+    started = time.monotonic()
+    await asyncio.wait_for(heir.acquire(), 10)
+    assert 0.5 < time.monotonic() - started < 6.0
+    assert await heir.holder() == "heir"
+    await heir.release()
+
+
+async def test_a_leader_whose_key_is_taken_knows_it_lost(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    store = await connect()
+    key = f"{prefix}leader"
+    leader = EtcdLeaderElector(store, key, "leader", ttl=3)
+    await leader.acquire()
+    from podnet.store.base import Delete
+
+    await store.commit([], [Delete(key)])  # an operator removes the key
+    await asyncio.wait_for(leader.lost.wait(), 5)
+    assert not leader.is_leader
+    await leader.release()
