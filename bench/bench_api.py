@@ -32,7 +32,7 @@ CONCURRENCY = 32
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def run_pool(count: int, work: Any) -> float:
@@ -56,7 +56,9 @@ async def etcd_baseline(etcd: EtcdProcess, count: int) -> tuple[float, float]:
     prefix = f"/bench-raw-{uuid.uuid4().hex}/"
     value = json.dumps(namespace("x")).encode()
     try:
-        puts = await run_pool(count, lambda i: store.commit([Absent(f"{prefix}{i}")], [Put(f"{prefix}{i}", value)]))
+        puts = await run_pool(
+            count, lambda i: store.commit([Absent(f"{prefix}{i}")], [Put(f"{prefix}{i}", value)])
+        )
         gets = await run_pool(count, lambda i: store.get(f"{prefix}{i}"))
     finally:
         await store.close()
@@ -85,8 +87,11 @@ async def api_throughput(master: MasterProcess, count: int) -> dict[str, float]:
             assert answer.status_code == 200
             lists += 1
         items = len(answer.json()["items"])
-        return {"create/s": creates, "get/s": gets,
-                f"list/s ({items} items)": lists / (time.perf_counter() - started)}
+        return {
+            "create/s": creates,
+            "get/s": gets,
+            f"list/s ({items} items)": lists / (time.perf_counter() - started),
+        }
 
 
 async def watch_fanout(master: MasterProcess, watchers: int, writes: int) -> list[float]:
@@ -138,6 +143,7 @@ def rss_mb(pid: int) -> float:
 async def load_objects(master: MasterProcess, nodes: int, namespaces: int, pods: int) -> None:
     limits = httpx.Limits(max_connections=CONCURRENCY)
     async with async_client_for(master.kubeconfig, limits=limits, timeout=120) as api:
+
         async def make_node(i: int) -> None:
             await api.post("/api/v1/nodes", json=node(f"n{i}", f"10.{i // 250}.{i % 250}.1"))
 
@@ -146,7 +152,9 @@ async def load_objects(master: MasterProcess, nodes: int, namespaces: int, pods:
 
         async def make_pod(i: int) -> None:
             ns = f"ns{i % namespaces}"
-            answer = await api.post(f"/api/v1/namespaces/{ns}/pods", json=pod(f"p{i}", ns, f"n{i % nodes}"))
+            answer = await api.post(
+                f"/api/v1/namespaces/{ns}/pods", json=pod(f"p{i}", ns, f"n{i % nodes}")
+            )
             assert answer.status_code == 201, answer.text
 
         await run_pool(nodes, make_node)
@@ -170,11 +178,17 @@ async def benchmarks(etcd: EtcdProcess, tmp: Path, args: argparse.Namespace) -> 
     results: dict[str, list[float]] = {}
     fanout: list[list[float]] = []
     for run in range(args.runs):
-        master = launch_master(etcd, tmp / f"m{run}", f"/bench-{run}/", "--network-plugin", "subnet")
+        master = launch_master(
+            etcd, tmp / f"m{run}", f"/bench-{run}/", "--network-plugin", "subnet"
+        )
         try:
             raw_puts, raw_gets = await etcd_baseline(etcd, args.ops)
             api = await api_throughput(master, args.ops)
-            for key, value in {"raw etcd put/s": raw_puts, "raw etcd get/s": raw_gets, **api}.items():
+            for key, value in {
+                "raw etcd put/s": raw_puts,
+                "raw etcd get/s": raw_gets,
+                **api,
+            }.items():
                 results.setdefault(key, []).append(value)
             fanout.append(await watch_fanout(master, args.watchers, args.writes))
         finally:
@@ -189,16 +203,25 @@ async def benchmarks(etcd: EtcdProcess, tmp: Path, args: argparse.Namespace) -> 
     p99 = statistics.median(percentile(f, 99) for f in fanout)
     print(f"== watch fan-out: {args.watchers} watchers, {args.writes} writes per run")
     print(f"  write → last watcher: p50 {p50:.1f} ms, p99 {p99:.1f} ms (goal p99 < 100 ms)")
-    master = launch_master(etcd, tmp / "rss", "/bench-rss/", "--network-plugin", "multitenant",
-                           "--cluster-network", "10.0.0.0/8:8")
+    master = launch_master(
+        etcd,
+        tmp / "rss",
+        "/bench-rss/",
+        "--network-plugin",
+        "multitenant",
+        "--cluster-network",
+        "10.0.0.0/8:8",
+    )
     try:
         assert master.process is not None
         idle = rss_mb(master.process.pid)
         await load_objects(master, args.nodes, args.namespaces, args.pods)
         await asyncio.sleep(2)
         loaded = rss_mb(master.process.pid)
-        print(f"== master RSS: idle {idle:.0f} MB; with {args.nodes} nodes, {args.namespaces} "
-              f"namespaces, {args.pods} pods stored: {loaded:.0f} MB (goal < 250 MB)")
+        print(
+            f"== master RSS: idle {idle:.0f} MB; with {args.nodes} nodes, {args.namespaces} "
+            f"namespaces, {args.pods} pods stored: {loaded:.0f} MB (goal < 250 MB)"
+        )
     finally:
         master.stop()
 

@@ -77,7 +77,9 @@ class Master:
         await self.store.connect()
         pki = ensure_pki(opts.pki_dir, [opts.listen_host, *opts.extra_hosts])
         admin_token = ensure_admin_token(opts.tokens_path)
-        self.server = ApiServer(self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready)
+        self.server = ApiServer(
+            self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready
+        )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
         write_kubeconfig(opts.kubeconfig_path, self.server.address, pki.ca_pem(), admin_token)
         log.info("admin kubeconfig written to %s", opts.kubeconfig_path)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from podnet.api.auth import ensure_node_token
-from podnet.testing.api import client_for, node, pod
 from podnet.store.etcd_process import EtcdProcess
+from podnet.testing.api import client_for, node, pod
 from podnet.testing.processes import MasterProcess, launch_master
 
 HS = "/apis/network.openshift.io/v1/hostsubnets"
@@ -25,11 +26,17 @@ def test_node_token_may_touch_only_its_own_node(master: MasterProcess) -> None:
         assert admin.post("/api/v1/nodes", json=node("n2", "192.0.2.2")).status_code == 201
     with client_for(master.kubeconfig, token=node_token(master, "n1")) as n1:
         assert n1.post("/api/v1/nodes", json=node("n1", "192.0.2.1")).status_code == 201
-        own = n1.patch("/api/v1/nodes/n1", json={"metadata": {"labels": {"a": "b"}}},
-                       headers={"Content-Type": "application/merge-patch+json"})
+        own = n1.patch(
+            "/api/v1/nodes/n1",
+            json={"metadata": {"labels": {"a": "b"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         assert own.status_code == 200
-        other = n1.patch("/api/v1/nodes/n2", json={"metadata": {"labels": {"a": "b"}}},
-                         headers={"Content-Type": "application/merge-patch+json"})
+        other = n1.patch(
+            "/api/v1/nodes/n2",
+            json={"metadata": {"labels": {"a": "b"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         assert other.status_code == 403
         assert other.json()["reason"] == "Forbidden"
         assert "n2" in other.json()["message"]
@@ -54,17 +61,60 @@ def test_node_token_may_touch_only_its_own_node(master: MasterProcess) -> None:
         (b"", "application/json", 400, "empty"),
         (b"a: [b", "application/yaml", 400, "not valid YAML"),
         (b"<xml/>", "application/xml", 415, "unknown format"),
-        (json.dumps({"metadata": {"name": "x"}, "host": "x", "hostIP": "1.2.3.4",
-                     "subnet": "10.128.0.0/23", "bogus": 1}).encode(),
-         "application/json", 422, "bogus"),
-        (json.dumps({"metadata": {"name": "x"}, "host": "x", "hostIP": 5,
-                     "subnet": "10.128.0.0/23"}).encode(), "application/json", 422, "hostIP"),
-        (json.dumps({"metadata": {"name": "x"}, "host": "x", "hostIP": "1.2.3.4",
-                     "subnet": "10.128.0.0/33"}).encode(), "application/json", 422, "subnet"),
-        (json.dumps({"metadata": {"name": "Bad_Name"}, "host": "Bad_Name", "hostIP": "1.2.3.4",
-                     "subnet": "10.128.0.0/23"}).encode(), "application/json", 422, "name"),
-        (json.dumps({"kind": "Pod", "metadata": {"name": "x"}}).encode(),
-         "application/json", 400, "Pod"),
+        (
+            json.dumps(
+                {
+                    "metadata": {"name": "x"},
+                    "host": "x",
+                    "hostIP": "1.2.3.4",
+                    "subnet": "10.128.0.0/23",
+                    "bogus": 1,
+                }
+            ).encode(),
+            "application/json",
+            422,
+            "bogus",
+        ),
+        (
+            json.dumps(
+                {"metadata": {"name": "x"}, "host": "x", "hostIP": 5, "subnet": "10.128.0.0/23"}
+            ).encode(),
+            "application/json",
+            422,
+            "hostIP",
+        ),
+        (
+            json.dumps(
+                {
+                    "metadata": {"name": "x"},
+                    "host": "x",
+                    "hostIP": "1.2.3.4",
+                    "subnet": "10.128.0.0/33",
+                }
+            ).encode(),
+            "application/json",
+            422,
+            "subnet",
+        ),
+        (
+            json.dumps(
+                {
+                    "metadata": {"name": "Bad_Name"},
+                    "host": "Bad_Name",
+                    "hostIP": "1.2.3.4",
+                    "subnet": "10.128.0.0/23",
+                }
+            ).encode(),
+            "application/json",
+            422,
+            "name",
+        ),
+        (
+            json.dumps({"kind": "Pod", "metadata": {"name": "x"}}).encode(),
+            "application/json",
+            400,
+            "Pod",
+        ),
     ],
 )
 def test_garbage_is_refused_with_a_message(
@@ -106,8 +156,14 @@ def test_invalid_cluster_network_change_is_refused(master: MasterProcess) -> Non
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 field_names = st.sampled_from(
@@ -128,7 +184,9 @@ def fuzz_master(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=st.dictionaries(field_names, json_values, max_size=6))
-def test_fuzzed_hostsubnets_never_cause_a_server_error(fuzz_master: MasterProcess, body: dict) -> None:  # type: ignore[type-arg]
+def test_fuzzed_hostsubnets_never_cause_a_server_error(
+    fuzz_master: MasterProcess, body: dict
+) -> None:  # type: ignore[type-arg]
     with client_for(fuzz_master.kubeconfig) as api:
         answer = api.post(HS, json=body)
         assert answer.status_code < 500, answer.text
@@ -143,8 +201,9 @@ def test_fuzzed_hostsubnets_never_cause_a_server_error(fuzz_master: MasterProces
 @given(raw=st.binary(max_size=200))
 def test_fuzzed_bytes_never_cause_a_server_error(fuzz_master: MasterProcess, raw: bytes) -> None:
     with client_for(fuzz_master.kubeconfig) as api:
-        answer = api.post("/api/v1/namespaces", content=raw,
-                          headers={"Content-Type": "application/json"})
+        answer = api.post(
+            "/api/v1/namespaces", content=raw, headers={"Content-Type": "application/json"}
+        )
         assert answer.status_code < 500, answer.text
         if answer.status_code == 201:
             api.delete(f"/api/v1/namespaces/{answer.json()['metadata']['name']}")

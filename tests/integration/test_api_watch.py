@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -31,10 +32,8 @@ async def read_events(
                     if len(events) >= count:
                         return
 
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(consume(), timeout)
-    except TimeoutError:
-        pass
     return events
 
 
@@ -47,8 +46,11 @@ async def test_watch_resume_replays_only_what_came_after(master: MasterProcess) 
         first = (await api.post(NS, json=namespace("w1"))).json()
         mark = first["metadata"]["resourceVersion"]
         await api.post(NS, json=namespace("w2"))
-        await api.patch(f"{NS}/w1", json={"metadata": {"labels": {"x": "1"}}},
-                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.patch(
+            f"{NS}/w1",
+            json={"metadata": {"labels": {"x": "1"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         await api.delete(f"{NS}/w2")
         events = await read_events(api, NS, 3, resourceVersion=mark)
         assert summary(events) == [("ADDED", "w2"), ("MODIFIED", "w1"), ("DELETED", "w2")]
@@ -59,9 +61,7 @@ async def test_watch_resume_replays_only_what_came_after(master: MasterProcess) 
 async def test_watch_without_version_sends_state_then_live(master: MasterProcess) -> None:
     async with async_client_for(master.kubeconfig) as api:
         await api.post(NS, json=namespace("live-a", {"team": "x"}))
-        task = asyncio.create_task(
-            read_events(api, NS, 2, labelSelector="team=x")
-        )
+        task = asyncio.create_task(read_events(api, NS, 2, labelSelector="team=x"))
         await asyncio.sleep(0.5)
         await api.post(NS, json=namespace("live-b", {"team": "y"}))
         await api.post(NS, json=namespace("live-c", {"team": "x"}))
@@ -75,8 +75,11 @@ async def test_label_change_out_of_selector_is_deleted_for_that_watcher(
     async with async_client_for(master.kubeconfig) as api:
         created = (await api.post(NS, json=namespace("sel", {"team": "x"}))).json()
         rv = created["metadata"]["resourceVersion"]
-        await api.patch(f"{NS}/sel", json={"metadata": {"labels": {"team": "y"}}},
-                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.patch(
+            f"{NS}/sel",
+            json={"metadata": {"labels": {"team": "y"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         events = await read_events(api, NS, 1, resourceVersion=rv, labelSelector="team=x")
         assert summary(events) == [("DELETED", "sel")]
 
@@ -112,12 +115,16 @@ async def test_watch_of_one_object_sees_only_that_object(master: MasterProcess) 
         created = (await api.post(NS, json=namespace("one"))).json()
         await api.post(NS, json=namespace("two"))
         rv = created["metadata"]["resourceVersion"]
-        task = asyncio.create_task(
-            read_events(api, f"{NS}/one", 1, resourceVersion=rv)
-        )
+        task = asyncio.create_task(read_events(api, f"{NS}/one", 1, resourceVersion=rv))
         await asyncio.sleep(0.3)
-        await api.patch(f"{NS}/two", json={"metadata": {"labels": {"a": "b"}}},
-                        headers={"Content-Type": "application/merge-patch+json"})
-        await api.patch(f"{NS}/one", json={"metadata": {"labels": {"a": "b"}}},
-                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.patch(
+            f"{NS}/two",
+            json={"metadata": {"labels": {"a": "b"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        await api.patch(
+            f"{NS}/one",
+            json={"metadata": {"labels": {"a": "b"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         assert summary(await task) == [("MODIFIED", "one")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -71,7 +72,9 @@ async def registry(connect: Callable[[], Awaitable[EtcdStore]], prefix: str) -> 
 def node(name: str, index: int) -> Obj:
     ip = f"192.0.{2 + index // 250}.{1 + index % 250}"
     return {
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
         "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
     }
 
@@ -99,7 +102,7 @@ async def wait_for_subnets(registry: Registry, count: int, timeout: float = 60.0
 def assert_distinct(hostsubnets: dict[str, Obj]) -> None:
     nets = sorted(IPv4Network(h["subnet"]) for h in hostsubnets.values())
     assert len(set(nets)) == len(nets)
-    for left, right in zip(nets, nets[1:], strict=False):
+    for left, right in itertools.pairwise(nets):
         assert not left.overlaps(right), f"{left} overlaps {right}"
     for name, h in hostsubnets.items():
         assert h["host"] == name
@@ -167,7 +170,9 @@ async def test_two_controllers_without_election_never_share_a_subnet(
         started = time.monotonic()
         await create_nodes(registries[0], names)
         allocated = await wait_for_subnets(registries[0], NODES)
-        print(f"\n500 nodes allocated by two racing controllers in {time.monotonic() - started:.2f}s")
+        print(
+            f"\n500 nodes allocated by two racing controllers in {time.monotonic() - started:.2f}s"
+        )
         for controller in controllers:
             await controller.queue.wait_idle()
         allocated = await subnets(registries[0])
@@ -181,8 +186,11 @@ async def test_two_controllers_without_election_never_share_a_subnet(
 async def test_the_subnet_claim_alone_stops_a_duplicate(registry: Registry) -> None:
     def body(name: str) -> Obj:
         return {
-            "apiVersion": "network.openshift.io/v1", "kind": "HostSubnet",
-            "metadata": {"name": name}, "host": name, "hostIP": "192.0.2.9",
+            "apiVersion": "network.openshift.io/v1",
+            "kind": "HostSubnet",
+            "metadata": {"name": name},
+            "host": name,
+            "hostIP": "192.0.2.9",
             "subnet": "10.128.0.0/23",
         }
 

@@ -100,13 +100,22 @@ def test_kubectl_create_get_describe_delete(master: MasterProcess, tmp_path: Pat
 
 
 def test_kubectl_watch_sees_new_objects(master: MasterProcess) -> None:
-    env_cmd = [KUBECTL, f"--cache-dir={master.kubeconfig.parent / 'kc'}",
-               f"--kubeconfig={master.kubeconfig}", "get", "namespaces", "-w"]
+    env_cmd = [
+        KUBECTL,
+        f"--cache-dir={master.kubeconfig.parent / 'kc'}",
+        f"--kubeconfig={master.kubeconfig}",
+        "get",
+        "namespaces",
+        "-w",
+    ]
     watcher = subprocess.Popen(env_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)
         made = run_kubectl(
-            master.kubeconfig, "create", "-f", "-",
+            master.kubeconfig,
+            "create",
+            "-f",
+            "-",
             stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: watched}\n",
         )
         assert made.returncode == 0, made.stderr

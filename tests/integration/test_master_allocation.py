@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,7 +41,7 @@ def subnets(api: httpx.Client) -> dict[str, dict[str, Any]]:
 
 def assert_disjoint(items: list[dict[str, Any]]) -> None:
     nets = sorted(ipaddress.IPv4Network(h["subnet"]) for h in items)
-    for left, right in zip(nets, nets[1:], strict=False):
+    for left, right in itertools.pairwise(nets):
         assert not left.overlaps(right), f"{left} overlaps {right}"
 
 
@@ -48,14 +49,20 @@ async def register(master: MasterProcess, names: list[str]) -> None:
     limits = httpx.Limits(max_connections=50)
     async with async_client_for(master.kubeconfig, limits=limits) as api:
         answers = await asyncio.gather(
-            *(api.post(NODES, json=node(n, f"192.0.{2 + i // 250}.{1 + i % 250}"))
-              for i, n in enumerate(names))
+            *(
+                api.post(NODES, json=node(n, f"192.0.{2 + i // 250}.{1 + i % 250}"))
+                for i, n in enumerate(names)
+            )
         )
-    assert all(a.status_code == 201 for a in answers), [a.text for a in answers if a.status_code != 201][:3]
+    assert all(a.status_code == 201 for a in answers), [
+        a.text for a in answers if a.status_code != 201
+    ][:3]
 
 
 @pytest.fixture
-def manual_master(etcd: EtcdProcess, tmp_path: Path, prefix: str) -> Iterator[Callable[..., MasterProcess]]:
+def manual_master(
+    etcd: EtcdProcess, tmp_path: Path, prefix: str
+) -> Iterator[Callable[..., MasterProcess]]:
     started: list[MasterProcess] = []
 
     def start(*args: str) -> MasterProcess:
@@ -114,7 +121,8 @@ def test_exhaustion_is_reported_and_recovers(manual_master: Callable[..., Master
         victim = wait_for(starved, 30, "a NetworkUnavailable condition")
         assert victim not in subnets(api)
         condition = next(
-            c for c in api.get(f"{NODES}/{victim}").json()["status"]["conditions"]
+            c
+            for c in api.get(f"{NODES}/{victim}").json()["status"]["conditions"]
             if c["type"] == "NetworkUnavailable"
         )
         assert "no subnets available" in condition["message"]
@@ -133,7 +141,8 @@ def test_node_ip_change_keeps_the_subnet(master: MasterProcess) -> None:
         assert api.patch(f"{NODES}/mover/status", json=patch, headers=MERGE).status_code == 200
         after = wait_for(
             lambda: (h := subnets(api).get("mover")) and h["hostIP"] == "192.0.2.99" and h,
-            30, "hostIP update",
+            30,
+            "hostIP update",
         )
         assert after["subnet"] == before["subnet"]
         assert after["metadata"]["uid"] == before["metadata"]["uid"]
@@ -158,14 +167,20 @@ def test_orphans_are_removed_and_assigned_hosts_kept(
         api.post(NODES, json=node("real", "192.0.2.30"))
         wait_for(lambda: "real" in subnets(api), 30, "a subnet")
         f5 = {
-            "apiVersion": "network.openshift.io/v1", "kind": "HostSubnet",
-            "metadata": {"name": "f5-1",
-                         "annotations": {"pod.network.openshift.io/assign-subnet": "true"}},
-            "host": "f5-1", "hostIP": "192.0.2.200",
+            "apiVersion": "network.openshift.io/v1",
+            "kind": "HostSubnet",
+            "metadata": {
+                "name": "f5-1",
+                "annotations": {"pod.network.openshift.io/assign-subnet": "true"},
+            },
+            "host": "f5-1",
+            "hostIP": "192.0.2.200",
         }
         created = api.post(HS, json=f5)
         assert created.status_code == 201, created.text
-        assigned = wait_for(lambda: (h := subnets(api).get("f5-1")) and h.get("subnet"), 30, "f5 subnet")
+        assigned = wait_for(
+            lambda: (h := subnets(api).get("f5-1")) and h.get("subnet"), 30, "f5 subnet"
+        )
         assert ipaddress.IPv4Network(assigned).prefixlen == 23
     process.stop()
 
@@ -174,11 +189,17 @@ def test_orphans_are_removed_and_assigned_hosts_kept(
         await store.connect()
         try:
             registry = Registry(store, prefix=prefix)
-            await registry.create(HOST_SUBNET, {
-                "apiVersion": "network.openshift.io/v1", "kind": "HostSubnet",
-                "metadata": {"name": "ghost"}, "host": "ghost", "hostIP": "192.0.2.250",
-                "subnet": "10.131.254.0/23",
-            })
+            await registry.create(
+                HOST_SUBNET,
+                {
+                    "apiVersion": "network.openshift.io/v1",
+                    "kind": "HostSubnet",
+                    "metadata": {"name": "ghost"},
+                    "host": "ghost",
+                    "hostIP": "192.0.2.250",
+                    "subnet": "10.131.254.0/23",
+                },
+            )
         finally:
             await store.close()
 

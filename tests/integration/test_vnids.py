@@ -30,7 +30,9 @@ def wait_netids(api: httpx.Client, names: set[str], timeout: float = 20.0) -> di
 
 def annotation(api: httpx.Client, name: str) -> Any:
     meta = api.get(f"{NETNS}/{name}").json()["metadata"]
-    return (meta.get("annotations") or {}).get("pod.network.openshift.io/multitenant.change-network")
+    return (meta.get("annotations") or {}).get(
+        "pod.network.openshift.io/multitenant.change-network"
+    )
 
 
 def test_vnid_lifecycle_through_the_cli(master: MasterProcess) -> None:
@@ -42,7 +44,9 @@ def test_vnid_lifecycle_through_the_cli(master: MasterProcess) -> None:
         assert len({ids["a"], ids["b"], ids["c"]}) == 3
         assert all(10 <= ids[n] < 2**24 for n in "abc")
 
-        joined = run_podnet(master.kubeconfig, "adm", "pod-network", "join-projects", "--to=a", "b", "c")
+        joined = run_podnet(
+            master.kubeconfig, "adm", "pod-network", "join-projects", "--to=a", "b", "c"
+        )
         assert joined.returncode == 0, joined.stderr
         ids = netids(api)
         assert ids["b"] == ids["a"] == ids["c"]
@@ -58,17 +62,24 @@ def test_vnid_lifecycle_through_the_cli(master: MasterProcess) -> None:
         api.delete("/api/v1/namespaces/c")
         time.sleep(0.5)
         kept = after["a"]
-        assert run_podnet(master.kubeconfig, "adm", "pod-network", "isolate-projects", "a").returncode == 0
+        assert (
+            run_podnet(master.kubeconfig, "adm", "pod-network", "isolate-projects", "a").returncode
+            == 0
+        )
         assert netids(api)["a"] == kept
 
-        made_global = run_podnet(master.kubeconfig, "adm", "pod-network", "make-projects-global", "a")
+        made_global = run_podnet(
+            master.kubeconfig, "adm", "pod-network", "make-projects-global", "a"
+        )
         assert made_global.returncode == 0, made_global.stderr
         assert netids(api)["a"] == 0
         assert "c" not in netids(api)
 
 
 def test_cli_errors_are_one_line(master: MasterProcess) -> None:
-    missing = run_podnet(master.kubeconfig, "adm", "pod-network", "join-projects", "--to=nope", "default")
+    missing = run_podnet(
+        master.kubeconfig, "adm", "pod-network", "join-projects", "--to=nope", "default"
+    )
     assert missing.returncode == 1
     assert missing.stderr.strip().count("\n") == 0 and "nope" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -338,7 +338,9 @@ def test_error_reported_in_config_version(shim_cmd: list[str], agent: FakeAgent)
 _text = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20
 )
-_ifname = st.one_of(_text, st.sampled_from(["eth0", "..", "a:b", "a\u2028b", "a\x1cb", "x" * 15]))
+_ifname = st.one_of(
+    _text, st.sampled_from(["eth0", "..", "a:b", "a\u2028b", "a\x1cb", "x" * 15, "x" * 16])
+)
 _version = st.one_of(
     st.sampled_from(["0.3.1", "0.4.0", "1.0.0", "1.1.0", "", "0.2.0"]), st.integers()
 )

@@ -48,9 +48,11 @@ def node(name: str, ip: str | None) -> Obj:
 
 def hostsubnet(name: str, subnet: str | None, annotations: dict[str, str] | None = None) -> Obj:
     obj: Obj = {
-        "apiVersion": "network.openshift.io/v1", "kind": "HostSubnet",
+        "apiVersion": "network.openshift.io/v1",
+        "kind": "HostSubnet",
         "metadata": {"name": name, "annotations": annotations or {}},
-        "host": name, "hostIP": "192.0.2.250",
+        "host": name,
+        "hostIP": "192.0.2.250",
     }
     if subnet:
         obj["subnet"] = subnet
@@ -73,7 +75,9 @@ async def subnets(registry: Registry) -> dict[str, Obj]:
     return {h["metadata"]["name"]: h for h in items}
 
 
-async def get_or_none(registry: Registry, kind: Any, name: str, ns: str | None = None) -> Obj | None:
+async def get_or_none(
+    registry: Registry, kind: Any, name: str, ns: str | None = None
+) -> Obj | None:
     try:
         return await registry.get(kind, ns, name)
     except ApiError:
@@ -85,7 +89,9 @@ def registry() -> Registry:
     return Registry(MemoryStore(), prefix="/t/")
 
 
-async def start_hostsubnets(registry: Registry, flag: str = "10.128.0.0/14:9") -> HostSubnetController:
+async def start_hostsubnets(
+    registry: Registry, flag: str = "10.128.0.0/14:9"
+) -> HostSubnetController:
     config = NetworkConfig.default()
     config.cluster_networks = parse_cluster_networks([flag])
     cluster_network = await ensure_cluster_network(registry, config)
@@ -114,8 +120,13 @@ async def test_node_add_ip_change_delete_and_readd(
     assert hs["subnet"] == "10.128.0.0/23"
     assert hs["metadata"]["annotations"][NODE_UID_ANNOTATION] == created["metadata"]["uid"]
 
-    await registry.patch(NODE, None, "n1", {"status": {"addresses": [
-        {"type": "InternalIP", "address": "192.0.2.99"}]}}, subresource="status")
+    await registry.patch(
+        NODE,
+        None,
+        "n1",
+        {"status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.99"}]}},
+        subresource="status",
+    )
 
     async def moved() -> Obj | None:
         current = await get_or_none(registry, HOST_SUBNET, "n1")
@@ -144,8 +155,13 @@ async def test_node_without_internal_ip_is_skipped_until_it_has_one(
     await registry.create(NODE, node("bare", None))
     await eventually(lambda: _logged(caplog, "bare has no InternalIP"))
     assert await get_or_none(registry, HOST_SUBNET, "bare") is None
-    await registry.patch(NODE, None, "bare", {"status": {"addresses": [
-        {"type": "InternalIP", "address": "192.0.2.7"}]}}, subresource="status")
+    await registry.patch(
+        NODE,
+        None,
+        "bare",
+        {"status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.7"}]}},
+        subresource="status",
+    )
     await eventually(lambda: get_or_none(registry, HOST_SUBNET, "bare"))
 
 
@@ -158,14 +174,18 @@ async def test_start_marks_existing_and_removes_orphans(registry: Registry) -> N
     await registry.create(NODE, node("legacy", "192.0.2.2"))
     reborn = await registry.create(NODE, node("reborn", "192.0.2.3"))
     uid = real["metadata"]["uid"]
-    await registry.create(HOST_SUBNET, {**hostsubnet("real", "10.128.0.0/23",
-                                                     {NODE_UID_ANNOTATION: uid}), "hostIP": "192.0.2.1"})
+    await registry.create(
+        HOST_SUBNET,
+        {**hostsubnet("real", "10.128.0.0/23", {NODE_UID_ANNOTATION: uid}), "hostIP": "192.0.2.1"},
+    )
     await registry.create(HOST_SUBNET, hostsubnet("legacy", "10.128.2.0/23"))  # no uid: adopted
-    stale = await registry.create(HOST_SUBNET, hostsubnet("reborn", "10.128.4.0/23",
-                                                          {NODE_UID_ANNOTATION: "an-old-uid"}))
+    stale = await registry.create(
+        HOST_SUBNET, hostsubnet("reborn", "10.128.4.0/23", {NODE_UID_ANNOTATION: "an-old-uid"})
+    )
     await registry.create(HOST_SUBNET, hostsubnet("ghost", "10.128.6.0/23"))  # no node at all
-    await registry.create(HOST_SUBNET, hostsubnet("f5", "10.128.8.0/23",
-                                                  {ASSIGN_SUBNET_ANNOTATION: "true"}))
+    await registry.create(
+        HOST_SUBNET, hostsubnet("f5", "10.128.8.0/23", {ASSIGN_SUBNET_ANNOTATION: "true"})
+    )
     controller = await start_hostsubnets(registry)
     try:
         left = await subnets(registry)
@@ -253,8 +273,12 @@ async def test_cluster_network_grow_through_the_api_feeds_the_allocator(
         for i in range(3):
             await registry.create(NODE, node(f"g-{i}", f"192.0.2.{i + 1}"))
         await eventually(lambda: _waiting(controller))
-        await registry.patch(CLUSTER_NETWORK, None, "default", {"clusterNetworks": [
-            {"CIDR": "10.200.0.0/24", "hostSubnetLength": 6}]})
+        await registry.patch(
+            CLUSTER_NETWORK,
+            None,
+            "default",
+            {"clusterNetworks": [{"CIDR": "10.200.0.0/24", "hostSubnetLength": 6}]},
+        )
         await eventually(lambda: _count(registry, 3))
         assert not controller.waiting
     finally:
@@ -316,8 +340,12 @@ async def netids(registry: Registry) -> dict[str, int]:
 
 
 async def change(registry: Registry, name: str, request: str) -> Obj:
-    await registry.patch(NET_NAMESPACE, None, name, {"metadata": {"annotations": {
-        CHANGE_NETWORK_ANNOTATION: request}}})
+    await registry.patch(
+        NET_NAMESPACE,
+        None,
+        name,
+        {"metadata": {"annotations": {CHANGE_NETWORK_ANNOTATION: request}}},
+    )
 
     async def answered() -> Obj | None:
         obj = await registry.get(NET_NAMESPACE, None, name)
@@ -379,12 +407,16 @@ async def test_deleted_namespace_loses_its_objects(
     registry: Registry, manager: ControllerManager
 ) -> None:
     await registry.create(NAMESPACE, {"metadata": {"name": "x"}})
-    await registry.create(POD, {"metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "c", "image": "i"}]}}, "x")
-    await registry.create(SERVICE, {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}}, "x")
+    await registry.create(
+        POD, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}, "x"
+    )
+    await registry.create(
+        SERVICE, {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}}, "x"
+    )
     await registry.create(NAMESPACE, {"metadata": {"name": "y"}})
-    await registry.create(POD, {"metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "c", "image": "i"}]}}, "y")
+    await registry.create(
+        POD, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}, "y"
+    )
     await registry.delete(NAMESPACE, None, "x")
     await eventually(lambda: _empty(registry, "x"))
     assert len((await registry.list(POD, "y"))[0]) == 1
@@ -464,7 +496,11 @@ async def test_informer_relists_after_compaction(registry: Registry) -> None:
     after = [await anext(stream) for _ in range(6)]
     kinds = [(c, o["metadata"].get("name")) for c, o in after]
     assert kinds == [
-        ("RESYNC", None), ("SYNC", "b"), ("SYNC", "c"), ("SYNC", "d"), ("DELETED", "a"),
+        ("RESYNC", None),
+        ("SYNC", "b"),
+        ("SYNC", "c"),
+        ("SYNC", "d"),
+        ("DELETED", "a"),
         ("SYNCED", None),
     ]
     await registry.create(NODE, node("e", "192.0.2.5"))

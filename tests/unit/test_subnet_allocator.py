@@ -42,8 +42,12 @@ def test_entries_are_tried_in_order_then_wrap() -> None:
     alloc = allocator("10.200.0.0/25:6", "10.100.0.0/25:5")  # 2 x /26, then 4 x /27
     got = [alloc.allocate() for _ in range(6)]
     assert got == [
-        Net("10.200.0.0/26"), Net("10.200.0.64/26"),
-        Net("10.100.0.0/27"), Net("10.100.0.32/27"), Net("10.100.0.64/27"), Net("10.100.0.96/27"),
+        Net("10.200.0.0/26"),
+        Net("10.200.0.64/26"),
+        Net("10.100.0.0/27"),
+        Net("10.100.0.32/27"),
+        Net("10.100.0.64/27"),
+        Net("10.100.0.96/27"),
     ]
     with pytest.raises(SubnetsExhausted, match="no subnets available"):
         alloc.allocate()
@@ -136,14 +140,24 @@ def test_config_round_trip_and_flags() -> None:
 
 def test_change_rules() -> None:
     old = NetworkConfig.default()
-    grown = NetworkConfig.from_object({**old.to_object(), "clusterNetworks": [
-        {"CIDR": "10.128.0.0/13", "hostSubnetLength": 9},
-        {"CIDR": "10.200.0.0/16", "hostSubnetLength": 8},
-    ]})
+    grown = NetworkConfig.from_object(
+        {
+            **old.to_object(),
+            "clusterNetworks": [
+                {"CIDR": "10.128.0.0/13", "hostSubnetLength": 9},
+                {"CIDR": "10.200.0.0/16", "hostSubnetLength": 8},
+            ],
+        }
+    )
     assert change_errors(old, grown) == []
-    shrunk = NetworkConfig.from_object({**old.to_object(), "clusterNetworks": [
-        {"CIDR": "10.128.0.0/15", "hostSubnetLength": 9},
-    ]})
+    shrunk = NetworkConfig.from_object(
+        {
+            **old.to_object(),
+            "clusterNetworks": [
+                {"CIDR": "10.128.0.0/15", "hostSubnetLength": 9},
+            ],
+        }
+    )
     assert "only grow" in change_errors(old, shrunk)[0]
     moved = NetworkConfig.from_object({**old.to_object(), "serviceNetwork": "172.31.0.0/16"})
     assert "serviceNetwork" in change_errors(old, moved)[0]
@@ -169,7 +183,7 @@ def test_never_a_duplicate_or_overlapping_subnet(script: list[str | int]) -> Non
             alloc.release(held.pop(int(step) % len(held)))
         assert alloc.available == alloc.total - len(held)
         for i, left in enumerate(held):
-            assert all(not left.overlaps(right) for right in held[i + 1:])
+            assert all(not left.overlaps(right) for right in held[i + 1 :])
 
 
 @settings(max_examples=100, deadline=None)

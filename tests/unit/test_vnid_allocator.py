@@ -61,8 +61,12 @@ def test_the_top_of_the_range_wraps_to_the_bottom() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.just("new"), st.tuples(st.sampled_from("jr"), st.integers(0, 30))),
-                max_size=100))
+@given(
+    st.lists(
+        st.one_of(st.just("new"), st.tuples(st.sampled_from("jr"), st.integers(0, 30))),
+        max_size=100,
+    )
+)
 def test_refcounts_match_a_model(script: list[object]) -> None:
     """Allocate, join (mark) and release in any order; counts equal a simple model."""
     alloc = VnidAllocator(10, 17)

@@ -14,7 +14,9 @@ def api_versions(server_address: str) -> dict[str, Any]:
     return {
         "kind": "APIVersions",
         "versions": ["v1"],
-        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}
+        ],
     }
 
 
@@ -61,13 +63,15 @@ def _resource(kind: Kind) -> list[dict[str, Any]]:
         entry["shortNames"] = list(kind.short_names)
     out = [entry]
     for sub in kind.subresources:
-        out.append({
-            "name": f"{kind.plural}/{sub}",
-            "singularName": "",
-            "namespaced": kind.namespaced,
-            "kind": kind.kind,
-            "verbs": ["get", "patch", "update"],
-        })
+        out.append(
+            {
+                "name": f"{kind.plural}/{sub}",
+                "singularName": "",
+                "namespaced": kind.namespaced,
+                "kind": kind.kind,
+                "verbs": ["get", "patch", "update"],
+            }
+        )
     return out
 
 

@@ -59,15 +59,30 @@ class ResourceHandlers:
 
     # ---- authorization ----------------------------------------------------------------
 
-    def _check(self, request: web.Request, verb: str, target: Target, new: Obj | None = None, old: Obj | None = None) -> None:
+    def _check(
+        self,
+        request: web.Request,
+        verb: str,
+        target: Target,
+        new: Obj | None = None,
+        old: Obj | None = None,
+    ) -> None:
         user: User = request["user"]
         attrs = RequestAttributes(
-            verb=verb, kind=target.kind, namespace=target.namespace, name=target.name,
-            subresource=target.subresource, new_object=new, old_object=old, path=request.path,
+            verb=verb,
+            kind=target.kind,
+            namespace=target.namespace,
+            name=target.name,
+            subresource=target.subresource,
+            new_object=new,
+            old_object=old,
+            path=request.path,
         )
         require_authorized(user, attrs)
 
-    def _admit(self, request: web.Request, verb: str, target: Target) -> Callable[[Obj | None, Obj | None], None]:
+    def _admit(
+        self, request: web.Request, verb: str, target: Target
+    ) -> Callable[[Obj | None, Obj | None], None]:
         def admit(new: Obj | None, old: Obj | None) -> None:
             self._check(request, verb, target, new, old)
 
@@ -80,7 +95,9 @@ class ResourceHandlers:
         assert target.name is not None
         obj = await self.registry.get(target.kind, target.namespace, target.name)
         if tables.wants_table(request.headers.get("Accept", "")):
-            return json_response(tables.table(target.kind, [obj], obj["metadata"]["resourceVersion"]))
+            return json_response(
+                tables.table(target.kind, [obj], obj["metadata"]["resourceVersion"])
+            )
         return json_response(obj)
 
     async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
@@ -105,13 +122,17 @@ class ResourceHandlers:
             from podnet.model.selectors import FieldRequirement
 
             watch_filter = WatchFilter(
-                target.kind, target.namespace, labels,
+                target.kind,
+                target.namespace,
+                labels,
                 [*fields, FieldRequirement("metadata.name", "=", target.name)],
             )
         events = await self._watch_source(request, watch_filter)
         return await self._stream(request, target.kind, watch_filter, events)
 
-    async def _watch_source(self, request: web.Request, wf: WatchFilter) -> AsyncIterator[CachedEvent | int | Obj]:
+    async def _watch_source(
+        self, request: web.Request, wf: WatchFilter
+    ) -> AsyncIterator[CachedEvent | int | Obj]:
         rv = request.query.get("resourceVersion", "")
         bookmarks = BOOKMARK_EVERY if query_flag(request, "allowWatchBookmarks") else None
         if rv in ("", "0"):
@@ -131,9 +152,17 @@ class ResourceHandlers:
             return self.cache.follow(revision, bookmarks)
         return direct_events(self.registry, revision)
 
-    async def _stream(self, request: web.Request, kind: Kind, wf: WatchFilter, events: AsyncIterator[CachedEvent | int | Obj]) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        kind: Kind,
+        wf: WatchFilter,
+        events: AsyncIterator[CachedEvent | int | Obj],
+    ) -> web.StreamResponse:
         as_table = tables.wants_table(request.headers.get("Accept", ""))
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+        )
         await response.prepare(request)
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         self.metrics.watchers.labels(kind.plural).inc()
@@ -160,9 +189,20 @@ class ResourceHandlers:
             await response.write_eof()
         return response
 
-    def _render(self, item: CachedEvent | int | Obj, wf: WatchFilter, kind: Kind, as_table: bool, first: list[bool]) -> bytes | None:
+    def _render(
+        self,
+        item: CachedEvent | int | Obj,
+        wf: WatchFilter,
+        kind: Kind,
+        as_table: bool,
+        first: list[bool],
+    ) -> bytes | None:
         if isinstance(item, int):
-            bookmark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {"resourceVersion": str(item)}}
+            bookmark = {
+                "kind": kind.kind,
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(item)},
+            }
             return dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n"
         if isinstance(item, dict):  # an initial ADDED from the list
             return self._line("ADDED", item, kind, as_table, first)
@@ -187,7 +227,9 @@ class ResourceHandlers:
     async def _create(self, request: web.Request, target: Target) -> web.StreamResponse:
         body = await read_body(request)
         _check_type(body, target.kind)
-        obj = await self.registry.create(target.kind, body, target.namespace, self._admit(request, "create", target))
+        obj = await self.registry.create(
+            target.kind, body, target.namespace, self._admit(request, "create", target)
+        )
         return json_response(obj, 201)
 
     async def _update(self, request: web.Request, target: Target) -> web.StreamResponse:
@@ -195,7 +237,11 @@ class ResourceHandlers:
         _check_type(body, target.kind)
         assert target.name is not None
         obj = await self.registry.update(
-            target.kind, body, target.namespace, target.name, target.subresource,
+            target.kind,
+            body,
+            target.namespace,
+            target.name,
+            target.subresource,
             self._admit(request, "update", target),
         )
         return json_response(obj)
@@ -204,7 +250,11 @@ class ResourceHandlers:
         body = await read_body(request, patch=True)
         assert target.name is not None
         obj = await self.registry.patch(
-            target.kind, target.namespace, target.name, body, target.subresource,
+            target.kind,
+            target.namespace,
+            target.name,
+            body,
+            target.subresource,
             self._admit(request, "patch", target),
         )
         return json_response(obj)
@@ -218,7 +268,10 @@ class ResourceHandlers:
                 if isinstance(options, dict):
                     precondition = (options.get("preconditions") or {}).get("resourceVersion")
         obj = await self.registry.delete(
-            target.kind, target.namespace, target.name, precondition,
+            target.kind,
+            target.namespace,
+            target.name,
+            precondition,
             self._admit(request, "delete", target),
         )
         return json_response(obj)
@@ -250,7 +303,9 @@ def _check_type(body: Any, kind: Kind) -> None:
         raise errors.bad_request(f"apiVersion {api_version!s} does not match {kind.api_version}")
 
 
-async def _initial_then(items: list[Obj], rest: AsyncIterator[CachedEvent | int]) -> AsyncIterator[CachedEvent | int | Obj]:
+async def _initial_then(
+    items: list[Obj], rest: AsyncIterator[CachedEvent | int]
+) -> AsyncIterator[CachedEvent | int | Obj]:
     for obj in items:
         yield obj
     async for event in rest:

@@ -13,23 +13,34 @@ class ApiMetrics:
 
     def __post_init__(self) -> None:
         self.requests = Counter(
-            "podnet_apiserver_requests", "API requests by verb, resource and code",
-            ["verb", "resource", "code"], registry=self.registry,
+            "podnet_apiserver_requests",
+            "API requests by verb, resource and code",
+            ["verb", "resource", "code"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "podnet_apiserver_request_duration_seconds", "API request latency",
-            ["verb", "resource"], registry=self.registry,
+            "podnet_apiserver_request_duration_seconds",
+            "API request latency",
+            ["verb", "resource"],
+            registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
         self.watchers = Gauge(
-            "podnet_apiserver_watchers", "Open watch streams", ["resource"], registry=self.registry,
+            "podnet_apiserver_watchers",
+            "Open watch streams",
+            ["resource"],
+            registry=self.registry,
         )
         self.watch_events = Counter(
-            "podnet_apiserver_watch_events", "Events sent to watchers", ["resource"],
+            "podnet_apiserver_watch_events",
+            "Events sent to watchers",
+            ["resource"],
             registry=self.registry,
         )
         self.controller_errors = Counter(
-            "podnet_controller_errors", "Controller errors by controller", ["controller"],
+            "podnet_controller_errors",
+            "Controller errors by controller",
+            ["controller"],
             registry=self.registry,
         )
 

@@ -39,7 +39,11 @@ def _operation(kind: Kind, action: str) -> dict[str, Any]:
 
 def _paths(kind: Kind) -> dict[str, Any]:
     base = "/" + _gv_path(kind.api_version)
-    scope = f"{base}/namespaces/{{namespace}}/{kind.plural}" if kind.namespaced else f"{base}/{kind.plural}"
+    scope = (
+        f"{base}/namespaces/{{namespace}}/{kind.plural}"
+        if kind.namespaced
+        else f"{base}/{kind.plural}"
+    )
     return {
         scope: {"get": _operation(kind, "list"), "post": _operation(kind, "post")},
         f"{scope}/{{name}}": {
@@ -73,7 +77,9 @@ def group_version_document(group_version: str) -> bytes | None:
         "openapi": "3.0.0",
         "info": {"title": "podnet", "version": group_version},
         "paths": paths,
-        "components": {"schemas": {f"{k.group or 'core'}.{k.version}.{k.kind}": _schema(k) for k in kinds}},
+        "components": {
+            "schemas": {f"{k.group or 'core'}.{k.version}.{k.kind}": _schema(k) for k in kinds}
+        },
     }
     return json.dumps(doc, sort_keys=True).encode()
 

@@ -115,7 +115,7 @@ class Registry:
         """(kind, namespace, name) of an object key, or None for other keys."""
         if not key.startswith(self.prefix):
             return None
-        parts = key[len(self.prefix):].split("/")
+        parts = key[len(self.prefix) :].split("/")
         if len(parts) < 3 or parts[0] == "claims":
             return None
         group = "" if parts[0] == "core" else parts[0]
@@ -202,7 +202,9 @@ class Registry:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
-            raise errors.invalid(kind.kind, "", [errors.FieldError("metadata", "must be an object")])
+            raise errors.invalid(
+                kind.kind, "", [errors.FieldError("metadata", "must be an object")]
+            )
         if kind.namespaced:
             given = meta.get("namespace")
             if namespace and given and given != namespace:
@@ -242,7 +244,10 @@ class Registry:
         owner = holder.value.decode().rsplit("/", 1)[-1] if holder else "another object"
         raise errors.ApiError(
             f'{kind.plural} "{name}": {field} {obj.get(field)} is already used by {owner}',
-            409, "AlreadyExists", kind.plural, name,
+            409,
+            "AlreadyExists",
+            kind.plural,
+            name,
         )
 
     async def _commit(
@@ -270,7 +275,8 @@ class Registry:
             raise errors.invalid(kind.kind, name, [errors.FieldError("metadata", "required")])
         if meta.get("name") not in (None, name):
             raise errors.bad_request(
-                f'the name of the object ({meta.get("name")}) does not match the name on the URL ({name})'
+                f"the name of the object ({meta.get('name')}) does not match "
+                f"the name on the URL ({name})"
             )
         expected = meta.get("resourceVersion") or None
         old = await self.get(kind, namespace, name)
@@ -403,7 +409,9 @@ class Registry:
         raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
 
 
-_STALE = "the object has been modified; please apply your changes to the latest version and try again"
+_STALE = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
 
 
 def _body(obj: Mapping[str, Any]) -> dict[str, Any]:

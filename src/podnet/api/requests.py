@@ -61,7 +61,9 @@ def _no_route(tail: str) -> errors.ApiError:
     return errors.ApiError("the server could not find the requested resource", 404, "NotFound")
 
 
-def selectors(request: web.Request, kind: Kind) -> tuple[LabelSelector | None, list[FieldRequirement]]:
+def selectors(
+    request: web.Request, kind: Kind
+) -> tuple[LabelSelector | None, list[FieldRequirement]]:
     """The ``labelSelector`` and ``fieldSelector`` query parameters, parsed."""
     from podnet.api.registry import field_labels
 

@@ -134,11 +134,19 @@ class ApiServer:
         return web.Response(text="ok")
 
     async def _version(self, request: web.Request) -> web.Response:
-        return json_response({
-            "major": "1", "minor": "32", "gitVersion": f"v1.32.0-podnet.{__version__}",
-            "gitCommit": "", "gitTreeState": "clean", "buildDate": "",
-            "goVersion": "python", "compiler": "cpython", "platform": "linux/amd64",
-        })
+        return json_response(
+            {
+                "major": "1",
+                "minor": "32",
+                "gitVersion": f"v1.32.0-podnet.{__version__}",
+                "gitCommit": "",
+                "gitTreeState": "clean",
+                "buildDate": "",
+                "goVersion": "python",
+                "compiler": "cpython",
+                "platform": "linux/amd64",
+            }
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain")
@@ -151,7 +159,9 @@ class ApiServer:
         group_version = path.removeprefix("apis/").removeprefix("api/")
         body = openapi.group_version_document(group_version)
         if body is None:
-            raise errors.ApiError("the server could not find the requested resource", 404, "NotFound")
+            raise errors.ApiError(
+                "the server could not find the requested resource", 404, "NotFound"
+            )
         return web.Response(body=body, content_type="application/json")
 
     async def _api(self, request: web.Request) -> web.Response:

@@ -48,7 +48,9 @@ def column_definitions(kind: Kind) -> list[dict[str, Any]]:
         for c in kind.columns
     ]
     if any(c.name == "NAME" for c in kind.columns):
-        cols.append({"name": "Age", "type": "string", "format": "", "description": "age", "priority": 0})
+        cols.append(
+            {"name": "Age", "type": "string", "format": "", "description": "age", "priority": 0}
+        )
     return cols
 
 
@@ -59,11 +61,17 @@ def row(kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
     meta = dict(obj.get("metadata") or {})
     return {
         "cells": cells,
-        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta},
+        "object": {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": meta,
+        },
     }
 
 
-def table(kind: Kind, items: list[dict[str, Any]], resource_version: str, headers: bool = True) -> dict[str, Any]:
+def table(
+    kind: Kind, items: list[dict[str, Any]], resource_version: str, headers: bool = True
+) -> dict[str, Any]:
     """A ``meta.k8s.io/v1`` Table of ``items``."""
     return {
         "kind": "Table",

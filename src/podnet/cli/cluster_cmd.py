@@ -10,7 +10,10 @@ from podnet.cli.master_cmd import PLUGIN_ALIASES
 from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane, ours
 
 STATE_DIR = click.option(
-    "--state-dir", type=click.Path(path_type=Path), default=DEFAULT_STATE_DIR, show_default=True,
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
     help="where the cluster keeps its processes' state, logs and kubeconfig",
 )
 
@@ -22,9 +25,15 @@ def cluster() -> None:
 
 @cluster.command("up")
 @STATE_DIR
-@click.option("--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True)
-@click.option("--cluster-network", "cluster_networks", multiple=True,
-              help="CIDR:hostSubnetLength for the master (default 10.128.0.0/14:9)")
+@click.option(
+    "--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True
+)
+@click.option(
+    "--cluster-network",
+    "cluster_networks",
+    multiple=True,
+    help="CIDR:hostSubnetLength for the master (default 10.128.0.0/14:9)",
+)
 def up(state_dir: Path, plugin: str, cluster_networks: tuple[str, ...]) -> None:
     """Start etcd and the master (idempotent) and write the admin kubeconfig."""
     args: list[str] = []
@@ -58,9 +67,14 @@ def status(state_dir: Path) -> None:
     etcd_ok = ours(state.etcd_pid, "etcd")
     master_ok = ours(state.master_pid, "podnet")
     click.echo(f"plugin:  {PLUGIN_ALIASES.get(state.plugin, state.plugin)}")
-    click.echo(f"etcd:    {'running' if etcd_ok else 'DOWN'} (pid {state.etcd_pid}, port {state.etcd_port})")
-    click.echo(f"master:  {'running' if master_ok else 'DOWN'} (pid {state.master_pid}, "
-               f"https://127.0.0.1:{state.master_port})")
+    click.echo(
+        f"etcd:    {'running' if etcd_ok else 'DOWN'} "
+        f"(pid {state.etcd_pid}, port {state.etcd_port})"
+    )
+    click.echo(
+        f"master:  {'running' if master_ok else 'DOWN'} (pid {state.master_pid}, "
+        f"https://127.0.0.1:{state.master_port})"
+    )
     if not master_ok:
         return
     from podnet.client import ApiClient

@@ -34,25 +34,60 @@ def _listen(value: str) -> tuple[str, int]:
 
 @click.command("master")
 @click.option("--etcd", default="127.0.0.1:2379", show_default=True, help="etcd endpoint host:port")
-@click.option("--etcd-prefix", default=DEFAULT_PREFIX, show_default=True, help="key prefix for all objects")
-@click.option("--listen", default="127.0.0.1:6443", show_default=True, help="address:port to serve HTTPS on")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=Path("/var/lib/podnet/master"),
-              show_default=True, help="PKI, tokens and the admin kubeconfig live here")
-@click.option("--cluster-network", "cluster_networks", multiple=True, default=["10.128.0.0/14:9"],
-              show_default=True, help="CIDR:hostSubnetLength, repeatable, tried in order")
+@click.option(
+    "--etcd-prefix", default=DEFAULT_PREFIX, show_default=True, help="key prefix for all objects"
+)
+@click.option(
+    "--listen", default="127.0.0.1:6443", show_default=True, help="address:port to serve HTTPS on"
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path("/var/lib/podnet/master"),
+    show_default=True,
+    help="PKI, tokens and the admin kubeconfig live here",
+)
+@click.option(
+    "--cluster-network",
+    "cluster_networks",
+    multiple=True,
+    default=["10.128.0.0/14:9"],
+    show_default=True,
+    help="CIDR:hostSubnetLength, repeatable, tried in order",
+)
 @click.option("--service-network", default="172.30.0.0/16", show_default=True)
-@click.option("--network-plugin", default="subnet", show_default=True,
-              help="subnet | multitenant | networkpolicy (or the full redhat/openshift-ovs-* name)")
+@click.option(
+    "--network-plugin",
+    default="subnet",
+    show_default=True,
+    help="subnet | multitenant | networkpolicy (or the full redhat/openshift-ovs-* name)",
+)
 @click.option("--mtu", default=1450, show_default=True, type=int)
 @click.option("--vxlan-port", default=4789, show_default=True, type=int)
-@click.option("--host", "extra_hosts", multiple=True, help="extra name/IP for the server certificate")
-@click.option("--compact-interval", default=300.0, show_default=True, type=float,
-              help="seconds of etcd history to keep before compacting")
+@click.option(
+    "--host", "extra_hosts", multiple=True, help="extra name/IP for the server certificate"
+)
+@click.option(
+    "--compact-interval",
+    default=300.0,
+    show_default=True,
+    type=float,
+    help="seconds of etcd history to keep before compacting",
+)
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
 def master(
-    etcd: str, etcd_prefix: str, listen: str, state_dir: Path, cluster_networks: tuple[str, ...],
-    service_network: str, network_plugin: str, mtu: int, vxlan_port: int,
-    extra_hosts: tuple[str, ...], compact_interval: float, leader_elect: bool,
+    etcd: str,
+    etcd_prefix: str,
+    listen: str,
+    state_dir: Path,
+    cluster_networks: tuple[str, ...],
+    service_network: str,
+    network_plugin: str,
+    mtu: int,
+    vxlan_port: int,
+    extra_hosts: tuple[str, ...],
+    compact_interval: float,
+    leader_elect: bool,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
     from podnet.controllers.config import NetworkConfig, parse_cluster_network_flag
@@ -70,11 +105,19 @@ def master(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     options = MasterOptions(
-        network=network, etcd=etcd, etcd_prefix=etcd_prefix, listen_host=host, listen_port=port,
-        state_dir=state_dir, extra_hosts=list(extra_hosts), compact_interval=compact_interval,
+        network=network,
+        etcd=etcd,
+        etcd_prefix=etcd_prefix,
+        listen_host=host,
+        listen_port=port,
+        state_dir=state_dir,
+        extra_hosts=list(extra_hosts),
+        compact_interval=compact_interval,
         leader_elect=leader_elect,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     asyncio.run(_run(Master(options)))
 
 
@@ -98,11 +141,22 @@ async def _run(master_process: object) -> None:
 
 @click.command("node-credentials")
 @click.argument("node")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=Path("/var/lib/podnet/master"),
-              show_default=True)
-@click.option("--server", required=True, help="API URL the node should use, e.g. https://10.0.0.1:6443")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="where to write the node's kubeconfig")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path("/var/lib/podnet/master"),
+    show_default=True,
+)
+@click.option(
+    "--server", required=True, help="API URL the node should use, e.g. https://10.0.0.1:6443"
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="where to write the node's kubeconfig",
+)
 def node_credentials(node: str, state_dir: Path, server: str, output: Path) -> None:
     """Issue a token for NODE and write a kubeconfig that can act only as that node."""
     from podnet.master import node_credentials as issue

@@ -100,14 +100,20 @@ class ControlPlane:
             etcd = EtcdProcess(self.state_dir, free_port(), free_port())
             etcd.start()
             assert etcd.pid is not None
-            state.etcd_pid, state.etcd_port, state.etcd_peer_port = etcd.pid, etcd.client_port, etcd.peer_port
+            state.etcd_pid, state.etcd_port, state.etcd_peer_port = (
+                etcd.pid,
+                etcd.client_port,
+                etcd.peer_port,
+            )
             emit(f"etcd started (pid {etcd.pid}, 127.0.0.1:{etcd.client_port})")
         else:
             emit(f"etcd already running (pid {state.etcd_pid})")
         state.save(self.state_dir)
         if not ours(state.master_pid, "podnet"):
             master = MasterProcess(
-                f"127.0.0.1:{state.etcd_port}", self.master_dir, "/podnet/registry/",
+                f"127.0.0.1:{state.etcd_port}",
+                self.master_dir,
+                "/podnet/registry/",
                 port=state.master_port or free_port(),
                 args=["--network-plugin", plugin, *master_args],
             )

@@ -38,8 +38,10 @@ from podnet.cni.validate import ERR_UNKNOWN_CONTAINER as ERR_UNKNOWN_CONTAINER
 from podnet.cni.validate import ERR_UNSUPPORTED_FIELD as ERR_UNSUPPORTED_FIELD
 from podnet.cni.validate import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
 
-# Versions whose results carry "version": "4"|"6" in each ip and lack the 1.1.0 extras.
+# Versions whose results carry "version": "4"|"6" in each ip.
 LEGACY_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.4.0"})
+# Interface mtu and the route attributes after gw are new in 1.1.0.
+EXTRAS_SINCE = "1.1.0"
 MTU_RANGE = range(68, 65536)
 ROUTE_EXTRAS = ("mtu", "advmss", "priority", "table", "scope")
 VALID_ATTACHMENTS_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
@@ -51,7 +53,7 @@ class Interface:
 
     name: str
     mac: str = ""
-    mtu: int | None = None  # emitted for 1.1.0 only
+    mtu: int | None = None  # 1.1.0 only
     sandbox: str = ""
 
 
@@ -102,11 +104,11 @@ class CniResult:
     dns: DNS = field(default_factory=DNS)
 
 
-def _format_interface(iface: Interface, legacy: bool) -> dict[str, Any]:
+def _format_interface(iface: Interface, extras: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"name": iface.name}
     if iface.mac:
         out["mac"] = iface.mac
-    if iface.mtu and not legacy:
+    if iface.mtu and extras:
         out["mtu"] = iface.mtu
     if iface.sandbox:
         out["sandbox"] = iface.sandbox
@@ -123,11 +125,11 @@ def _format_ip(ip: IPConfig, legacy: bool) -> dict[str, Any]:
     return out
 
 
-def _format_route(route: Route, legacy: bool) -> dict[str, Any]:
+def _format_route(route: Route, extras: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"dst": route.dst}
     if route.gw:
         out["gw"] = route.gw
-    if not legacy:
+    if extras:
         out.update({k: getattr(route, k) for k in ROUTE_EXTRAS if getattr(route, k) is not None})
     return out
 
@@ -142,13 +144,14 @@ def format_result(result: CniResult, cni_version: str) -> dict[str, Any]:
     """Render ``result`` in the format of ``cni_version`` (the request config's)."""
     check_version("ADD", {"cniVersion": cni_version})
     legacy = cni_version in LEGACY_VERSIONS
+    extras = SUPPORTED_VERSIONS.index(cni_version) >= SUPPORTED_VERSIONS.index(EXTRAS_SINCE)
     out: dict[str, Any] = {"cniVersion": cni_version}
     if result.interfaces:
-        out["interfaces"] = [_format_interface(i, legacy) for i in result.interfaces]
+        out["interfaces"] = [_format_interface(i, extras) for i in result.interfaces]
     if result.ips:
         out["ips"] = [_format_ip(ip, legacy) for ip in result.ips]
     if result.routes:
-        out["routes"] = [_format_route(r, legacy) for r in result.routes]
+        out["routes"] = [_format_route(r, extras) for r in result.routes]
     out["dns"] = _format_dns(result.dns)
     return out
 

@@ -149,7 +149,7 @@ def check_ifname(ifname: str) -> None:
     """Apply the spec's interface-name rules; raise CniError(4)."""
     problem = ""
     if len(ifname.encode("utf-8", "surrogateescape")) > IFNAME_MAX_BYTES:
-        problem = f"longer than {IFNAME_MAX_BYTES} bytes"
+        problem = f"is longer than {IFNAME_MAX_BYTES} bytes"
     elif ifname in (".", ".."):
         problem = "is . or .."
     elif any(ch in "/:" or ch in WHITESPACE for ch in ifname):

@@ -82,15 +82,16 @@ def not_found(resource: str, name: str) -> ApiError:
 
 
 def already_exists(resource: str, name: str) -> ApiError:
-    return ApiError(
-        f'{resource} "{name}" already exists', 409, "AlreadyExists", resource, name
-    )
+    return ApiError(f'{resource} "{name}" already exists', 409, "AlreadyExists", resource, name)
 
 
 def conflict(resource: str, name: str, why: str) -> ApiError:
     return ApiError(
         f'Operation cannot be fulfilled on {resource} "{name}": {why}',
-        409, "Conflict", resource, name,
+        409,
+        "Conflict",
+        resource,
+        name,
     )
 
 

@@ -130,17 +130,32 @@ def _pod_selector(obj: Obj) -> str:
 NAME = Column("NAME", _meta("metadata", "name"))
 
 NAMESPACE = Kind(
-    "", "v1", "Namespace", "namespaces", False, ("ns",),
+    "",
+    "v1",
+    "Namespace",
+    "namespaces",
+    False,
+    ("ns",),
     (NAME, Column("STATUS", lambda o: _meta("status", "phase")(o) or "Active")),
     subresources=("status",),
 )
 NODE = Kind(
-    "", "v1", "Node", "nodes", False, ("no",),
+    "",
+    "v1",
+    "Node",
+    "nodes",
+    False,
+    ("no",),
     (NAME, Column("STATUS", _node_status), Column("INTERNAL-IP", _node_internal_ip)),
     subresources=("status",),
 )
 POD = Kind(
-    "", "v1", "Pod", "pods", True, ("po",),
+    "",
+    "v1",
+    "Pod",
+    "pods",
+    True,
+    ("po",),
     (
         NAME,
         Column("READY", _pod_ready),
@@ -151,7 +166,12 @@ POD = Kind(
     subresources=("status",),
 )
 SERVICE = Kind(
-    "", "v1", "Service", "services", True, ("svc",),
+    "",
+    "v1",
+    "Service",
+    "services",
+    True,
+    ("svc",),
     (
         NAME,
         Column("TYPE", lambda o: _meta("spec", "type")(o) or "ClusterIP"),
@@ -160,21 +180,38 @@ SERVICE = Kind(
     ),
     subresources=("status",),
 )
-ENDPOINTS = Kind("", "v1", "Endpoints", "endpoints", True, ("ep",), (NAME, Column("ENDPOINTS", _endpoints)))
+ENDPOINTS = Kind(
+    "", "v1", "Endpoints", "endpoints", True, ("ep",), (NAME, Column("ENDPOINTS", _endpoints))
+)
 EVENT = Kind(
-    "", "v1", "Event", "events", True, ("ev",),
+    "",
+    "v1",
+    "Event",
+    "events",
+    True,
+    ("ev",),
     (
         Column("LAST SEEN", _meta("lastTimestamp")),
         Column("TYPE", _meta("type")),
         Column("REASON", _meta("reason")),
-        Column("OBJECT", lambda o: f"{_meta('involvedObject', 'kind')(o)}/{_meta('involvedObject', 'name')(o)}".lower()),
+        Column(
+            "OBJECT",
+            lambda o: (
+                f"{_meta('involvedObject', 'kind')(o)}/{_meta('involvedObject', 'name')(o)}".lower()
+            ),
+        ),
         Column("MESSAGE", _meta("message")),
     ),
 )
 
 NETWORK_GROUP = "network.openshift.io"
 CLUSTER_NETWORK = Kind(
-    NETWORK_GROUP, "v1", "ClusterNetwork", "clusternetworks", False, (),
+    NETWORK_GROUP,
+    "v1",
+    "ClusterNetwork",
+    "clusternetworks",
+    False,
+    (),
     (
         NAME,
         Column("CLUSTER NETWORKS", _cluster_networks),
@@ -183,7 +220,12 @@ CLUSTER_NETWORK = Kind(
     ),
 )
 HOST_SUBNET = Kind(
-    NETWORK_GROUP, "v1", "HostSubnet", "hostsubnets", False, ("hs",),
+    NETWORK_GROUP,
+    "v1",
+    "HostSubnet",
+    "hostsubnets",
+    False,
+    ("hs",),
     (
         NAME,
         Column("HOST", _meta("host")),
@@ -195,20 +237,48 @@ HOST_SUBNET = Kind(
     unique_field="subnet",
 )
 NET_NAMESPACE = Kind(
-    NETWORK_GROUP, "v1", "NetNamespace", "netnamespaces", False, ("netns",),
-    (NAME, Column("NETID", _meta("netid")), Column("EGRESS IPS", _join(_meta("egressIPs")), wide_only=True)),
+    NETWORK_GROUP,
+    "v1",
+    "NetNamespace",
+    "netnamespaces",
+    False,
+    ("netns",),
+    (
+        NAME,
+        Column("NETID", _meta("netid")),
+        Column("EGRESS IPS", _join(_meta("egressIPs")), wide_only=True),
+    ),
 )
 EGRESS_NETWORK_POLICY = Kind(
-    NETWORK_GROUP, "v1", "EgressNetworkPolicy", "egressnetworkpolicies", True, (), (NAME,),
+    NETWORK_GROUP,
+    "v1",
+    "EgressNetworkPolicy",
+    "egressnetworkpolicies",
+    True,
+    (),
+    (NAME,),
 )
 NETWORK_POLICY = Kind(
-    "networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, ("netpol",),
+    "networking.k8s.io",
+    "v1",
+    "NetworkPolicy",
+    "networkpolicies",
+    True,
+    ("netpol",),
     (NAME, Column("POD-SELECTOR", _pod_selector)),
 )
 
 ALL_KINDS: tuple[Kind, ...] = (
-    NAMESPACE, NODE, POD, SERVICE, ENDPOINTS, EVENT,
-    CLUSTER_NETWORK, HOST_SUBNET, NET_NAMESPACE, EGRESS_NETWORK_POLICY,
+    NAMESPACE,
+    NODE,
+    POD,
+    SERVICE,
+    ENDPOINTS,
+    EVENT,
+    CLUSTER_NETWORK,
+    HOST_SUBNET,
+    NET_NAMESPACE,
+    EGRESS_NETWORK_POLICY,
     NETWORK_POLICY,
 )
 

@@ -76,8 +76,10 @@ class EtcdStore:
         start = prefix.encode()
         try:
             watch = await self._client.watch(
-                start, range_end=prefix_range_end(start),
-                start_revision=after_revision + 1, prev_kv=True,
+                start,
+                range_end=prefix_range_end(start),
+                start_revision=after_revision + 1,
+                prev_kv=True,
             )
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc

@@ -47,15 +47,24 @@ class EtcdProcess:
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [
             ETCD_BINARY,
-            "--name", "podnet",
-            "--data-dir", str(self.data_dir / "etcd"),
-            "--listen-client-urls", client,
-            "--advertise-client-urls", client,
-            "--listen-peer-urls", peer,
-            "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"podnet={peer}",
-            "--log-level", "warn",
-            "--quota-backend-bytes", str(4 * 1024**3),
+            "--name",
+            "podnet",
+            "--data-dir",
+            str(self.data_dir / "etcd"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"podnet={peer}",
+            "--log-level",
+            "warn",
+            "--quota-backend-bytes",
+            str(4 * 1024**3),
         ]
 
     def start(self, timeout: float = 15.0) -> None:
@@ -64,7 +73,10 @@ class EtcdProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "etcd.log", "ab")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            self.command(),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         log.close()

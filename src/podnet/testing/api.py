@@ -34,14 +34,20 @@ def client_for(kubeconfig: Path, token: str | None = "", timeout: float = 30.0) 
 
 
 def async_client_for(
-    kubeconfig: Path, token: str | None = "", timeout: float = 30.0, limits: httpx.Limits | None = None
+    kubeconfig: Path,
+    token: str | None = "",
+    timeout: float = 30.0,
+    limits: httpx.Limits | None = None,
 ) -> httpx.AsyncClient:
     server, ca, default_token = kubeconfig_parts(kubeconfig)
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token or default_token}"
     return httpx.AsyncClient(
-        base_url=server, verify=_ssl(ca), headers=headers, timeout=timeout,
+        base_url=server,
+        verify=_ssl(ca),
+        headers=headers,
+        timeout=timeout,
         limits=limits or httpx.Limits(max_connections=100),
     )
 
@@ -52,20 +58,33 @@ def node(name: str, ip: str, uid: str | None = None) -> dict[str, Any]:
     if uid:
         meta["uid"] = uid
     return {
-        "apiVersion": "v1", "kind": "Node", "metadata": meta,
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": meta,
         "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
     }
 
 
 def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": labels or {}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels or {}},
+    }
 
 
-def pod(name: str, ns: str = "default", node_name: str | None = None,
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(
+    name: str,
+    ns: str = "default",
+    node_name: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
     if node_name:
         spec["nodeName"] = node_name
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": labels or {}}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+        "spec": spec,
+    }

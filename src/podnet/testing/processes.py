@@ -40,9 +40,18 @@ class MasterProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "podnet", "master",
-            "--etcd", self.etcd, "--etcd-prefix", self.prefix,
-            "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.state_dir),
+            sys.executable,
+            "-m",
+            "podnet",
+            "master",
+            "--etcd",
+            self.etcd,
+            "--etcd-prefix",
+            self.prefix,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--state-dir",
+            str(self.state_dir),
             *self.args,
         ]
 
@@ -50,7 +59,10 @@ class MasterProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self.wait_ready(timeout)
@@ -66,7 +78,7 @@ class MasterProcess:
                 raise RuntimeError(f"master exited early:\n{self.log()}")
             try:
                 url = f"{self.server}/readyz"
-                with urllib.request.urlopen(url, timeout=1, context=context) as resp:  # noqa: S310
+                with urllib.request.urlopen(url, timeout=1, context=context) as resp:
                     if resp.status == 200:
                         return
             except OSError:
