@@ -13,18 +13,16 @@ import pytest
 from podnet.api.registry import Registry
 from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
 from podnet.controllers.config import MULTITENANT, NetworkConfig, parse_cluster_networks
-from podnet.controllers.hostsubnets import (
-    ASSIGN_SUBNET_ANNOTATION,
-    NODE_UID_ANNOTATION,
-    HostSubnetController,
-)
-from podnet.controllers.informer import watch_objects
+from podnet.controllers.hostsubnets import HostSubnetController
+from podnet.controllers.informer import Backoff, ObjectCache, watch_objects
 from podnet.controllers.manager import ControllerManager
 from podnet.controllers.namespaces import ensure_namespace
 from podnet.controllers.netnamespaces import (
     CHANGE_NETWORK_ANNOTATION,
     CHANGE_NETWORK_ERROR_ANNOTATION,
 )
+from podnet.controllers.objects import ASSIGN_SUBNET_ANNOTATION, NODE_UID_ANNOTATION
+from podnet.controllers.workqueue import KeyedQueue
 from podnet.model.errors import ApiError
 from podnet.model.kinds import (
     CLUSTER_NETWORK,
@@ -352,7 +350,7 @@ async def change(registry: Registry, name: str, request: str) -> Obj:
         notes = obj["metadata"].get("annotations") or {}
         return None if CHANGE_NETWORK_ANNOTATION in notes else obj
 
-    return await eventually(answered)  # type: ignore[no-any-return]
+    return await eventually(answered)
 
 
 async def test_vnids_default_join_isolate_global_and_release(
@@ -506,3 +504,48 @@ async def test_informer_relists_after_compaction(registry: Registry) -> None:
     await registry.create(NODE, node("e", "192.0.2.5"))
     assert (await anext(stream))[0] == "ADDED"
     await stream.aclose()  # type: ignore[attr-defined]
+
+
+# ---- work queue and cache ------------------------------------------------------------------
+
+
+async def test_keyed_queue_is_serial_per_key_dedupes_and_retries() -> None:
+    running: set[str] = set()
+    calls: list[str] = []
+    failures = {"flaky": 2}
+
+    async def handle(key: str) -> None:
+        assert key not in running, "two workers on one key"
+        running.add(key)
+        calls.append(key)
+        await asyncio.sleep(0.01)
+        running.discard(key)
+        if failures.get(key):
+            failures[key] -= 1
+            raise ApiError("etcd is busy", 503, "ServiceUnavailable")
+
+    queue = KeyedQueue("test", handle, workers=4, backoff=Backoff(0.01, 0.02))
+    for key in ["a", "a", "a", "b", "flaky"]:
+        queue.add(key)
+    queue.start()
+    await asyncio.sleep(0.001)
+    queue.add("a")  # while "a" runs: once more afterwards, not concurrently
+    await eventually(lambda: _calls(calls, "flaky", 3))
+    await queue.wait_idle()
+    await queue.stop()
+    assert calls.count("a") == 2 and calls.count("b") == 1
+
+
+async def _calls(calls: list[str], key: str, n: int) -> bool:
+    return calls.count(key) == n
+
+
+def test_object_cache_never_goes_back() -> None:
+    cache = ObjectCache()
+    v2 = {"metadata": {"name": "x", "resourceVersion": "2"}}
+    v1 = {"metadata": {"name": "x", "resourceVersion": "1"}}
+    assert cache.put(v2) == (True, None)
+    assert cache.put(v1) == (False, v2)  # a stale watch event after our own write
+    assert cache.remove("x", 5) == v2
+    assert cache.put({"metadata": {"name": "x", "resourceVersion": "4"}})[0] is False
+    assert cache.put({"metadata": {"name": "x", "resourceVersion": "6"}})[0] is True

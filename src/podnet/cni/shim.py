@@ -11,7 +11,8 @@ CHECK, STATUS and GC go to the node agent:
 
 Socket: the config's ``socketPath``, else ``$PODNET_CNI_SOCKET``, else
 ``/var/run/podnet/cni-server.sock``. When the agent cannot be reached (no socket, refused,
-timed out, closed early) the answer is code 11 "try again later" (50 for STATUS). DEL gets
+timed out, closed early) the answer is code 11 "try again later" (50 for STATUS); a
+non-2xx answer that is not a CNI error becomes code 100 (50 for STATUS). DEL gets
 11 too: it is still best effort, but succeeding without the agent would leak the pod's
 address and ports, and the spec lets the runtime retry a failed DEL.
 
@@ -47,7 +48,8 @@ DEFAULT_SOCKET = "/var/run/podnet/cni-server.sock"
 SOCKET_ENV = "PODNET_CNI_SOCKET"
 TIMEOUT_ENV = "PODNET_CNI_TIMEOUT"
 AGENT_PATH = "/cni"
-# Seconds for the whole exchange with the agent, per command.
+# Seconds to wait for the agent, per command: here per socket operation, in the C shim
+# for the whole exchange. $PODNET_CNI_TIMEOUT overrides them.
 TIMEOUTS = {"ADD": 60.0, "DEL": 60.0, "CHECK": 30.0, "GC": 120.0, "STATUS": 10.0}
 
 
@@ -117,15 +119,13 @@ def _reason(exc: BaseException) -> str:
 
 def post(path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
     """POST ``body`` to the agent's /cni; return (HTTP status, body). Raise AgentUnreachable."""
-    import http.client
-
     conn = _connection(path, timeout)
     headers = {"Content-Type": "application/json", "Connection": "close"}
     try:
         conn.request("POST", AGENT_PATH, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
-    except (OSError, http.client.HTTPException) as exc:
+    except Exception as exc:  # OSError, HTTPException, and http.client's odd ones (OverflowError)
         raise AgentUnreachable(_reason(exc)) from None
     finally:
         conn.close()

@@ -21,7 +21,7 @@ from podnet.controllers.config import (
     change_errors,
     covers,
 )
-from podnet.controllers.informer import call_with_retry
+from podnet.controllers.informer import call_with_retry, get_or_none
 from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK
 
@@ -37,7 +37,7 @@ class ClusterNetworkError(Exception):
 async def ensure_cluster_network(registry: Registry, config: NetworkConfig) -> Obj:
     """Create or update ClusterNetwork ``default`` from ``config``; return the effective one."""
     for _ in range(MAX_ATTEMPTS):
-        current = await _get(registry)
+        current = await get_or_none(registry, CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
         if current is None:
             result = await _create(registry, config)
         else:
@@ -45,18 +45,6 @@ async def ensure_cluster_network(registry: Registry, config: NetworkConfig) -> O
         if result is not None:
             return result
     raise ClusterNetworkError(f"ClusterNetwork {CLUSTER_NETWORK_NAME} keeps changing; giving up")
-
-
-async def _get(registry: Registry) -> Obj | None:
-    try:
-        return await call_with_retry(
-            lambda: registry.get(CLUSTER_NETWORK, None, CLUSTER_NETWORK_NAME),
-            "get ClusterNetwork default",
-        )
-    except ApiError as exc:
-        if exc.reason == "NotFound":
-            return None
-        raise
 
 
 async def _create(registry: Registry, config: NetworkConfig) -> Obj | None:

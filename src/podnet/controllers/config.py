@@ -63,13 +63,16 @@ class ClusterNetworkEntry:
 
     @property
     def subnet_count(self) -> int:
+        """How many host subnets the entry holds."""
         return 1 << (self.subnet_prefixlen - self.cidr.prefixlen)
 
     def to_object(self) -> dict[str, Any]:
+        """The ``clusterNetworks[]`` entry."""
         return {"CIDR": str(self.cidr), "hostSubnetLength": self.host_subnet_length}
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterNetworkEntry:
+        """Read a ``clusterNetworks[]`` entry."""
         return cls(IPv4Network(obj["CIDR"]), int(obj["hostSubnetLength"]))
 
     def __str__(self) -> str:

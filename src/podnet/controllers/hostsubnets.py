@@ -25,56 +25,32 @@ from podnet.controllers.informer import (
     ObjectCache,
     call_with_retry,
     consume_until_synced,
+    get_or_none,
     pump,
     resource_version,
     watch_objects,
 )
-from podnet.controllers.nodestatus import (
+from podnet.controllers.objects import (
     CONDITION,
+    NODE_UID_ANNOTATION,
     REASON_ALLOCATED,
     REASON_EXHAUSTED,
+    annotations_of,
     has_condition,
+    hostsubnet_object,
+    is_assigned_host,
     node_internal_ip,
     record_node_event,
     set_network_condition,
+    subnet_of,
+    with_host,
 )
 from podnet.controllers.subnets import SubnetAllocator, SubnetsExhausted
 from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
 from podnet.model.errors import ApiError
-from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
-
-NODE_UID_ANNOTATION = "pod.network.openshift.io/node-uid"
-ASSIGN_SUBNET_ANNOTATION = "pod.network.openshift.io/assign-subnet"
-
-
-def annotations_of(obj: Obj) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-def is_assigned_host(hostsubnet: Obj) -> bool:
-    """Whether a user asked for this HostSubnet's subnet (a host that is not a node)."""
-    return annotations_of(hostsubnet).get(ASSIGN_SUBNET_ANNOTATION) == "true"
-
-
-def subnet_of(hostsubnet: Obj) -> IPv4Network | None:
-    try:
-        return IPv4Network(hostsubnet["subnet"]) if hostsubnet.get("subnet") else None
-    except ValueError:
-        return None
-
-
-def hostsubnet_object(node: str, host_ip: str, subnet: IPv4Network, node_uid: str) -> Obj:
-    """The HostSubnet of ``node``."""
-    return {
-        "apiVersion": HOST_SUBNET.api_version,
-        "kind": HOST_SUBNET.kind,
-        "metadata": {"name": node, "annotations": {NODE_UID_ANNOTATION: node_uid}},
-        "host": node,
-        "hostIP": host_ip,
-        "subnet": str(subnet),
-    }
 
 
 class HostSubnetController:
@@ -168,8 +144,8 @@ class HostSubnetController:
         name = obj["metadata"]["name"]
         if change == DELETED:
             self.nodes.remove(name, resource_version(obj))
-            self._waiting.discard(name)
-            self._evented.discard(name)
+            for remembered in (self._waiting, self._evented, self._no_ip):
+                remembered.discard(name)
         else:
             self.nodes.put(obj)
         self.queue.add(name)
@@ -259,7 +235,8 @@ class HostSubnetController:
     async def _remove_orphan(self, hostsubnet: Obj) -> bool:
         """Delete a HostSubnet whose Node is gone or is a different one; True once deleted."""
         name = hostsubnet["metadata"]["name"]
-        node = await self._fetch(NODE, name)  # the cache may lag: confirm before deleting
+        # The cache may lag behind: confirm with a fresh read before deleting.
+        node = await get_or_none(self.registry, NODE, name)
         owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
         if node is not None:
             self.nodes.put(node)
@@ -309,7 +286,7 @@ class HostSubnetController:
 
     async def _lost_race(self, name: str, subnet: IPv4Network) -> bool:
         """After a 409: True if ``name`` has a HostSubnet now; False if ``subnet`` was taken."""
-        existing = await self._fetch(HOST_SUBNET, name)
+        existing = await get_or_none(self.registry, HOST_SUBNET, name)
         if existing is None:
             # Another master's HostSubnet holds the subnet; it stays marked, try the next.
             self.log.info("subnet %s is already claimed; trying the next one for %s", subnet, name)
@@ -328,7 +305,7 @@ class HostSubnetController:
         if hostsubnet.get("hostIP") != ip or owner != uid:
             updated = await call_with_retry(
                 lambda: self.registry.guaranteed_update(
-                    HOST_SUBNET, None, name, lambda hs: _with_host(hs, ip, uid)
+                    HOST_SUBNET, None, name, lambda hs: with_host(hs, ip, uid)
                 ),
                 f"update HostSubnet {name}",
             )
@@ -375,7 +352,7 @@ class HostSubnetController:
             self.allocator.release(subnet)
             if exc.reason != "Conflict":
                 raise
-            current = await self._fetch(HOST_SUBNET, name)
+            current = await get_or_none(self.registry, HOST_SUBNET, name)
             if current is None or resource_version(current) != resource_version(hostsubnet):
                 if current is not None:
                     self._remember(current)
@@ -422,26 +399,3 @@ class HostSubnetController:
             self.nodes.put(updated)
             name = node["metadata"]["name"]
             self.log.info("node %s: condition %s=%s (%s)", name, CONDITION, status, reason)
-
-    async def _fetch(self, kind: Kind, name: str) -> Obj | None:
-        try:
-            return await call_with_retry(
-                lambda: self.registry.get(kind, None, name), f"get {kind.singular} {name}"
-            )
-        except ApiError as exc:
-            if exc.reason == "NotFound":
-                return None
-            raise
-
-
-def _with_host(hostsubnet: Obj, ip: str, uid: str) -> Obj | None:
-    """``hostsubnet`` with hostIP and node-uid set (None when already so)."""
-    meta = hostsubnet.setdefault("metadata", {})
-    notes = meta.setdefault("annotations", {})
-    if hostsubnet.get("hostIP") == ip and notes.get(NODE_UID_ANNOTATION) == uid:
-        return None
-    if notes.get(NODE_UID_ANNOTATION) not in (None, "", uid):
-        return None  # it now belongs to another node object: the next reconcile decides
-    hostsubnet["hostIP"] = ip
-    notes[NODE_UID_ANNOTATION] = uid
-    return hostsubnet

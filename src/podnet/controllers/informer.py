@@ -80,7 +80,9 @@ async def call_with_retry(
     attempt = 0
     while True:
         try:
-            return await asyncio.wait_for(call(), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            async with asyncio.timeout(timeout):
+                return await call()
         except Exception as exc:
             delay = backoff.delay(attempt)
             if not is_transient(exc) or loop.time() + delay > give_up:
@@ -90,14 +92,30 @@ async def call_with_retry(
             attempt += 1
 
 
+async def get_or_none(
+    registry: Registry, kind: Kind, name: str, namespace: str | None = None
+) -> Obj | None:
+    """A fresh read of one object (with retries), or None when it does not exist."""
+    try:
+        return await call_with_retry(
+            lambda: registry.get(kind, namespace, name), f"get {kind.singular} {name}"
+        )
+    except ApiError as exc:
+        if exc.reason == "NotFound":
+            return None
+        raise
+
+
 # ---- the object stream --------------------------------------------------------------------
 
 
 def marker(revision: int) -> Obj:
+    """The object carried by ``SYNCED`` and ``RESYNC``: just a resourceVersion."""
     return {"metadata": {"resourceVersion": str(revision)}}
 
 
 def resource_version(obj: Obj) -> int:
+    """The object's resourceVersion as an int (0 when it has none)."""
     return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
 
 
@@ -213,7 +231,8 @@ async def _bounded(
         while True:
             timeout = None if until is None else max(0.0, until - loop.time())
             try:
-                event = await asyncio.wait_for(anext(stream), timeout)
+                async with asyncio.timeout(timeout):
+                    event = await anext(stream)
             except (TimeoutError, StopAsyncIteration):
                 return
             yield event
@@ -258,6 +277,7 @@ class ObjectCache:
         self._deleted: dict[str, int] = {}  # name -> revision of its deletion
 
     def get(self, name: str) -> Obj | None:
+        """The newest known version of ``name``, or None."""
         return self._objects.get(name)
 
     def __contains__(self, name: object) -> bool:

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 from aetcd import rpc
 
@@ -25,6 +26,13 @@ from podnet.store.etcd import EtcdStore
 log = logging.getLogger("podnet.controllers.leader")
 
 DEFAULT_LEADER_KEY = "/podnet/leader/controllers"
+T = TypeVar("T")
+
+
+async def _within(work: Awaitable[T], timeout: float) -> T:
+    """``work`` with a deadline (asyncio.timeout: 3.11's wait_for can swallow a cancel)."""
+    async with asyncio.timeout(timeout):
+        return await work
 
 
 class LeaderElector(Protocol):
@@ -48,9 +56,11 @@ class AlwaysLeader:
         self.lost = asyncio.Event()
 
     async def acquire(self) -> None:
+        """Lead at once, with a fresh ``lost`` event."""
         self.lost = asyncio.Event()
 
     async def release(self) -> None:
+        """Nothing to give up."""
         return None
 
 
@@ -72,6 +82,7 @@ class EtcdLeaderElector:
 
     @property
     def is_leader(self) -> bool:
+        """Whether this process holds the key now (as far as it knows)."""
         return self._lease_id is not None and not self.lost.is_set()
 
     async def holder(self) -> str | None:
@@ -113,7 +124,7 @@ class EtcdLeaderElector:
         if lease_id is None:
             return
         try:
-            await asyncio.wait_for(self.store.client.revoke_lease(lease_id), self.ttl / 2)
+            await _within(self.store.client.revoke_lease(lease_id), self.ttl / 2)
             log.info("%s released leadership of %s", self.identity, self.key)
         except Exception as exc:  # the lease then just expires
             log.warning("could not revoke lease %x (%s); it expires by itself", lease_id, exc)
@@ -136,7 +147,7 @@ class EtcdLeaderElector:
 
     async def _grant(self) -> int:
         try:
-            lease = await asyncio.wait_for(self.store.client.lease(self.ttl), self.ttl)
+            lease = await _within(self.store.client.lease(self.ttl), self.ttl)
         except Exception as exc:
             raise StoreUnavailable(f"cannot grant a lease: {exc}") from exc
         return int(lease.id)
@@ -169,7 +180,7 @@ class EtcdLeaderElector:
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.store.client.revoke_lease(lease_id), self.ttl / 2)
+            await _within(self.store.client.revoke_lease(lease_id), self.ttl / 2)
 
     async def _wait_vacant(self) -> None:
         kv = await self.store.get(self.key)
@@ -211,13 +222,11 @@ class EtcdLeaderElector:
         """Renew the lease and check the key; None if fine, else why (``!``: lost for sure)."""
         assert self._lease_id is not None
         try:
-            reply = await asyncio.wait_for(
-                self.store.client.refresh_lease(self._lease_id), self.ttl / 3
-            )
+            reply = await _within(self.store.client.refresh_lease(self._lease_id), self.ttl / 3)
             if reply is None or reply.TTL <= 0:
                 return "!the lease expired"
             self._deadline = sent + int(reply.TTL)
-            kv = await asyncio.wait_for(self.store.get(self.key), self.ttl / 3)
+            kv = await _within(self.store.get(self.key), self.ttl / 3)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if kv is None or kv.value != self._value:

@@ -20,6 +20,7 @@ from podnet.controllers.informer import (
     ObjectCache,
     call_with_retry,
     consume_until_synced,
+    get_or_none,
     pump,
     resource_version,
     watch_objects,
@@ -72,6 +73,7 @@ class NamespaceCleanupController:
 
     @property
     def tasks(self) -> list[Any]:
+        """The controller's long-running tasks (for the manager to supervise)."""
         return self._tasks + self.queue.tasks
 
     async def start(self) -> None:
@@ -130,16 +132,10 @@ class NamespaceCleanupController:
             self.log.info("namespace %s is gone: deleted %s", name, summary)
 
     async def _exists(self, name: str) -> bool:
-        try:
-            namespace = await call_with_retry(
-                lambda: self.registry.get(NAMESPACE, None, name), f"get namespace {name}"
-            )
-        except ApiError as exc:
-            if exc.reason == "NotFound":
-                return False
-            raise
-        self.namespaces.put(namespace)  # recreated meanwhile: keep its objects
-        return True
+        namespace = await get_or_none(self.registry, NAMESPACE, name)
+        if namespace is not None:
+            self.namespaces.put(namespace)  # recreated meanwhile: keep its objects
+        return namespace is not None
 
     async def _delete_all(self, kind: Kind, namespace: str) -> int:
         items, _ = await call_with_retry(

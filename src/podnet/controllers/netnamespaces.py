@@ -29,6 +29,7 @@ from podnet.controllers.informer import (
     ObjectCache,
     call_with_retry,
     consume_until_synced,
+    get_or_none,
     pump,
     resource_version,
     watch_objects,
@@ -36,7 +37,7 @@ from podnet.controllers.informer import (
 from podnet.controllers.vnids import GLOBAL_VNID, VnidAllocator, VnidsExhausted
 from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
 from podnet.model.errors import ApiError
-from podnet.model.kinds import NAMESPACE, NET_NAMESPACE, Kind
+from podnet.model.kinds import NAMESPACE, NET_NAMESPACE
 
 Obj = dict[str, Any]
 
@@ -61,6 +62,7 @@ def netnamespace_object(name: str, netid: int) -> Obj:
 
 
 def netid_of(netnamespace: Obj) -> int:
+    """The NetNamespace's VNID."""
     return int(netnamespace.get("netid") or 0)
 
 
@@ -91,10 +93,12 @@ class NetNamespaceController:
         self.queue = KeyedQueue("netnamespaces", self._reconcile, workers)
         self.ready = False
         self._resync = resync_period
+        self._starved: set[str] = set()  # namespaces that found no free VNID
         self._tasks: list[Any] = []
 
     @property
     def tasks(self) -> list[Any]:
+        """The controller's long-running tasks (for the manager to supervise)."""
         return self._tasks + self.queue.tasks
 
     async def start(self) -> None:
@@ -132,6 +136,8 @@ class NetNamespaceController:
         else:
             self._remember(obj)
         self.queue.add(name)
+        for starved in self._starved:  # a VNID may have come free
+            self.queue.add(starved)
 
     def _on_namespace(self, change: str, obj: Obj) -> None:
         if change == SYNCED:
@@ -141,6 +147,7 @@ class NetNamespaceController:
         name = obj["metadata"]["name"]
         if change == DELETED:
             self.namespaces.remove(name, resource_version(obj))
+            self._starved.discard(name)
         else:
             self.namespaces.put(obj)
         self.queue.add(name)
@@ -186,8 +193,11 @@ class NetNamespaceController:
         try:
             netid = self._reserve_new(name)
         except VnidsExhausted:
-            self.log.error("no VNIDs available for namespace %s", name)
+            if name not in self._starved:
+                self._starved.add(name)
+                self.log.error("no VNIDs available for namespace %s", name)
             return
+        self._starved.discard(name)
         try:
             created = await call_with_retry(
                 lambda: self.registry.create(NET_NAMESPACE, netnamespace_object(name, netid)),
@@ -197,7 +207,7 @@ class NetNamespaceController:
             self.vnids.release(netid)
             if exc.reason != "AlreadyExists":
                 raise
-            existing = await self._fetch(NET_NAMESPACE, name)
+            existing = await get_or_none(self.registry, NET_NAMESPACE, name)
             if existing is not None:
                 self._remember(existing)
             return
@@ -212,7 +222,9 @@ class NetNamespaceController:
 
     async def _delete(self, netnamespace: Obj) -> None:
         name = netnamespace["metadata"]["name"]
-        namespace = await self._fetch(NAMESPACE, name)  # the cache may lag: confirm first
+        namespace = await get_or_none(
+            self.registry, NAMESPACE, name
+        )  # the cache may lag: confirm first
         if namespace is not None:
             self.namespaces.put(namespace)
             self.queue.add(name)
@@ -287,7 +299,9 @@ class NetNamespaceController:
         )
 
     async def _netid_of_namespace(self, other: str) -> int:
-        target = await self._fetch(NET_NAMESPACE, other)  # fresh: another change may be in flight
+        target = await get_or_none(
+            self.registry, NET_NAMESPACE, other
+        )  # fresh: another change may be in flight
         if target is None:
             raise ChangeRefused(f"cannot join namespace {other!r}: it has no NetNamespace")
         return netid_of(target)
@@ -304,16 +318,6 @@ class NetNamespaceController:
         return await call_with_retry(
             lambda: self.registry.update(NET_NAMESPACE, body, None, name), what
         )
-
-    async def _fetch(self, kind: Kind, name: str) -> Obj | None:
-        try:
-            return await call_with_retry(
-                lambda: self.registry.get(kind, None, name), f"get {kind.singular} {name}"
-            )
-        except ApiError as exc:
-            if exc.reason == "NotFound":
-                return None
-            raise
 
 
 def _answered(netnamespace: Obj, netid: int, error: str | None) -> Obj:

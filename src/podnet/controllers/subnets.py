@@ -73,6 +73,7 @@ class SubnetAllocator:
 
     @property
     def entries(self) -> list[ClusterNetworkEntry]:
+        """The cluster network entries, in allocation order."""
         return list(self._entries)
 
     @property
@@ -86,6 +87,7 @@ class SubnetAllocator:
         return self._total - len(self._taken)
 
     def is_allocated(self, subnet: IPv4Network) -> bool:
+        """Whether ``subnet`` is marked (exactly this subnet, inside the networks or not)."""
         return subnet in self._marked
 
     def mark_allocated(self, subnet: IPv4Network) -> None:

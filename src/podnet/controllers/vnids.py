@@ -45,6 +45,7 @@ class VnidAllocator:
         return self._users.get(netid, 0)
 
     def in_range(self, netid: int) -> bool:
+        """Whether ``netid`` is one this allocator hands out."""
         return self._min <= netid <= self._max
 
     def mark(self, netid: int) -> None:

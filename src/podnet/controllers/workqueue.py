@@ -49,6 +49,7 @@ class KeyedQueue:
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
+        """The worker tasks."""
         return list(self._workers)
 
     def add(self, key: str) -> None:
@@ -125,10 +126,19 @@ class KeyedQueue:
 
 
 async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait for them to finish."""
+    """Cancel ``tasks`` and wait until every one has finished.
+
+    A task that swallows its cancellation (a library that catches it, or a call that
+    completed at the same instant) is cancelled again rather than waited on for ever.
+    """
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
     for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        if not task.cancelled():
+            task.exception()  # mark it retrieved; failures were logged where they happened
 
 
 def spawn(tasks: list[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any], name: str) -> None:

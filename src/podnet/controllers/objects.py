@@ -1,28 +1,82 @@
-"""What the master tells about a Node: its ``NetworkUnavailable`` condition, and Events.
+"""The objects the HostSubnet controller reads and writes, and their annotations.
 
-A node that finds no free subnet gets ``NetworkUnavailable=True`` (reason
-``NoSubnetsAvailable``) and a Warning Event in namespace ``default``; once it gets a subnet
-the condition turns ``False`` (reason ``SubnetAllocated``).
+HostSubnets carry ``pod.network.openshift.io/node-uid`` (the Node they belong to) or, for
+a host that is not a node, ``pod.network.openshift.io/assign-subnet: "true"``. A node that
+finds no free subnet gets ``NetworkUnavailable=True`` (reason ``NoSubnetsAvailable``) and a
+Warning Event in namespace ``default``; once it gets a subnet the condition turns
+``False`` (reason ``SubnetAllocated``).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from ipaddress import IPv4Network
 from typing import Any
 
 from podnet.api.registry import Registry, now_rfc3339
 from podnet.controllers.informer import call_with_retry
 from podnet.model.errors import ApiError
-from podnet.model.kinds import EVENT, NODE
+from podnet.model.kinds import EVENT, HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
 
+NODE_UID_ANNOTATION = "pod.network.openshift.io/node-uid"
+ASSIGN_SUBNET_ANNOTATION = "pod.network.openshift.io/assign-subnet"
 CONDITION = "NetworkUnavailable"
 REASON_EXHAUSTED = "NoSubnetsAvailable"
 REASON_ALLOCATED = "SubnetAllocated"
 EVENT_NAMESPACE = "default"
 COMPONENT = "podnet-master"
+
+
+# ---- HostSubnets --------------------------------------------------------------------------
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    """A copy of the object's annotations (empty when it has none)."""
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def is_assigned_host(hostsubnet: Obj) -> bool:
+    """Whether a user asked for this HostSubnet's subnet (a host that is not a node)."""
+    return annotations_of(hostsubnet).get(ASSIGN_SUBNET_ANNOTATION) == "true"
+
+
+def subnet_of(hostsubnet: Obj) -> IPv4Network | None:
+    """The HostSubnet's subnet, or None when it has none (or an unreadable one)."""
+    try:
+        return IPv4Network(hostsubnet["subnet"]) if hostsubnet.get("subnet") else None
+    except ValueError:
+        return None
+
+
+def hostsubnet_object(node: str, host_ip: str, subnet: IPv4Network, node_uid: str) -> Obj:
+    """The HostSubnet of ``node``."""
+    return {
+        "apiVersion": HOST_SUBNET.api_version,
+        "kind": HOST_SUBNET.kind,
+        "metadata": {"name": node, "annotations": {NODE_UID_ANNOTATION: node_uid}},
+        "host": node,
+        "hostIP": host_ip,
+        "subnet": str(subnet),
+    }
+
+
+def with_host(hostsubnet: Obj, ip: str, uid: str) -> Obj | None:
+    """``hostsubnet`` with hostIP and node-uid set (None when already so)."""
+    meta = hostsubnet.setdefault("metadata", {})
+    notes = meta.setdefault("annotations", {})
+    if hostsubnet.get("hostIP") == ip and notes.get(NODE_UID_ANNOTATION) == uid:
+        return None
+    if notes.get(NODE_UID_ANNOTATION) not in (None, "", uid):
+        return None  # it now belongs to another node object: the next reconcile decides
+    hostsubnet["hostIP"] = ip
+    notes[NODE_UID_ANNOTATION] = uid
+    return hostsubnet
+
+
+# ---- Nodes --------------------------------------------------------------------------------
 
 
 def node_internal_ip(node: Obj) -> str | None:
@@ -40,6 +94,7 @@ def network_condition(node: Obj) -> Obj | None:
 
 
 def has_condition(node: Obj, status: str, reason: str) -> bool:
+    """Whether the node's ``NetworkUnavailable`` condition has this status and reason."""
     current = network_condition(node)
     return current is not None and (current.get("status"), current.get("reason")) == (
         status,
