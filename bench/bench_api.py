@@ -19,12 +19,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from podnet.store.base import Absent, Put
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess, start_etcd
-from podnet.testing.api import async_client_for, namespace, node, pod
+from podnet.testing.api import aiohttp_session_for, namespace, node, pod
 from podnet.testing.processes import MasterProcess, launch_master
 
 CONCURRENCY = 32
@@ -66,49 +66,49 @@ async def etcd_baseline(etcd: EtcdProcess, count: int) -> tuple[float, float]:
 
 
 async def api_throughput(master: MasterProcess, count: int) -> dict[str, float]:
-    limits = httpx.Limits(max_connections=CONCURRENCY)
-    async with async_client_for(master.kubeconfig, limits=limits) as api:
+    async with aiohttp_session_for(master.kubeconfig, CONCURRENCY) as api:
         tag = uuid.uuid4().hex[:6]
 
         async def create(i: int) -> None:
-            answer = await api.post("/api/v1/namespaces", json=namespace(f"b-{tag}-{i}"))
-            assert answer.status_code == 201, answer.text
+            await post(api, "/api/v1/namespaces", namespace(f"b-{tag}-{i}"))
 
         async def get(i: int) -> None:
-            answer = await api.get(f"/api/v1/namespaces/b-{tag}-{i}")
-            assert answer.status_code == 200
+            async with api.get(f"/api/v1/namespaces/b-{tag}-{i}") as answer:
+                assert answer.status == 200
+                await answer.read()
 
         creates = await run_pool(count, create)
         gets = await run_pool(count, get)
         started = time.perf_counter()
-        lists = 0
+        lists, items = 0, 0
         while time.perf_counter() - started < 3:
-            answer = await api.get("/api/v1/namespaces")
-            assert answer.status_code == 200
+            async with api.get("/api/v1/namespaces") as answer:
+                items = len((await answer.json())["items"])
             lists += 1
-        items = len(answer.json()["items"])
-        return {
-            "create/s": creates,
-            "get/s": gets,
-            f"list/s ({items} items)": lists / (time.perf_counter() - started),
-        }
+        elapsed = time.perf_counter() - started
+        return {"create/s": creates, "get/s": gets, f"list/s ({items} items)": lists / elapsed}
+
+
+async def post(api: aiohttp.ClientSession, path: str, body: dict[str, Any]) -> None:
+    async with api.post(path, json=body) as answer:
+        assert answer.status == 201, await answer.text()
 
 
 async def watch_fanout(master: MasterProcess, watchers: int, writes: int) -> list[float]:
     """Latency from each write's start to the last of ``watchers`` seeing it, in ms."""
-    limits = httpx.Limits(max_connections=watchers + 10)
     seen: dict[str, list[float]] = {}
     ready = 0
-    async with async_client_for(master.kubeconfig, limits=limits, timeout=120) as api:
-        rv = (await api.get("/api/v1/nodes")).json()["metadata"]["resourceVersion"]
+    async with aiohttp_session_for(master.kubeconfig, watchers + 10) as api:
+        async with api.get("/api/v1/nodes") as answer:
+            rv = (await answer.json())["metadata"]["resourceVersion"]
 
         async def watch() -> None:
             nonlocal ready
             params = {"watch": "1", "resourceVersion": rv}
-            async with api.stream("GET", "/api/v1/nodes", params=params) as stream:
+            async with api.get("/api/v1/nodes", params=params) as stream:
                 ready += 1
-                async for line in stream.aiter_lines():
-                    if line:
+                async for line in stream.content:
+                    if line.strip():
                         name = json.loads(line)["object"]["metadata"]["name"]
                         seen.setdefault(name, []).append(time.perf_counter())
                         if len(seen) >= writes and all(len(v) >= watchers for v in seen.values()):
@@ -122,7 +122,8 @@ async def watch_fanout(master: MasterProcess, watchers: int, writes: int) -> lis
         for i in range(writes):
             name = f"fan-{i}"
             started = time.perf_counter()
-            await api.post("/api/v1/nodes", json=node(name, f"192.0.2.{i % 250 + 1}"))
+            async with api.post("/api/v1/nodes", json=node(name, f"192.0.2.{i % 250 + 1}")) as a:
+                assert a.status == 201
             while len(seen.get(name, [])) < watchers:
                 await asyncio.sleep(0.001)
             latencies.append((max(seen[name]) - started) * 1000)
@@ -141,28 +142,24 @@ def rss_mb(pid: int) -> float:
 
 
 async def load_objects(master: MasterProcess, nodes: int, namespaces: int, pods: int) -> None:
-    limits = httpx.Limits(max_connections=CONCURRENCY)
-    async with async_client_for(master.kubeconfig, limits=limits, timeout=120) as api:
+    async with aiohttp_session_for(master.kubeconfig, CONCURRENCY) as api:
 
         async def make_node(i: int) -> None:
-            await api.post("/api/v1/nodes", json=node(f"n{i}", f"10.{i // 250}.{i % 250}.1"))
+            await post(api, "/api/v1/nodes", node(f"n{i}", f"10.{i // 250}.{i % 250}.1"))
 
         async def make_ns(i: int) -> None:
-            await api.post("/api/v1/namespaces", json=namespace(f"ns{i}"))
+            await post(api, "/api/v1/namespaces", namespace(f"ns{i}"))
 
         async def make_pod(i: int) -> None:
             ns = f"ns{i % namespaces}"
-            answer = await api.post(
-                f"/api/v1/namespaces/{ns}/pods", json=pod(f"p{i}", ns, f"n{i % nodes}")
-            )
-            assert answer.status_code == 201, answer.text
+            await post(api, f"/api/v1/namespaces/{ns}/pods", pod(f"p{i}", ns, f"n{i % nodes}"))
 
         await run_pool(nodes, make_node)
         await run_pool(namespaces, make_ns)
         rate = await run_pool(pods, make_pod)
         print(f"  loaded {pods} pods at {rate:.0f}/s")
-        listed = await api.get("/api/v1/pods")
-        assert len(listed.json()["items"]) == pods
+        async with api.get("/api/v1/pods") as listed:
+            assert len((await listed.json())["items"]) == pods
 
 
 async def main(args: argparse.Namespace) -> None:

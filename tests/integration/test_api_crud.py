@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
@@ -153,3 +154,20 @@ def test_tokens_are_required(master: MasterProcess) -> None:
         assert forged.get(PODS).status_code == 401
     with httpx.Client(base_url=master.server, verify=False) as raw:
         assert raw.get("/api/v1/nodes").status_code == 401
+
+
+def test_namespace_delete_terminates_then_finalizes(master: MasterProcess) -> None:
+    with client_for(master.kubeconfig) as api:
+        api.post("/api/v1/namespaces", json=namespace("doomed"))
+        api.post("/api/v1/namespaces/doomed/pods", json=pod("inside", "doomed"))
+        answer = api.delete("/api/v1/namespaces/doomed")
+        assert answer.status_code == 200
+        assert answer.json()["status"]["phase"] == "Terminating"
+        late = api.post("/api/v1/namespaces/doomed/pods", json=pod("late", "doomed"))
+        assert late.status_code in (403, 404)
+        deadline = time.monotonic() + 20
+        while api.get("/api/v1/namespaces/doomed").status_code != 404:
+            assert time.monotonic() < deadline, "namespace was never finalized"
+            time.sleep(0.1)
+        assert api.get("/api/v1/namespaces/doomed/pods").json()["items"] == []
+        assert api.delete("/api/v1/namespaces/default").status_code == 403

@@ -226,8 +226,14 @@ class Registry:
         return obj
 
     async def _require_namespace(self, namespace: str) -> None:
-        if await self.store.get(self.key(NAMESPACE, None, namespace)) is None:
+        kv = await self.store.get(self.key(NAMESPACE, None, namespace))
+        if kv is None:
             raise errors.not_found("namespaces", namespace)
+        if self.decode(kv)["metadata"].get("deletionTimestamp"):
+            raise errors.forbidden(
+                f"unable to create new content in namespace {namespace} "
+                "because it is being terminated"
+            )
 
     def _claim(self, kind: Kind, obj: Obj) -> str | None:
         if kind.unique_field and obj.get(kind.unique_field):
@@ -388,7 +394,50 @@ class Registry:
         resource_version: str | None = None,
         admit: Admit = _admit_all,
     ) -> Obj:
-        """Delete an object (with an optional resourceVersion precondition)."""
+        """Delete an object (with an optional resourceVersion precondition).
+
+        A Namespace is not removed at once: like Kubernetes, it turns ``Terminating``
+        and the master's namespace controller deletes its contents, then calls
+        ``finalize_namespace``. This lets a client delete a namespace and then the
+        objects in it, in any order.
+        """
+        if kind is NAMESPACE:
+            return await self._terminate_namespace(name, resource_version, admit)
+        return await self._delete_now(kind, namespace, name, resource_version, admit)
+
+    async def finalize_namespace(self, name: str) -> Obj:
+        """Remove a Terminating namespace for good (its contents are gone)."""
+        return await self._delete_now(NAMESPACE, None, name, None, _admit_all)
+
+    async def _terminate_namespace(
+        self, name: str, resource_version: str | None, admit: Admit
+    ) -> Obj:
+        if name == "default":
+            raise errors.forbidden('namespaces "default" is forbidden: it may not be deleted')
+        old = await self.get(NAMESPACE, None, name)
+        current = old["metadata"]["resourceVersion"]
+        if resource_version is not None and str(resource_version) != current:
+            raise errors.conflict(NAMESPACE.plural, name, _STALE)
+        admit(None, old)
+        if old["metadata"].get("deletionTimestamp"):
+            return old
+
+        def terminating(obj: Obj) -> Obj:
+            obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+            obj["status"] = {**(obj.get("status") or {}), "phase": "Terminating"}
+            return obj
+
+        updated = await self.guaranteed_update(NAMESPACE, None, name, terminating)
+        return updated or old
+
+    async def _delete_now(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        resource_version: str | None,
+        admit: Admit,
+    ) -> Obj:
         for _ in range(MAX_UPDATE_RETRIES):
             old = await self.get(kind, namespace, name)
             current = old["metadata"]["resourceVersion"]

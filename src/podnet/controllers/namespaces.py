@@ -1,9 +1,9 @@
-"""Namespace cleanup: when a Namespace is deleted, delete what was left inside it.
+"""Namespace finalization: delete what a Terminating Namespace holds, then the Namespace.
 
-The registry deletes a Namespace at once (there is no ``Terminating`` phase), so the
-pods, services, endpoints, policies and events in it would linger. This controller
-removes them. At start it also finds namespaced objects whose Namespace is gone (deleted
-while no master ran) and removes those.
+Deleting a Namespace through the API only marks it ``Terminating`` (deletionTimestamp
+set; new content is refused). This controller deletes the pods, services, endpoints,
+policies and events left inside it, then removes the Namespace itself. At start it also
+finds namespaced objects whose Namespace is gone entirely and removes those.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ class NamespaceCleanupController:
             self.queue.add(name)
         else:
             self.namespaces.put(obj)
+            if terminating(obj):
+                self.queue.add(name)
 
     async def _namespaces_in_use(self) -> set[str]:
         """Every namespace that holds at least one object of the cleaned-up kinds."""
@@ -120,8 +122,18 @@ class NamespaceCleanupController:
         return lambda: self.registry.list(kind)
 
     async def _reconcile(self, name: str) -> None:
-        if name in self.namespaces or await self._exists(name):
+        namespace = await get_or_none(self.registry, NAMESPACE, name)
+        if namespace is not None and not terminating(namespace):
+            self.namespaces.put(namespace)  # alive (or recreated meanwhile): keep its objects
             return
+        await self._delete_contents(name)
+        if namespace is not None:
+            await call_with_retry(
+                lambda: self.registry.finalize_namespace(name), f"finalize namespace {name}"
+            )
+            self.log.info("namespace %s finalized", name)
+
+    async def _delete_contents(self, name: str) -> None:
         removed: dict[str, int] = {}
         for kind in self.kinds:
             count = await self._delete_all(kind, name)
@@ -129,13 +141,7 @@ class NamespaceCleanupController:
                 removed[kind.plural] = count
         if removed:
             summary = ", ".join(f"{n} {plural}" for plural, n in removed.items())
-            self.log.info("namespace %s is gone: deleted %s", name, summary)
-
-    async def _exists(self, name: str) -> bool:
-        namespace = await get_or_none(self.registry, NAMESPACE, name)
-        if namespace is not None:
-            self.namespaces.put(namespace)  # recreated meanwhile: keep its objects
-        return namespace is not None
+            self.log.info("namespace %s: deleted %s", name, summary)
 
     async def _delete_all(self, kind: Kind, namespace: str) -> int:
         items, _ = await call_with_retry(
@@ -157,6 +163,11 @@ class NamespaceCleanupController:
                 return 0
             raise
         return 1
+
+
+def terminating(namespace: Obj) -> bool:
+    """Whether a Namespace has been deleted and awaits finalization."""
+    return bool((namespace.get("metadata") or {}).get("deletionTimestamp"))
 
 
 async def ensure_namespace(registry: Registry, name: str) -> bool:

@@ -7,6 +7,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import yaml
 
@@ -88,3 +89,15 @@ def pod(
         "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
         "spec": spec,
     }
+
+
+def aiohttp_session_for(kubeconfig: Path, limit: int = 32) -> aiohttp.ClientSession:
+    """An aiohttp session for load generation (much lighter per request than httpx)."""
+    server, ca, token = kubeconfig_parts(kubeconfig)
+    connector = aiohttp.TCPConnector(ssl=_ssl(ca), limit=limit)
+    return aiohttp.ClientSession(
+        base_url=server,
+        headers={"Authorization": f"Bearer {token}"},
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+    )
