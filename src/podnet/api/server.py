@@ -18,6 +18,7 @@ from podnet.api.registry import Registry
 from podnet.api.requests import MAX_BODY
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
+from podnet.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class ApiServer:
         except errors.ApiError as exc:
             code = exc.code
             return json_response(exc.status(), exc.code)
+        except StoreUnavailable as exc:
+            code = 503
+            return json_response(errors.unavailable(f"storage unavailable: {exc}").status(), 503)
         except web.HTTPRequestEntityTooLarge:
             code = 413
             return json_response(errors.too_large("the request body is too large").status(), 413)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aetcd
+import grpc
 import aetcd.exceptions
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
@@ -20,11 +21,21 @@ from podnet.store.base import (
     ModRevisionIs,
     Operation,
     Put,
+    StoreError,
     StoreUnavailable,
     WatchEvent,
 )
 
 TIMEOUT = 10.0
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+PAGE = 2000  # keys per range request (a page of pods stays far below 4 MiB)
 
 
 def _kv(raw: Any) -> KeyValue:
@@ -48,18 +59,29 @@ class EtcdStore:
     async def _call(self, stub_method: Any, request: Any) -> Any:
         try:
             return await stub_method(request, timeout=self._timeout, metadata=self._client.metadata)
-        except Exception as exc:  # grpc raises its own AioRpcError
-            raise StoreUnavailable(f"etcd request failed: {exc}") from exc
+        except grpc.aio.AioRpcError as exc:
+            message = f"etcd request failed: {exc.code().name}: {exc.details()}"
+            if exc.code() in TRANSIENT:
+                raise StoreUnavailable(message) from exc
+            raise StoreError(message) from exc
 
     async def get(self, key: str) -> KeyValue | None:
         resp = await self._call(self._client.kvstub.Range, rpc.RangeRequest(key=key.encode()))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
-        start = prefix.encode()
-        request = rpc.RangeRequest(key=start, range_end=prefix_range_end(start))
-        resp = await self._call(self._client.kvstub.Range, request)
-        return [_kv(kv) for kv in resp.kvs], resp.header.revision
+        """Read in pages at one revision, so a large prefix never exceeds gRPC's limit."""
+        start, end = prefix.encode(), prefix_range_end(prefix.encode())
+        items: list[KeyValue] = []
+        revision = 0
+        while True:
+            request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE, revision=revision)
+            resp = await self._call(self._client.kvstub.Range, request)
+            revision = revision or resp.header.revision
+            items.extend(_kv(kv) for kv in resp.kvs)
+            if not resp.more or not resp.kvs:
+                return items, revision
+            start = resp.kvs[-1].key + b"\0"
 
     async def commit(
         self, conditions: Sequence[Condition], operations: Sequence[Operation]
@@ -155,7 +177,9 @@ def _event(event: Any) -> WatchEvent:
         value = bytes(prev.value) if prev is not None else b""
         created = prev.create_revision if prev is not None else 0
         return WatchEvent("DELETE", kv.key.decode(), value, kv.mod_revision, created, value or None)
-    prev_value = bytes(event.prev_kv.value) if event.prev_kv is not None else None
+    prev = event.prev_kv
+    # etcd sends an empty prev_kv (create_revision 0) when the key is new.
+    prev_value = bytes(prev.value) if prev is not None and prev.create_revision else None
     return WatchEvent(
         "PUT", kv.key.decode(), bytes(kv.value), kv.mod_revision, kv.create_revision, prev_value
     )

@@ -1,0 +1,99 @@
+"""The Store contract, checked the same way on real etcd and on the in-memory twin."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from podnet.store.base import Absent, Compacted, Delete, ModRevisionIs, Put, Store, WatchEvent
+from podnet.store.etcd import EtcdStore
+from podnet.store.etcd_process import EtcdProcess
+from podnet.store.memory import MemoryStore
+
+
+@pytest.fixture(params=["etcd", "memory"])
+async def store(request: pytest.FixtureRequest, etcd: EtcdProcess) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    real = EtcdStore(etcd.endpoint)
+    await real.connect()
+    try:
+        yield real
+    finally:
+        await real.close()
+
+
+@pytest.fixture
+def key() -> str:
+    return f"/contract-{uuid.uuid4().hex[:8]}/"
+
+
+async def test_conditions_guard_every_write(store: Store, key: str) -> None:
+    first = await store.commit([Absent(f"{key}a")], [Put(f"{key}a", b"1")])
+    assert first is not None
+    assert await store.commit([Absent(f"{key}a")], [Put(f"{key}a", b"2")]) is None
+    assert await store.commit([ModRevisionIs(f"{key}a", first - 1)], [Put(f"{key}a", b"3")]) is None
+    second = await store.commit(
+        [ModRevisionIs(f"{key}a", first)], [Put(f"{key}a", b"4"), Put(f"{key}b", b"5")]
+    )
+    assert second is not None and second > first
+    got = await store.get(f"{key}a")
+    assert got is not None and got.value == b"4" and got.mod_revision == second
+    assert got.create_revision == first
+    failed = await store.commit([Absent(f"{key}c"), Absent(f"{key}b")], [Put(f"{key}c", b"6")])
+    assert failed is None and await store.get(f"{key}c") is None
+
+
+async def test_list_is_ordered_and_large_prefixes_page(store: Store, key: str) -> None:
+    for start in range(0, 4500, 100):  # etcd allows 128 operations per txn
+        await store.commit(
+            [], [Put(f"{key}{i:05d}", b"v" * 1500) for i in range(start, start + 100)]
+        )
+    items, revision = await store.list(key)
+    assert [kv.key for kv in items] == [f"{key}{i:05d}" for i in range(4500)]
+    assert revision == await store.revision()
+
+
+async def test_watch_replays_then_follows_and_reports_previous_values(
+    store: Store, key: str
+) -> None:
+    start = await store.commit([], [Put(f"{key}x", b"1")])
+    assert start is not None
+    await store.commit([], [Put(f"{key}x", b"2")])
+    await store.commit([], [Delete(f"{key}x")])
+    seen: list[WatchEvent] = []
+
+    async def follow() -> None:
+        async for event in store.watch(key, start):
+            seen.append(event)
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.2)
+    await store.commit([], [Put(f"{key}y", b"3")])
+    await asyncio.wait_for(task, 5)
+    assert [(e.type, e.key, e.value, e.prev_value) for e in seen] == [
+        ("PUT", f"{key}x", b"2", b"1"),
+        ("DELETE", f"{key}x", b"2", b"2"),
+        ("PUT", f"{key}y", b"3", None),
+    ]
+
+
+async def test_compacted_history_cannot_be_watched(store: Store, key: str) -> None:
+    old = await store.commit([], [Put(f"{key}c", b"1")])
+    assert old is not None
+    latest = await store.commit([], [Put(f"{key}c", b"2")])
+    await store.commit([], [Put(f"{key}c", b"3")])
+    assert latest is not None
+    await store.compact(latest)
+    with pytest.raises(Compacted):
+        await store.check_revision(old - 1)
+    with pytest.raises(Compacted):
+        async for _ in store.watch(key, old - 1):
+            break
+    await store.check_revision(latest)
