@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aetcd
-import grpc
 import aetcd.exceptions
+import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
