@@ -1,0 +1,135 @@
+"""The data plane contract: what the node agent asks of a backend, in domain terms.
+
+The agent computes the desired state (this node, the remote nodes, the pods) as plain
+values; a backend (``linux`` now, ``ovs`` later, ``fake`` for tests) makes the kernel
+match it. Every method is idempotent: calling it again with the same input changes
+nothing, so the agent can resync at any time, and after a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from typing import Literal, Protocol
+
+Backend = Literal["vxlan", "host-gw"]
+
+
+class DataPlaneError(Exception):
+    """A data plane operation failed (the message says what and why)."""
+
+
+class NodeSetupRefused(DataPlaneError):
+    """The node cannot run as configured (MTU too small, no L2 adjacency for host-gw...)."""
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """Everything that decides this node's own set-up."""
+
+    node_name: str
+    node_ip: IPv4Address
+    subnet: IPv4Network  # this node's HostSubnet
+    cluster_networks: tuple[IPv4Network, ...]
+    service_network: IPv4Network
+    mtu: int  # pod MTU (ClusterNetwork mtu)
+    backend: Backend = "vxlan"
+    vxlan_port: int = 4789
+    vni: int = 1  # VNI used for flat (subnet-plugin) traffic
+    underlay_interface: str | None = None  # autodetected from node_ip when None
+
+    @property
+    def gateway(self) -> IPv4Interface:
+        """The subnet's first address, on br0 (the role of OpenShift SDN's tun0)."""
+        return IPv4Interface(f"{self.subnet.network_address + 1}/{self.subnet.prefixlen}")
+
+    def version_note(self) -> str:
+        """A fingerprint of the set-up, written last so a half-done set-up shows."""
+        nets = ",".join(str(n) for n in self.cluster_networks)
+        return (
+            f"podnet/1 {self.backend} {self.subnet} gw={self.gateway.ip} mtu={self.mtu} "
+            f"vxlan={self.vxlan_port}/{self.vni} nets={nets} svc={self.service_network}"
+        )
+
+
+@dataclass(frozen=True)
+class RemoteNode:
+    """Another node's subnet and where to send its traffic."""
+
+    name: str
+    node_ip: IPv4Address
+    subnet: IPv4Network
+
+
+def pod_mac(ip: IPv4Address) -> str:
+    """OpenShift SDN's MAC for a pod: ``0a:58:`` followed by the four bytes of its IP."""
+    return "0a:58:" + ":".join(f"{b:02x}" for b in ip.packed)
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    """One pod interface to wire: the agent has already allocated its IP."""
+
+    container_id: str
+    netns: str  # path, e.g. /var/run/netns/<name> or /proc/<pid>/ns/net
+    ifname: str  # inside the pod, usually eth0
+    address: IPv4Interface  # pod IP with the node subnet's prefix
+    gateway: IPv4Address
+    mtu: int
+    routes: tuple[IPv4Network, ...] = ()  # extra routes via the gateway (cluster networks)
+    namespace: str = "default"
+    name: str = ""
+
+    @property
+    def mac(self) -> str:
+        return pod_mac(self.address.ip)
+
+
+@dataclass(frozen=True)
+class PodAttachment:
+    """What ``attach_pod`` built: names the CNI result needs, and what DEL must remove."""
+
+    container_id: str
+    host_ifname: str  # the veth end on br0
+    ifname: str
+    mac: str
+    sandbox: str
+    address: IPv4Interface
+    gateway: IPv4Address
+    mtu: int
+
+
+@dataclass
+class DataPlaneStatus:
+    """What ``check_node`` found: ``ok`` means a restart may leave everything as it is."""
+
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+
+
+class DataPlane(Protocol):
+    """A backend. Implementations: ``podnet.dataplane.linux``, ``podnet.dataplane.fake``."""
+
+    async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
+        """Compare the kernel with ``node``'s set-up (bridge, address, MTU, vxlan, NAT,
+        version note). Changes nothing."""
+
+    async def setup_node(self, node: NodeNetwork) -> None:
+        """Build or repair the node's set-up; write the version note last. Must not
+        disturb what already matches (no link or address flap for running pods)."""
+
+    async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        """Make routes/FDB/neighbour entries match exactly ``remotes``: add what is
+        missing, fix what is wrong, remove what is stale. Changes only what differs."""
+
+    async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
+        """Wire one pod interface: veth, address, MAC, routes, MTU, anti-spoofing."""
+
+    async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
+        """Undo ``attach_pod``; succeeds if parts (or all) are already gone."""
+
+    async def attached_pods(self) -> list[PodAttachment]:
+        """The pods this node has wired (from the kernel), for resync and GC."""
+
+    async def close(self) -> None:
+        """Release netlink sockets and helper threads."""
