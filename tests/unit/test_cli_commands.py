@@ -545,3 +545,16 @@ def test_subnet_plugin_is_refused(api: FakeApi, kubeconfig: Path) -> None:
     line = one_error(run(api, kubeconfig, "adm", "pod-network", "make-projects-global", "a"))
     assert "redhat/openshift-ovs-subnet" in line
     assert all(r.method == "GET" for r in api.requests)
+
+
+def test_apply_sends_status_when_it_creates(api: FakeApi, kubeconfig: Path, tmp_path: Path) -> None:
+    manifest = tmp_path / "node.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n9}\n"
+        "status:\n  addresses: [{type: InternalIP, address: 192.0.2.9}]\n"
+    )
+    result = run(api, kubeconfig, "apply", "-f", str(manifest))
+    assert result.stdout.strip() == "node/n9 created"
+    created = api.find("nodes", "n9")
+    assert created is not None
+    assert created["status"]["addresses"] == [{"type": "InternalIP", "address": "192.0.2.9"}]

@@ -292,7 +292,12 @@ def apply_manifest(client: ApiClient, manifest: Manifest) -> str:
     except ApiClientError as exc:
         if exc.code != 404:
             raise
-        client.create(manifest.kind, desired, manifest.namespace)
+        # A new object is sent whole, status included (as kubectl does): a Node's
+        # addresses live in its status.
+        created = dict(desired)
+        if "status" in manifest.obj:
+            created["status"] = manifest.obj["status"]
+        client.create(manifest.kind, created, manifest.namespace)
         return "created"
     patch = three_way_patch(last_applied(live), desired, live)
     if not patch:

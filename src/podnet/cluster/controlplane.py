@@ -8,44 +8,19 @@ recycled PID is never hit.
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from podnet.cluster.state import ClusterState
 from podnet.store.etcd_process import EtcdProcess, free_port, pid_alive
 from podnet.testing.processes import MasterProcess
 
 DEFAULT_STATE_DIR = Path("/var/lib/podnet/cluster")
 
-
-@dataclass
-class ClusterState:
-    """What ``cluster up`` started, as recorded on disk."""
-
-    plugin: str = "subnet"
-    etcd_pid: int = 0
-    etcd_port: int = 0
-    etcd_peer_port: int = 0
-    master_pid: int = 0
-    master_port: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
-
-    @staticmethod
-    def load(state_dir: Path) -> ClusterState | None:
-        path = state_dir / "state.json"
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        return ClusterState(**data)
-
-    def save(self, state_dir: Path) -> None:
-        path = state_dir / "state.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+__all__ = ["DEFAULT_STATE_DIR", "ClusterState", "ControlPlane", "ours", "terminate"]
 
 
 def ours(pid: int, needle: str) -> bool:
@@ -138,7 +113,5 @@ class ControlPlane:
             emit(f"master stopped (pid {state.master_pid})")
         if terminate(state.etcd_pid, "etcd"):
             emit(f"etcd stopped (pid {state.etcd_pid})")
-        import shutil
-
         shutil.rmtree(self.state_dir, ignore_errors=True)
         emit(f"removed {self.state_dir}")

@@ -1,0 +1,206 @@
+"""What a local cluster created, as recorded on disk in ``state.json``.
+
+Every namespace and process is written here *before* (namespaces) or right after
+(processes) it is made, so ``cluster down`` can remove exactly that, also after a crash,
+and nothing else. Names carry the cluster's random id (``pn-<id>-...``), so two clusters
+on one machine never share one.
+
+A process is identified by PID, a piece of its command line and its start time (field 22
+of /proc/<pid>/stat), so a recycled PID is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ID_LENGTH = 6  # hex digits: "pn-<id>-n12" still fits the 15-character link name limit
+
+
+def new_cluster_id() -> str:
+    """A fresh random cluster id (lowercase hex)."""
+    return secrets.token_hex(ID_LENGTH // 2)
+
+
+def proc_start_time(pid: int) -> int:
+    """The start time of ``pid`` in clock ticks since boot, or 0 if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else 0
+
+
+def proc_cmdline(pid: int) -> str:
+    """The command line of ``pid`` joined with spaces ('' if it is gone or a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@dataclass
+class ProcessRecord:
+    """One background process the cluster started."""
+
+    pid: int
+    needle: str  # a piece of its command line
+    start: int = 0  # /proc start time; 0 = not checked
+
+    @staticmethod
+    def of(pid: int, needle: str) -> ProcessRecord:
+        """Record ``pid`` now (its start time is read immediately)."""
+        return ProcessRecord(pid, needle, proc_start_time(pid))
+
+    def alive(self) -> bool:
+        """Whether the very process we started still runs."""
+        if self.pid <= 0 or self.needle not in proc_cmdline(self.pid):
+            return False
+        return self.start == 0 or proc_start_time(self.pid) == self.start
+
+    def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> bool:
+        """Signal it (SIGTERM, then SIGKILL after ``timeout``); True if it was running."""
+        if not self.alive():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                return True
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        return True
+
+
+@dataclass
+class NodeRecord:
+    """A node namespace with its agent and its API relay."""
+
+    name: str
+    index: int
+    netns: str
+    ip: str
+    agent: ProcessRecord | None = None
+    relay: ProcessRecord | None = None
+
+
+@dataclass
+class PodRecord:
+    """A pod namespace wired by the CNI plugin, and the process running in it."""
+
+    name: str
+    namespace: str
+    node: str
+    netns: str
+    container_id: str
+    ip: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    process: ProcessRecord | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class ExternalHost:
+    """The host on the underlay that is not a node (the NAT target)."""
+
+    netns: str
+    ip: str
+    echo: ProcessRecord | None = None
+
+
+def _process(data: Any) -> ProcessRecord | None:
+    return ProcessRecord(**data) if isinstance(data, dict) else None
+
+
+def _node(data: dict[str, Any]) -> NodeRecord:
+    agent, relay = _process(data.pop("agent", None)), _process(data.pop("relay", None))
+    return NodeRecord(**data, agent=agent, relay=relay)
+
+
+def _pod(data: dict[str, Any]) -> PodRecord:
+    process = _process(data.pop("process", None))
+    return PodRecord(**data, process=process)
+
+
+@dataclass
+class ClusterState:
+    """What ``cluster up`` started, as recorded on disk."""
+
+    plugin: str = "subnet"
+    etcd_pid: int = 0
+    etcd_port: int = 0
+    etcd_peer_port: int = 0
+    master_pid: int = 0
+    master_port: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+    cluster_id: str = ""
+    backend: str = "vxlan"
+    underlay_cidr: str = ""
+    namespaces: list[str] = field(default_factory=list)  # every netns, in creation order
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)  # by "namespace/name"
+    external: ExternalHost | None = None
+
+    @staticmethod
+    def load(state_dir: Path) -> ClusterState | None:
+        """The recorded state, or None if there is no cluster at ``state_dir``."""
+        path = state_dir / "state.json"
+        if not path.exists():
+            return None
+        return ClusterState.from_dict(json.loads(path.read_text()))
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ClusterState:
+        """Rebuild the nested records from their JSON form."""
+        nodes = {k: _node(dict(v)) for k, v in data.pop("nodes", {}).items()}
+        pods = {k: _pod(dict(v)) for k, v in data.pop("pods", {}).items()}
+        ext = data.pop("external", None)
+        external = None
+        if isinstance(ext, dict):
+            external = ExternalHost(ext["netns"], ext["ip"], _process(ext.get("echo")))
+        return ClusterState(**data, nodes=nodes, pods=pods, external=external)
+
+    def save(self, state_dir: Path) -> None:
+        """Write atomically (temp file + rename)."""
+        path = state_dir / "state.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    def prefix(self) -> str:
+        """The prefix of every namespace and link this cluster creates."""
+        return f"pn-{self.cluster_id}"
+
+    def record_netns(self, name: str, state_dir: Path) -> None:
+        """Remember namespace ``name`` (saved before it is created)."""
+        if name not in self.namespaces:
+            self.namespaces.append(name)
+            self.save(state_dir)
+
+
+@contextlib.contextmanager
+def locked(state_dir: Path) -> Iterator[None]:
+    """Hold the cluster's lock, so concurrent ``pod run``s do not lose each other's state."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(state_dir / "state.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
