@@ -12,17 +12,21 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from podnet.api.objects import (
+    STALE,
+    matches,
+    merge_for_update,
+    merge_patch,
+    next_generation,
+    now_rfc3339,
+    same_content,
+)
 from podnet.model import errors
 from podnet.model.kinds import KINDS, NAMESPACE, Kind
-from podnet.model.selectors import (
-    FieldRequirement,
-    LabelSelector,
-    fields_match,
-)
+from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import (
     Absent,
     Condition,
@@ -44,40 +48,8 @@ DEFAULT_PREFIX = "/podnet/registry/"
 MAX_UPDATE_RETRIES = 16
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _admit_all(new: Obj | None, old: Obj | None) -> None:
     return None
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def field_labels(kind: Kind) -> set[str]:
-    """Fields a ``fieldSelector`` may name for this kind."""
-    fields = {"metadata.name", "metadata.namespace"}
-    if kind.kind == "Pod":
-        fields |= {"spec.nodeName", "status.phase", "status.podIP"}
-    if kind.kind == "Event":
-        fields |= {f"involvedObject.{f}" for f in ("kind", "name", "namespace", "uid")}
-        fields |= {"reason", "type"}
-    if kind.kind == "HostSubnet":
-        fields |= {"host", "subnet"}
-    if kind.kind == "NetNamespace":
-        fields |= {"netid"}
-    return fields
 
 
 class Registry:
@@ -287,8 +259,8 @@ class Registry:
         expected = meta.get("resourceVersion") or None
         old = await self.get(kind, namespace, name)
         if expected is not None and str(expected) != old["metadata"]["resourceVersion"]:
-            raise errors.conflict(kind.plural, name, _STALE)
-        new = self._merge_for_update(kind, old, obj, subresource)
+            raise errors.conflict(kind.plural, name, STALE)
+        new = merge_for_update(kind, old, obj, subresource)
         return await self._write_update(kind, old, new, admit)
 
     async def patch(
@@ -307,9 +279,9 @@ class Registry:
         for _ in range(MAX_UPDATE_RETRIES):
             old = await self.get(kind, namespace, name)
             if pinned is not None and str(pinned) != old["metadata"]["resourceVersion"]:
-                raise errors.conflict(kind.plural, name, _STALE)
+                raise errors.conflict(kind.plural, name, STALE)
             patched = merge_patch(old, patch)
-            new = self._merge_for_update(kind, old, patched, subresource)
+            new = merge_for_update(kind, old, patched, subresource)
             try:
                 return await self._write_update(kind, old, new, admit)
             except errors.ApiError as exc:
@@ -337,39 +309,13 @@ class Registry:
                     raise
         raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
 
-    def _merge_for_update(self, kind: Kind, old: Obj, new: Obj, subresource: str | None) -> Obj:
-        """Keep what the caller may not change: identity always, status or spec per path."""
-        new = copy.deepcopy(new)
-        new.setdefault("metadata", {})
-        if subresource == "status":
-            merged = copy.deepcopy(old)
-            if "status" in new:
-                merged["status"] = new["status"]
-            else:
-                merged.pop("status", None)
-            new = merged
-        elif subresource is not None:
-            raise errors.ApiError(f"subresource {subresource!r} not found", 404, "NotFound")
-        elif "status" in kind.subresources:
-            if "status" in old:
-                new["status"] = old["status"]
-            else:
-                new.pop("status", None)
-        meta = new["metadata"]
-        old_meta = old["metadata"]
-        for field in ("name", "namespace", "uid", "creationTimestamp"):
-            if field in old_meta:
-                meta[field] = old_meta[field]
-        meta.pop("resourceVersion", None)
-        return new
-
     async def _write_update(self, kind: Kind, old: Obj, new: Obj, admit: Admit) -> Obj:
         new = self._validate(kind, new, old)
         meta = new["metadata"]
-        meta["generation"] = _next_generation(old, new)
+        meta["generation"] = next_generation(old, new)
         admit(new, old)
         key = self.key(kind, old["metadata"].get("namespace"), old["metadata"]["name"])
-        if _same_content(old, new):
+        if same_content(old, new):
             return old
         conditions: list[Condition] = [ModRevisionIs(key, int(old["metadata"]["resourceVersion"]))]
         ops: list[Operation] = [Put(key, self.encode(new))]
@@ -382,7 +328,7 @@ class Registry:
                 ops.append(Delete(old_claim))
         revision = await self._commit(conditions, ops)
         if revision is None:
-            raise errors.conflict(kind.plural, meta["name"], _STALE)
+            raise errors.conflict(kind.plural, meta["name"], STALE)
         meta["resourceVersion"] = str(revision)
         return new
 
@@ -417,7 +363,7 @@ class Registry:
         old = await self.get(NAMESPACE, None, name)
         current = old["metadata"]["resourceVersion"]
         if resource_version is not None and str(resource_version) != current:
-            raise errors.conflict(NAMESPACE.plural, name, _STALE)
+            raise errors.conflict(NAMESPACE.plural, name, STALE)
         admit(None, old)
         if old["metadata"].get("deletionTimestamp"):
             return old
@@ -442,7 +388,7 @@ class Registry:
             old = await self.get(kind, namespace, name)
             current = old["metadata"]["resourceVersion"]
             if resource_version is not None and str(resource_version) != current:
-                raise errors.conflict(kind.plural, name, _STALE)
+                raise errors.conflict(kind.plural, name, STALE)
             admit(None, old)
             key = self.key(kind, namespace, name)
             ops: list[Operation] = [Delete(key)]
@@ -454,39 +400,5 @@ class Registry:
                 old["metadata"]["resourceVersion"] = str(revision)
                 return old
             if resource_version is not None:
-                raise errors.conflict(kind.plural, name, _STALE)
+                raise errors.conflict(kind.plural, name, STALE)
         raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
-
-
-_STALE = (
-    "the object has been modified; please apply your changes to the latest version and try again"
-)
-
-
-def _body(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
-
-
-def _next_generation(old: Obj, new: Obj) -> int:
-    generation = int(old["metadata"].get("generation") or 1)
-    return generation + 1 if _body(old) != _body(new) else generation
-
-
-def _same_content(old: Obj, new: Obj) -> bool:
-    strip = {"resourceVersion"}
-    old_meta = {k: v for k, v in old["metadata"].items() if k not in strip}
-    new_meta = {k: v for k, v in new["metadata"].items() if k not in strip}
-    rest_old = {k: v for k, v in old.items() if k != "metadata"}
-    rest_new = {k: v for k, v in new.items() if k != "metadata"}
-    return old_meta == new_meta and rest_old == rest_new
-
-
-def matches(
-    obj: Mapping[str, Any],
-    labels: LabelSelector | None,
-    fields: Sequence[FieldRequirement] = (),
-) -> bool:
-    """Whether ``obj`` passes a label selector and field requirements."""
-    if labels is not None and not labels.matches((obj.get("metadata") or {}).get("labels")):
-        return False
-    return not fields or fields_match(obj, fields)

@@ -65,7 +65,7 @@ def selectors(
     request: web.Request, kind: Kind
 ) -> tuple[LabelSelector | None, list[FieldRequirement]]:
     """The ``labelSelector`` and ``fieldSelector`` query parameters, parsed."""
-    from podnet.api.registry import field_labels
+    from podnet.api.objects import field_labels
 
     labels = None
     fields: list[FieldRequirement] = []

@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from podnet.api.registry import Obj, Registry, matches
+from podnet.api.objects import matches
+from podnet.api.registry import Obj, Registry
 from podnet.model import errors
 from podnet.model.kinds import Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector

@@ -17,8 +17,9 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,27 @@ class ProcessRecord:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         return True
+
+
+def spawn(argv: Sequence[str], log_path: Path, needle: str) -> ProcessRecord:
+    """Start ``argv`` in the background, in its own session, output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    # nsenter execs the command in place: wait until the PID shows the command itself, so
+    # the recorded start time and command line are the final ones.
+    deadline = time.monotonic() + 5
+    while needle not in proc_cmdline(process.pid) and time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{argv[0]} exited at once; see {log_path}")
+        time.sleep(0.005)
+    return ProcessRecord.of(process.pid, needle)
 
 
 @dataclass

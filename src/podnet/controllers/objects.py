@@ -14,7 +14,8 @@ import uuid
 from ipaddress import IPv4Network
 from typing import Any
 
-from podnet.api.registry import Registry, now_rfc3339
+from podnet.api.objects import now_rfc3339
+from podnet.api.registry import Registry
 from podnet.controllers.informer import call_with_retry
 from podnet.model.errors import ApiError
 from podnet.model.kinds import EVENT, HOST_SUBNET, NODE

@@ -1,0 +1,257 @@
+"""Pods of the local cluster: a Pod object, a namespace wired by the real CNI plugin, and
+one background process inside it.
+
+``run_pod`` does what a kubelet and its runtime would: create the Pod (with
+``spec.nodeName``), create the pod namespace ``pn-<id>-p-<hash>``, run the node's CNI
+executable for ADD with the runtime's environment, and start the pod's command in the
+namespace (by default the echo server on port 8080). ``delete_pod`` undoes it in reverse.
+Everything is recorded in the cluster state first, so ``cluster down`` removes it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster.nodes import node_paths
+from podnet.cluster.state import ClusterState, PodRecord, locked, spawn
+
+Say = Callable[[str], None]
+ECHO_COMMAND = (sys.executable, "-m", "podnet.cluster.echo")
+IFNAME = "eth0"
+CNI_TIMEOUT = 90.0
+
+
+class PodError(Exception):
+    """A pod operation failed (the message says why)."""
+
+
+def pod_netns_name(state: ClusterState, namespace: str, name: str) -> str:
+    """The pod's namespace: the cluster prefix and a short hash of ``namespace/name``."""
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:10]
+    return f"{state.prefix()}-p-{digest}"
+
+
+def choose_node(state: ClusterState) -> str:
+    """The node with the fewest pods (the lowest index on a tie)."""
+    if not state.nodes:
+        raise PodError("the cluster has no nodes: run `podnet cluster up --nodes N`")
+    counts = {name: 0 for name in state.nodes}
+    for pod in state.pods.values():
+        counts[pod.node] = counts.get(pod.node, 0) + 1
+    return min(state.nodes.values(), key=lambda n: (counts[n.name], n.index)).name
+
+
+def plugin_config(conflist_path: Path) -> str:
+    """The ``podnet`` plugin's config from the node's conflist, as a runtime passes it."""
+    conflist = json.loads(conflist_path.read_text())
+    for plugin in conflist.get("plugins", []):
+        if plugin.get("type") == "podnet":
+            conf = {"cniVersion": conflist.get("cniVersion"), "name": conflist.get("name")}
+            return json.dumps({**conf, **plugin})
+    raise PodError(f"no podnet plugin in {conflist_path}")
+
+
+def cni_env(pod: PodRecord, command: str, bin_dir: Path, netns_path: str) -> dict[str, str]:
+    """The environment a runtime gives the CNI executable."""
+    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}"
+    return {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": pod.container_id,
+        "CNI_NETNS": netns_path,
+        "CNI_IFNAME": IFNAME,
+        "CNI_PATH": f"{bin_dir}:/usr/lib/cni",
+        "CNI_ARGS": f"{args};K8S_POD_INFRA_CONTAINER_ID={pod.container_id}",
+    }
+
+
+def cni_call(state_dir: Path, pod: PodRecord, command: str) -> dict[str, Any]:
+    """Run the node's CNI executable for ``command``; return its JSON answer ({} if none)."""
+    paths = node_paths(state_dir, pod.node)
+    netns_path = str(netns.path(pod.netns)) if netns.exists(pod.netns) else ""
+    result = subprocess.run(
+        [str(paths.shim)],
+        input=plugin_config(paths.conflist),
+        env=cni_env(pod, command, paths.cni_bin_dir, netns_path),
+        capture_output=True,
+        text=True,
+        timeout=CNI_TIMEOUT,
+    )
+    answer = json.loads(result.stdout) if result.stdout.strip() else {}
+    if result.returncode != 0:
+        msg = answer.get("msg", result.stdout.strip() or result.stderr.strip())
+        raise PodError(f"CNI {command} for {pod.key} failed: {msg} {answer.get('details', '')}")
+    return answer if isinstance(answer, dict) else {}
+
+
+def result_ip(result: Mapping[str, Any]) -> str:
+    """The first IP of a CNI ADD result, without its prefix length."""
+    ips = result.get("ips") or []
+    if not ips:
+        raise PodError(f"CNI ADD result has no IP: {json.dumps(result)[:200]}")
+    return str(ips[0]["address"]).split("/")[0]
+
+
+def admin_api(state_dir: Path) -> Any:
+    """An API client with the cluster's admin kubeconfig."""
+    from podnet.client import ApiClient
+    from podnet.kubeconfig import load_client_config
+
+    return ApiClient(load_client_config(str(state_dir / "master" / "admin.kubeconfig")))
+
+
+def pod_object(pod: PodRecord, command: Sequence[str]) -> dict[str, Any]:
+    """The Pod as the API stores it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
+        "spec": {
+            "nodeName": pod.node,
+            "containers": [{"name": "main", "image": "podnet/local", "command": list(command)}],
+        },
+    }
+
+
+def ensure_namespace(api: Any, namespace: str) -> None:
+    """Create the Namespace object unless it exists."""
+    from podnet.client import ApiClientError
+    from podnet.model.kinds import NAMESPACE
+
+    try:
+        api.get(NAMESPACE, namespace)
+    except ApiClientError as exc:
+        if exc.code != 404:
+            raise
+        obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        api.create(NAMESPACE, obj)
+
+
+def pod_log(state_dir: Path, pod: PodRecord) -> Path:
+    return state_dir / "pods" / f"{pod.namespace}_{pod.name}.log"
+
+
+def run_pod(
+    state_dir: Path,
+    name: str,
+    namespace: str = "default",
+    node: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    command: Sequence[str] = ECHO_COMMAND,
+) -> PodRecord:
+    """Create, wire and start one pod; roll back what was done if a step fails."""
+    with locked(state_dir):
+        state = _loaded(state_dir)
+        pod = _new_pod(state, name, namespace, node, labels)
+        state.pods[pod.key] = pod
+        state.save(state_dir)
+        try:
+            _start_pod(state, state_dir, pod, command)
+        except BaseException:
+            _teardown_pod(state, state_dir, pod, lambda _line: None)
+            raise
+        return pod
+
+
+def _loaded(state_dir: Path) -> ClusterState:
+    state = ClusterState.load(state_dir)
+    if state is None or not state.cluster_id:
+        raise PodError(f"no cluster at {state_dir}: run `podnet cluster up`")
+    return state
+
+
+def _new_pod(
+    state: ClusterState,
+    name: str,
+    namespace: str,
+    node: str | None,
+    labels: Mapping[str, str] | None,
+) -> PodRecord:
+    if f"{namespace}/{name}" in state.pods:
+        raise PodError(f"pod {namespace}/{name} already exists")
+    node = node or choose_node(state)
+    if node not in state.nodes:
+        raise PodError(f"no node {node!r} (nodes: {', '.join(state.nodes)})")
+    cid = secrets.token_hex(32)
+    netns_name = pod_netns_name(state, namespace, name)
+    return PodRecord(name, namespace, node, netns_name, cid, labels=dict(labels or {}))
+
+
+def _start_pod(
+    state: ClusterState, state_dir: Path, pod: PodRecord, command: Sequence[str]
+) -> None:
+    with admin_api(state_dir) as api:
+        from podnet.model.kinds import POD
+
+        ensure_namespace(api, pod.namespace)
+        api.create(POD, pod_object(pod, command), namespace=pod.namespace)
+    state.record_netns(pod.netns, state_dir)
+    netns.create(pod.netns)
+    pod.ip = result_ip(cni_call(state_dir, pod, "ADD"))
+    state.save(state_dir)
+    pod.process = spawn(netns.command(pod.netns, command), pod_log(state_dir, pod), " ".join(command))
+    state.save(state_dir)
+
+
+def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say) -> None:
+    """Stop the process, CNI DEL, remove the netns and the Pod object; forget the pod."""
+    from podnet.client import ClientError
+    from podnet.model.kinds import POD
+
+    if pod.process is not None:
+        pod.process.stop(timeout=5)
+    try:
+        cni_call(state_dir, pod, "DEL")
+    except (PodError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        say(f"warning: {exc}")
+    netns.remove(pod.netns)
+    try:
+        with admin_api(state_dir) as api:
+            api.delete(POD, pod.name, namespace=pod.namespace)
+    except ClientError as exc:
+        if getattr(exc, "code", 0) != 404:
+            say(f"warning: deleting Pod {pod.key}: {exc}")
+    state.pods.pop(pod.key, None)
+    if pod.netns in state.namespaces:
+        state.namespaces.remove(pod.netns)
+    state.save(state_dir)
+
+
+def delete_pod(state_dir: Path, name: str, namespace: str = "default", say: Say = print) -> None:
+    """Undo ``run_pod``: process, CNI DEL, namespace, Pod object."""
+    with locked(state_dir):
+        state = _loaded(state_dir)
+        pod = find_pod(state, name, namespace)
+        _teardown_pod(state, state_dir, pod, say)
+
+
+def find_pod(state: ClusterState, name: str, namespace: str = "default") -> PodRecord:
+    """The recorded pod, or PodError."""
+    pod = state.pods.get(f"{namespace}/{name}")
+    if pod is None:
+        raise PodError(f"no pod {namespace}/{name} in this cluster")
+    return pod
+
+
+def exec_pod(
+    state_dir: Path,
+    name: str,
+    argv: Sequence[str],
+    namespace: str = "default",
+    capture: bool = True,
+    timeout: float | None = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` inside the pod's network namespace and wait for it."""
+    pod = find_pod(_loaded(state_dir), name, namespace)
+    return subprocess.run(
+        netns.command(pod.netns, argv), capture_output=capture, text=True, timeout=timeout
+    )

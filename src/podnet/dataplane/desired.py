@@ -1,0 +1,360 @@
+"""The desired kernel state of a node, as pure functions of the agent's plain values.
+
+Nothing here touches the kernel: the ``linux`` backend renders these values to apply them
+and compares the same values with what it reads back, so a check and a repair never
+disagree about what "right" means.
+
+- Remote nodes: flannel's per-node entries. VXLAN: a permanent neighbour (remote subnet
+  ``.0`` → remote VTEP MAC), an FDB entry (VTEP MAC → remote node IP) and an onlink route
+  (remote subnet via ``.0`` on ``vxlan0``). host-gw: a route (remote subnet via remote node
+  IP on the underlay interface).
+- VTEP MACs come from node IPs (``0e:58:`` + the four IP bytes), so nodes need not
+  exchange them; pod MACs use ``0a:58:`` so the two schemes never collide.
+- Host veth names come from a hash of ``container_id`` and ``ifname``.
+- The nftables ruleset is rendered in the exact form ``nft list table`` prints, so the
+  same text is applied and compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, collapse_addresses
+from typing import Generic, TypeVar
+
+from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, RemoteNode, pod_mac
+
+BRIDGE = "br0"
+VXLAN = "vxlan0"
+VXLAN_OVERHEAD = 50  # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
+ROUTE_PROTO = 80  # rtnetlink protocol marking podnet's routes and neighbour entries
+HOST_VETH_PREFIX = "pn"
+NFT_TABLE = "podnet"  # in families inet and bridge
+POD_PORTS_SET = "pod_ports"
+ALIAS_TAG = "podnet/1"
+IFALIAS_MAX = 255
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+# --- naming and addresses ------------------------------------------------------------
+
+
+def vtep_mac(node_ip: IPv4Address) -> str:
+    """The MAC of a node's ``vxlan0``: ``0e:58:`` followed by the node IP's four bytes."""
+    return "0e:58:" + ":".join(f"{b:02x}" for b in node_ip.packed)
+
+
+def gateway_mac(node: NodeNetwork) -> str:
+    """br0's fixed MAC (else a bridge takes its lowest port's MAC, which changes)."""
+    return pod_mac(node.gateway.ip)
+
+
+def host_veth_name(container_id: str, ifname: str) -> str:
+    """The host end of a pod's veth: ``pn`` + 12 hex of a hash (14 chars, ≤ IFNAMSIZ-1)."""
+    digest = hashlib.sha256(f"{container_id}\0{ifname}".encode()).hexdigest()
+    return HOST_VETH_PREFIX + digest[:12]
+
+
+def is_host_veth_name(name: str) -> bool:
+    """True for names ``host_veth_name`` produces."""
+    return re.fullmatch(rf"{HOST_VETH_PREFIX}[0-9a-f]{{12}}", name) is not None
+
+
+# --- pod identity kept in the host veth's ifalias ---------------------------------------
+
+
+def pod_alias(pod: PodNetwork) -> str:
+    """The identity written to the host veth's ifalias, so a restarted agent can rebuild
+    its view from the kernel. The sandbox path is dropped if the alias would not fit."""
+    head = f"{ALIAS_TAG} {pod.container_id} {pod.ifname} {pod.address} {pod.gateway}"
+    alias = f"{head} {pod.netns}"
+    return alias if len(alias.encode()) <= IFALIAS_MAX else f"{head} -"
+
+
+def parse_pod_alias(alias: str, host_ifname: str, mtu: int) -> PodAttachment | None:
+    """The attachment recorded in ``alias`` (None if it is not one of ours)."""
+    parts = alias.split(" ", 5)
+    if len(parts) != 6 or parts[0] != ALIAS_TAG:
+        return None
+    _, container_id, ifname, address, gateway, sandbox = parts
+    try:
+        iface, gw = IPv4Interface(address), IPv4Address(gateway)
+    except ValueError:
+        return None
+    return PodAttachment(
+        container_id=container_id,
+        host_ifname=host_ifname,
+        ifname=ifname,
+        mac=pod_mac(iface.ip),
+        sandbox="" if sandbox == "-" else sandbox,
+        address=iface,
+        gateway=gw,
+        mtu=mtu,
+    )
+
+
+@dataclass(frozen=True, order=True)
+class PodPort:
+    """One anti-spoofing entry: frames from ``host_ifname`` must carry ``mac`` and ``ip``."""
+
+    host_ifname: str
+    mac: str
+    ip: IPv4Address
+
+    @classmethod
+    def of(cls, attachment: PodAttachment) -> PodPort:
+        return cls(attachment.host_ifname, attachment.mac, attachment.address.ip)
+
+    def element(self) -> str:
+        """The nft set element (``ifname . ether_addr . ipv4_addr``), as nft prints it."""
+        return f'"{self.host_ifname}" . {self.mac} . {self.ip}'
+
+
+# --- remote nodes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class RouteEntry:
+    """A route podnet owns (protocol ``ROUTE_PROTO``, main table)."""
+
+    dst: IPv4Network
+    gateway: IPv4Address
+    dev: str
+    onlink: bool
+    prefsrc: IPv4Address | None
+
+
+@dataclass(frozen=True, order=True)
+class NeighEntry:
+    """A permanent IPv4 neighbour entry on ``dev``."""
+
+    ip: IPv4Address
+    mac: str
+    dev: str
+
+
+@dataclass(frozen=True, order=True)
+class FdbEntry:
+    """A VXLAN forwarding entry: frames to ``mac`` are tunnelled to ``dst``."""
+
+    mac: str
+    dst: IPv4Address
+    dev: str
+
+
+@dataclass(frozen=True)
+class RemoteEntries:
+    """Everything the kernel must hold for the remote nodes."""
+
+    routes: frozenset[RouteEntry] = frozenset()
+    neighbours: frozenset[NeighEntry] = frozenset()
+    fdb: frozenset[FdbEntry] = frozenset()
+
+
+def usable_remotes(node: NodeNetwork, remotes: Iterable[RemoteNode]) -> list[RemoteNode]:
+    """Remotes sorted by name, without this node and without a second claim to a subnet
+    (a stale HostSubnet): the first by name wins, so the result is deterministic."""
+    chosen: dict[IPv4Network, RemoteNode] = {}
+    for remote in sorted(remotes, key=lambda r: r.name):
+        if remote.name == node.node_name or remote.subnet.overlaps(node.subnet):
+            continue
+        if remote.node_ip == node.node_ip:
+            continue
+        chosen.setdefault(remote.subnet, remote)
+    return list(chosen.values())
+
+
+def non_adjacent(remotes: Iterable[RemoteNode], underlay: Iterable[IPv4Network]) -> list[str]:
+    """Names of remotes whose node IP is on none of the underlay's connected subnets."""
+    nets = list(underlay)
+    return [r.name for r in remotes if not any(r.node_ip in net for net in nets)]
+
+
+def remote_entries(node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: str) -> RemoteEntries:
+    """The routes, neighbours and FDB entries for ``remotes`` under ``node.backend``."""
+    chosen = usable_remotes(node, remotes)
+    if node.backend == "host-gw":
+        return RemoteEntries(routes=frozenset(_host_gw_route(node, r, underlay) for r in chosen))
+    return RemoteEntries(
+        routes=frozenset(_vxlan_route(node, r) for r in chosen),
+        neighbours=frozenset(
+            NeighEntry(r.subnet.network_address, vtep_mac(r.node_ip), VXLAN) for r in chosen
+        ),
+        fdb=frozenset(FdbEntry(vtep_mac(r.node_ip), r.node_ip, VXLAN) for r in chosen),
+    )
+
+
+def _vxlan_route(node: NodeNetwork, remote: RemoteNode) -> RouteEntry:
+    return RouteEntry(
+        remote.subnet, remote.subnet.network_address, VXLAN, True, node.gateway.ip
+    )
+
+
+def _host_gw_route(node: NodeNetwork, remote: RemoteNode, underlay: str) -> RouteEntry:
+    return RouteEntry(remote.subnet, remote.node_ip, underlay, False, node.gateway.ip)
+
+
+@dataclass(frozen=True)
+class Diff(Generic[V]):
+    """What to change so that ``current`` becomes ``desired``."""
+
+    add: list[VT]
+    replace: list[VT]
+    delete: list[VT]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.replace or self.delete)
+
+
+def diff(desired: Mapping[K, V], current: Mapping[K, list[V]]) -> Diff[V]:
+    """Compare keyed entries. ``current`` may hold several entries per key (the kernel
+    can); a key's surplus entries are deleted, a wrong single entry is replaced."""
+    add: list[V] = []
+    replace: list[V] = []
+    delete: list[V] = []
+    for key, want in desired.items():
+        have = current.get(key, [])
+        if not have:
+            add.append(want)
+        elif want not in have:
+            replace.append(want)
+            delete.extend(have[1:])
+        else:
+            delete.extend(h for h in have if h != want)
+    for key, have in current.items():
+        if key not in desired:
+            delete.extend(have)
+    return Diff(add, replace, delete)
+
+
+def keyed_routes(entries: Iterable[RouteEntry]) -> dict[IPv4Network, RouteEntry]:
+    return {e.dst: e for e in entries}
+
+
+def keyed_neighbours(entries: Iterable[NeighEntry]) -> dict[tuple[str, IPv4Address], NeighEntry]:
+    return {(e.dev, e.ip): e for e in entries}
+
+
+def keyed_fdb(entries: Iterable[FdbEntry]) -> dict[tuple[str, str], FdbEntry]:
+    return {(e.dev, e.mac): e for e in entries}
+
+
+# --- nftables ruleset -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """podnet's two nftables tables, each as ``nft list table`` prints it."""
+
+    inet: str
+    bridge: str
+
+    def tables(self) -> dict[str, str]:
+        """Table text keyed by ``"<family> <name>"``."""
+        return {f"inet {NFT_TABLE}": self.inet, f"bridge {NFT_TABLE}": self.bridge}
+
+
+def render_ruleset(node: NodeNetwork, ports: Iterable[PodPort]) -> Ruleset:
+    """The node's tables: NAT and VXLAN handling (inet), per-pod anti-spoofing (bridge)."""
+    return Ruleset(inet=render_inet_table(node), bridge=render_bridge_table(ports))
+
+
+def render_inet_table(node: NodeNetwork) -> str:
+    """Masquerade pod traffic that leaves the cluster and service networks; let VXLAN in
+    and keep it out of conntrack (it is the tunnel itself, never NATed)."""
+    cluster = list(collapse(node.cluster_networks))
+    internal = list(collapse((*node.cluster_networks, node.service_network)))
+    chains = [
+        _chain(
+            "postrouting",
+            "type nat hook postrouting priority srcnat; policy accept;",
+            ["ip saddr @cluster_networks ip daddr != @no_masquerade masquerade"],
+        )
+    ]
+    if node.backend == "vxlan":
+        chains = _vxlan_chains(node) + chains
+    body = [
+        _set("cluster_networks", "ipv4_addr", [str(n) for n in cluster], interval=True),
+        _set("no_masquerade", "ipv4_addr", [str(n) for n in internal], interval=True),
+        *chains,
+    ]
+    return _table("inet", body)
+
+
+def _vxlan_chains(node: NodeNetwork) -> list[str]:
+    port, ip = node.vxlan_port, node.node_ip
+    return [
+        _chain(
+            "raw_prerouting",
+            "type filter hook prerouting priority raw; policy accept;",
+            [f"ip daddr {ip} udp dport {port} notrack"],
+        ),
+        _chain(
+            "raw_output",
+            "type filter hook output priority raw; policy accept;",
+            [f"ip saddr {ip} udp dport {port} notrack"],
+        ),
+        _chain(
+            "input",
+            "type filter hook input priority filter; policy accept;",
+            [f"ip daddr {ip} udp dport {port} accept"],
+        ),
+    ]
+
+
+def render_bridge_table(ports: Iterable[PodPort]) -> str:
+    """Frames from a pod port (``pn*``) must carry that pod's MAC and IP, in IPv4 and in
+    ARP (Ethernet source and sender hardware address both), or they are dropped. One set
+    keeps the rule count constant however many pods there are."""
+    elements = [p.element() for p in sorted(set(ports))]
+    key = "iifname . ether saddr"
+    body = [
+        _set(POD_PORTS_SET, "ifname . ether_addr . ipv4_addr", elements, interval=False),
+        _chain(
+            "prerouting",
+            "type filter hook prerouting priority filter; policy accept;",
+            [f'iifname "{HOST_VETH_PREFIX}*" jump from_pod'],
+        ),
+        _chain(
+            "from_pod",
+            None,
+            [
+                f"{key} . ip saddr @{POD_PORTS_SET} accept",
+                f"{key} . arp saddr ip @{POD_PORTS_SET} "
+                f"iifname . arp saddr ether . arp saddr ip @{POD_PORTS_SET} accept",
+                "drop",
+            ],
+        ),
+    ]
+    return _table("bridge", body)
+
+
+def collapse(networks: Iterable[IPv4Network]) -> Iterable[IPv4Network]:
+    """Networks merged and sorted (nft refuses overlapping interval elements)."""
+    return collapse_addresses(sorted(set(networks)))
+
+
+def _table(family: str, body: list[str]) -> str:
+    return f"table {family} {NFT_TABLE} {{\n" + "\n\n".join(body) + "\n}\n"
+
+
+def _set(name: str, type_: str, elements: list[str], *, interval: bool) -> str:
+    lines = [f"\tset {name} {{", f"\t\ttype {type_}"]
+    if interval:
+        lines.append("\t\tflags interval")
+    if elements:
+        lines.append("\t\telements = { " + ",\n\t\t\t     ".join(elements) + " }")
+    return "\n".join([*lines, "\t}"])
+
+
+def _chain(name: str, hook: str | None, rules: list[str]) -> str:
+    lines = [f"\tchain {name} {{"]
+    if hook:
+        lines.append(f"\t\t{hook}")
+    lines.extend(f"\t\t{rule}" for rule in rules)
+    return "\n".join([*lines, "\t}"])

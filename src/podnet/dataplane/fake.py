@@ -1,0 +1,286 @@
+"""``FakeDataPlane``: an in-memory backend that validates like a kernel would refuse.
+
+Like openshift/sdn's fake OVS it keeps the state a real backend would build and refuses
+what the kernel (or a correct agent) would never allow:
+
+- anything but ``check_node`` before ``setup_node``;
+- a second ``attach_pod`` of the same (container, ifname);
+- a pod address outside the node subnet, or its network, broadcast or gateway address,
+  or one already used by another pod; a gateway other than the node's; an MTU above the
+  node's; an empty netns; an interface name the kernel would reject;
+- remote subnets overlapping the local subnet or each other, a remote with this node's
+  IP, two remotes with one name;
+- a node MTU outside 576-9000 or that does not fit the underlay, a vxlan port out of range.
+
+Every call is recorded in ``calls`` (method names) so tests can assert, for example, that
+``setup_node`` is not called again after a restart. With ``state_file`` the state and the
+call history survive the process (for restart tests of ``podnet node --dataplane fake``):
+the file is rewritten atomically after every change. ``drift_*`` helpers simulate a
+hand-made change that the next resync must repair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from pathlib import Path
+from typing import Any
+
+from podnet.dataplane.interface import (
+    DataPlaneError,
+    DataPlaneStatus,
+    NodeNetwork,
+    NodeSetupRefused,
+    PodAttachment,
+    PodNetwork,
+    RemoteNode,
+)
+
+MTU_RANGE = range(576, 9001)
+UNDERLAY_MTU = 1500
+VXLAN_OVERHEAD = 50
+IFNAME_MAX = 15
+
+
+@dataclass
+class FakeState:
+    """What the fake "kernel" holds: the node's version note, remotes and pods."""
+
+    version_note: str = ""
+    remotes: dict[str, RemoteNode] = field(default_factory=dict)
+    pods: dict[tuple[str, str], PodAttachment] = field(default_factory=dict)
+
+
+def _host_ifname(pod: PodNetwork) -> str:
+    """A stable host-side name, as a backend derives it from the pair."""
+    return f"veth{zlib.crc32(f'{pod.container_id}/{pod.ifname}'.encode()):08x}"
+
+
+def _check_ifname(name: str) -> None:
+    if not name or len(name.encode()) > IFNAME_MAX or any(c in name for c in "/: \t\n"):
+        raise DataPlaneError(f"invalid interface name {name!r}")
+
+
+class FakeDataPlane:
+    """The in-memory ``DataPlane`` for tests (and ``podnet node --dataplane fake``)."""
+
+    def __init__(self, state_file: Path | None = None, underlay_mtu: int = UNDERLAY_MTU) -> None:
+        self.state = FakeState()
+        self.node: NodeNetwork | None = None
+        self.calls: list[str] = []
+        self.history: list[str] = []  # calls of earlier processes, from the state file
+        self.remote_changes: list[str] = []  # "add x", "update x", "remove x"
+        self.underlay_mtu = underlay_mtu
+        self.state_file = state_file
+        self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
+        self.closed = False
+        if state_file is not None and state_file.exists():
+            self._load(state_file)
+
+    # ---- the DataPlane protocol --------------------------------------------------------
+
+    async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
+        """Ok when the version note matches ``node``'s (a set-up of the same network)."""
+        self._record("check_node")
+        if not self.state.version_note:
+            return DataPlaneStatus(False, ["no version note: the node was never set up"])
+        if self.state.version_note != node.version_note():
+            return DataPlaneStatus(False, [f"version note is {self.state.version_note!r}"])
+        self.node = node
+        return DataPlaneStatus(True)
+
+    async def setup_node(self, node: NodeNetwork) -> None:
+        """Validate ``node`` and remember it; the version note is written last."""
+        self._record("setup_node")
+        self._fail("setup_node")
+        self._validate_node(node)
+        self.node = node
+        self.state.version_note = node.version_note()
+        self._save()
+
+    async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        """Validate the whole desired set, then apply only the differences."""
+        self._record("sync_remote_nodes")
+        self._fail("sync_remote_nodes")
+        self._require_setup()
+        self._validate_remotes(node, remotes)
+        desired = {r.name: r for r in remotes}
+        for name in sorted(self.state.remotes.keys() - desired.keys()):
+            self.remote_changes.append(f"remove {name}")
+            del self.state.remotes[name]
+        for name, remote in sorted(desired.items()):
+            if self.state.remotes.get(name) != remote:
+                verb = "update" if name in self.state.remotes else "add"
+                self.remote_changes.append(f"{verb} {name}")
+                self.state.remotes[name] = remote
+        self._save()
+
+    async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
+        """Refuse anything a kernel or a correct agent would not do; record the pod."""
+        self._record("attach_pod")
+        self._fail("attach_pod")
+        node = self._require_setup()
+        self._validate_pod(node, pod)
+        attachment = PodAttachment(
+            container_id=pod.container_id,
+            host_ifname=_host_ifname(pod),
+            ifname=pod.ifname,
+            mac=pod.mac,
+            sandbox=pod.netns,
+            address=pod.address,
+            gateway=pod.gateway,
+            mtu=pod.mtu,
+        )
+        self.state.pods[(pod.container_id, pod.ifname)] = attachment
+        self._save()
+        return attachment
+
+    async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
+        """Forget the pod; fine when it is already gone."""
+        self._record("detach_pod")
+        self._fail("detach_pod")
+        if self.state.pods.pop((container_id, ifname), None) is not None:
+            self._save()
+
+    async def attached_pods(self) -> list[PodAttachment]:
+        """Every pod attached, sorted by address."""
+        self._record("attached_pods")
+        return sorted(self.state.pods.values(), key=lambda a: a.address)
+
+    async def close(self) -> None:
+        """Nothing to release; remembered for tests."""
+        self._record("close")
+        self.closed = True
+
+    # ---- test helpers --------------------------------------------------------------------
+
+    def drift_remove_remote(self, name: str) -> None:
+        """Simulate a route deleted by hand: the remote vanishes from the "kernel"."""
+        self.state.remotes.pop(name, None)
+        self._save()
+
+    def drift_version_note(self, note: str = "") -> None:
+        """Simulate a half-done or foreign set-up: the next ``check_node`` fails."""
+        self.state.version_note = note
+        self._save()
+
+    def count(self, method: str) -> int:
+        """How many times ``method`` was called, in this process and (from the state file)
+        in earlier ones."""
+        return self.history.count(method) + self.calls.count(method)
+
+    # ---- validation ----------------------------------------------------------------------
+
+    def _validate_node(self, node: NodeNetwork) -> None:
+        if node.mtu not in MTU_RANGE:
+            raise NodeSetupRefused(f"MTU {node.mtu} is outside {MTU_RANGE.start}-9000")
+        if node.backend == "vxlan" and node.mtu > self.underlay_mtu - VXLAN_OVERHEAD:
+            raise NodeSetupRefused(
+                f"MTU {node.mtu} does not fit the underlay MTU {self.underlay_mtu} minus 50"
+            )
+        if not 1 <= node.vxlan_port <= 65535:
+            raise NodeSetupRefused(f"vxlan port {node.vxlan_port} is out of range")
+        if not any(node.subnet.subnet_of(n) for n in node.cluster_networks):
+            raise NodeSetupRefused(f"subnet {node.subnet} is outside the cluster networks")
+        if any(node.node_ip in n for n in node.cluster_networks):
+            raise NodeSetupRefused(f"node IP {node.node_ip} is inside a cluster network")
+
+    def _validate_remotes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        names: set[str] = set()
+        for i, remote in enumerate(remotes):
+            if remote.name in names or remote.name == node.node_name:
+                raise DataPlaneError(f"remote node {remote.name} listed twice or is this node")
+            names.add(remote.name)
+            if remote.node_ip == node.node_ip:
+                raise DataPlaneError(f"remote node {remote.name} has this node's IP")
+            if remote.subnet.overlaps(node.subnet):
+                raise DataPlaneError(f"remote subnet {remote.subnet} overlaps {node.subnet}")
+            for other in remotes[:i]:
+                if remote.subnet.overlaps(other.subnet):
+                    raise DataPlaneError(f"remote subnets {remote.subnet} and {other.subnet}")
+
+    def _validate_pod(self, node: NodeNetwork, pod: PodNetwork) -> None:
+        key = (pod.container_id, pod.ifname)
+        if key in self.state.pods:
+            raise DataPlaneError(f"interface {pod.ifname} of {pod.container_id} already exists")
+        if not pod.netns:
+            raise DataPlaneError("no network namespace given")
+        _check_ifname(pod.ifname)
+        self._validate_address(node, pod.address)
+        if pod.gateway != node.gateway.ip:
+            raise DataPlaneError(f"gateway {pod.gateway} is not the node's {node.gateway.ip}")
+        if pod.mtu > node.mtu:
+            raise DataPlaneError(f"pod MTU {pod.mtu} exceeds the node's {node.mtu}")
+
+    def _validate_address(self, node: NodeNetwork, address: IPv4Interface) -> None:
+        reserved = {node.subnet.network_address, node.subnet.broadcast_address, node.gateway.ip}
+        if address.network != node.subnet or address.ip in reserved:
+            raise DataPlaneError(f"pod address {address} is not usable in {node.subnet}")
+        used = {a.address.ip: k for k, a in self.state.pods.items()}
+        if address.ip in used:
+            raise DataPlaneError(f"pod address {address.ip} is already used by {used[address.ip]}")
+
+    def _require_setup(self) -> NodeNetwork:
+        if self.node is None or self.state.version_note != self.node.version_note():
+            raise DataPlaneError("the node is not set up")
+        return self.node
+
+    def _fail(self, method: str) -> None:
+        error = self.fail_next.pop(method, None)
+        if error is not None:
+            raise error
+
+    # ---- persistence ---------------------------------------------------------------------
+
+    def _record(self, method: str) -> None:
+        self.calls.append(method)
+        if method in ("check_node", "setup_node"):
+            self._save()
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(_dump(self.state, self.history + self.calls)))
+        os.replace(tmp, self.state_file)
+
+    def _load(self, path: Path) -> None:
+        data = json.loads(path.read_text())
+        self.history = list(data.get("calls") or [])
+        self.state = FakeState(
+            version_note=data.get("version_note", ""),
+            remotes={r["name"]: _remote(r) for r in data.get("remotes", [])},
+            pods={(p["container_id"], p["ifname"]): _attachment(p) for p in data.get("pods", [])},
+        )
+
+
+def _dump(state: FakeState, calls: list[str]) -> dict[str, Any]:
+    return {
+        "version_note": state.version_note,
+        "remotes": [{k: str(v) for k, v in asdict(r).items()} for r in state.remotes.values()],
+        "pods": [
+            {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(p).items()}
+            for p in state.pods.values()
+        ],
+        "calls": calls,
+    }
+
+
+def _remote(data: dict[str, str]) -> RemoteNode:
+    return RemoteNode(data["name"], IPv4Address(data["node_ip"]), IPv4Network(data["subnet"]))
+
+
+def _attachment(data: dict[str, Any]) -> PodAttachment:
+    return PodAttachment(
+        container_id=data["container_id"],
+        host_ifname=data["host_ifname"],
+        ifname=data["ifname"],
+        mac=data["mac"],
+        sandbox=data["sandbox"],
+        address=IPv4Interface(data["address"]),
+        gateway=IPv4Address(data["gateway"]),
+        mtu=int(data["mtu"]),
+    )
