@@ -11,7 +11,7 @@ import httpx
 
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import async_client_for, namespace
+from podnet.testing.api import async_client_for, namespace, pod
 from podnet.testing.processes import MasterProcess
 
 NS = "/api/v1/namespaces"
@@ -42,20 +42,32 @@ def summary(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 async def test_watch_resume_replays_only_what_came_after(master: MasterProcess) -> None:
+    pods = "/api/v1/namespaces/default/pods"
     async with async_client_for(master.kubeconfig) as api:
-        first = (await api.post(NS, json=namespace("w1"))).json()
+        first = (await api.post(pods, json=pod("w1"))).json()
         mark = first["metadata"]["resourceVersion"]
-        await api.post(NS, json=namespace("w2"))
+        await api.post(pods, json=pod("w2"))
         await api.patch(
-            f"{NS}/w1",
+            f"{pods}/w1",
             json={"metadata": {"labels": {"x": "1"}}},
             headers={"Content-Type": "application/merge-patch+json"},
         )
-        await api.delete(f"{NS}/w2")
-        events = await read_events(api, NS, 3, resourceVersion=mark)
+        await api.delete(f"{pods}/w2")
+        events = await read_events(api, pods, 3, resourceVersion=mark)
         assert summary(events) == [("ADDED", "w2"), ("MODIFIED", "w1"), ("DELETED", "w2")]
         revisions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
         assert revisions == sorted(revisions) and revisions[0] > int(mark)
+
+
+async def test_namespace_delete_is_seen_as_terminating_then_deleted(master: MasterProcess) -> None:
+    async with async_client_for(master.kubeconfig) as api:
+        created = (await api.post(NS, json=namespace("fading"))).json()
+        await api.delete(f"{NS}/fading")
+        events = await read_events(
+            api, f"{NS}/fading", 2, resourceVersion=created["metadata"]["resourceVersion"]
+        )
+        assert summary(events) == [("MODIFIED", "fading"), ("DELETED", "fading")]
+        assert events[0]["object"]["status"]["phase"] == "Terminating"
 
 
 async def test_watch_without_version_sends_state_then_live(master: MasterProcess) -> None:

@@ -1,0 +1,175 @@
+"""Bring a whole local cluster up, report on it, and take it down.
+
+``cluster_up`` is idempotent: the control plane, the underlay, the external host and
+each node are "ensured", so a second run with the cluster up changes nothing, and a run
+with more nodes adds the missing ones. ``cluster_down`` removes exactly what the state
+records (processes by PID, namespaces by name), also after a crash, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster.controlplane import ControlPlane
+from podnet.cluster.matrix import Endpoint
+from podnet.cluster.nodes import (
+    ensure_node,
+    host_subnet,
+    node_paths,
+    node_ready,
+    socket_answers,
+)
+from podnet.cluster.pods import admin_api
+from podnet.cluster.state import ClusterState, locked, new_cluster_id
+from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
+
+Say = Callable[[str], None]
+BACKENDS = ("vxlan", "host-gw")
+
+
+class ClusterError(Exception):
+    """The cluster cannot do what was asked (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What ``cluster up`` was asked for."""
+
+    nodes: int = 3
+    backend: str = "vxlan"
+    plugin: str = "subnet"
+    master_args: tuple[str, ...] = ()
+    underlay_cidr: str = DEFAULT_UNDERLAY
+
+
+def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
+    state = ClusterState.load(state_dir)
+    if state is None or not state.cluster_id:
+        state = state or ClusterState(plugin=spec.plugin)
+        state.cluster_id = new_cluster_id()
+        state.backend, state.underlay_cidr = spec.backend, spec.underlay_cidr
+        state.save(state_dir)
+        return state
+    if state.backend != spec.backend:
+        raise ClusterError(
+            f"the cluster runs the {state.backend} backend; `podnet cluster down` first "
+            f"to use {spec.backend}"
+        )
+    if state.plugin != spec.plugin and ControlPlane(state_dir).running():
+        raise ClusterError(
+            f"the cluster runs the {state.plugin} plugin; `podnet cluster down` first "
+            f"to use {spec.plugin}"
+        )
+    return state
+
+
+def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterState:
+    """Ensure the control plane, the underlay, the external host and ``spec.nodes`` nodes."""
+    if spec.backend not in BACKENDS:
+        raise ClusterError(f"unknown backend {spec.backend!r} (one of {', '.join(BACKENDS)})")
+    IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
+    with locked(state_dir):
+        state = _initial_state(state_dir, spec)
+        say(f"cluster {state.cluster_id}: {spec.backend} backend, state in {state_dir}")
+        ControlPlane(state_dir).up(spec.plugin, list(spec.master_args), say=say)
+        state = ClusterState.load(state_dir) or state  # the control plane recorded its PIDs
+        ensure_underlay(state, state_dir)
+        host = ensure_external_host(state, state_dir)
+        say(f"underlay {state.underlay_cidr} in {state.prefix()}-underlay; external host {host.ip}")
+        if len(state.nodes) > spec.nodes:
+            say(f"the cluster has {len(state.nodes)} nodes; `cluster up` never removes nodes")
+        with admin_api(state_dir) as api:
+            for index in range(1, spec.nodes + 1):
+                ensure_node(state, state_dir, index, api, say)
+        return state
+
+
+def stop_processes(state: ClusterState, say: Say) -> None:
+    """Stop every recorded pod process, agent, relay and the external echo server."""
+    for pod in state.pods.values():
+        if pod.process and pod.process.stop(timeout=5):
+            say(f"pod {pod.key} process stopped (pid {pod.process.pid})")
+    for node in state.nodes.values():
+        if node.agent and node.agent.stop():
+            say(f"{node.name} agent stopped (pid {node.agent.pid})")
+        if node.relay and node.relay.stop(timeout=5):
+            say(f"{node.name} API relay stopped (pid {node.relay.pid})")
+    if state.external and state.external.echo and state.external.echo.stop(timeout=5):
+        say(f"external echo server stopped (pid {state.external.echo.pid})")
+
+
+def remove_namespaces(state: ClusterState, say: Say) -> None:
+    """Remove every recorded namespace, by exact name, newest first."""
+    guard = f"{state.prefix()}-"
+    for name in reversed(state.namespaces):
+        if not state.cluster_id or not name.startswith(guard):
+            say(f"warning: not removing {name!r}: it lacks this cluster's prefix {guard}")
+            continue
+        if netns.remove(name):
+            say(f"removed namespace {name}")
+
+
+def cluster_down(state_dir: Path, say: Say = print) -> None:
+    """Remove everything the state records, then the control plane and the state dir."""
+    if not (state_dir / "state.json").exists():
+        say(f"no cluster state at {state_dir}; nothing to do")
+        return
+    with locked(state_dir):
+        state = ClusterState.load(state_dir)
+        if state is not None:
+            stop_processes(state, say)
+            remove_namespaces(state, say)
+        ControlPlane(state_dir).down(say=say)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """What ``cluster status`` shows for a node."""
+
+    name: str
+    netns: str
+    ip: str
+    subnet: str | None
+    agent_pid: int
+    agent_alive: bool
+    socket_ok: bool
+    ready: bool | None
+
+    @property
+    def healthy(self) -> bool:
+        return self.agent_alive and self.socket_ok and self.ready is not False
+
+
+def node_health(state: ClusterState, state_dir: Path, api: Any) -> list[NodeHealth]:
+    """Agent process, CNI socket and Node Ready of every recorded node."""
+    report = []
+    for node in sorted(state.nodes.values(), key=lambda n: n.index):
+        alive = bool(node.agent and node.agent.alive())
+        report.append(
+            NodeHealth(
+                name=node.name,
+                netns=node.netns,
+                ip=node.ip,
+                subnet=host_subnet(api, node.name),
+                agent_pid=node.agent.pid if node.agent else 0,
+                agent_alive=alive,
+                socket_ok=alive and socket_answers(node_paths(state_dir, node.name).socket),
+                ready=node_ready(api, node.name),
+            )
+        )
+    return report
+
+
+def endpoints(state: ClusterState, namespaces: Sequence[str] = ()) -> list[Endpoint]:
+    """The recorded pods (of ``namespaces``, or all) as matrix endpoints, by node then name."""
+    pods = [p for p in state.pods.values() if p.ip and (not namespaces or p.namespace in namespaces)]
+    pods.sort(key=lambda p: (state.nodes[p.node].index if p.node in state.nodes else 0, p.key))
+    one_namespace = len({p.namespace for p in pods}) <= 1
+    return [
+        Endpoint(p.name if one_namespace else p.key, p.node, p.ip, p.netns) for p in pods
+    ]

@@ -1,0 +1,161 @@
+"""The connectivity matrix: every pod to every other pod, by ping and by TCP echo.
+
+For each ordered pair (source, destination) two probes run from inside the source pod's
+namespace: one ICMP echo (``ping -c 1 -W 1``) and one TCP connection to the echo server
+on port 8080 that sends a line and waits for it to come back. Probes run concurrently in
+a bounded thread pool, each with a timeout. ``render_matrix`` is pure: results in, text
+out.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from podnet import netns
+
+ECHO_PORT = 8080
+TCP_TIMEOUT = 2.0
+MAX_WORKERS = 8
+CORNER = "from \\ to"
+_PING_TIME = re.compile(r"time[=<]([\d.]+) ?ms")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A pod as the matrix sees it."""
+
+    name: str  # "namespace/name" or just "name"
+    node: str
+    ip: str
+    netns: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe's outcome: ok, and the round-trip time in milliseconds if ok."""
+
+    ok: bool
+    ms: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """Both probes from ``source`` to ``destination``."""
+
+    source: str
+    destination: str
+    ping: Probe
+    tcp: Probe
+
+    @property
+    def ok(self) -> bool:
+        return self.ping.ok and self.tcp.ok
+
+
+def ping_probe(source: Endpoint, ip: str) -> Probe:
+    """One ICMP echo from inside ``source`` to ``ip``, waiting at most one second."""
+    argv = ["ping", "-n", "-c", "1", "-W", "1", ip]
+    try:
+        result = netns.run(source.netns, argv, timeout=5)
+    except subprocess.TimeoutExpired:
+        return Probe(False, error="timeout")
+    match = _PING_TIME.search(result.stdout)
+    if result.returncode != 0 or match is None:
+        return Probe(False, error="no reply")
+    return Probe(True, float(match.group(1)))
+
+
+def tcp_probe(source: Endpoint, ip: str, port: int = ECHO_PORT) -> Probe:
+    """Connect from inside ``source`` to ``ip:port``, send a line, await the same line."""
+    with netns.entered(source.netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    payload = f"podnet {source.name} -> {ip}\n".encode()
+    start = time.perf_counter()
+    try:
+        with sock:
+            sock.settimeout(TCP_TIMEOUT)
+            sock.connect((ip, port))
+            sock.sendall(payload)
+            received = b""
+            while len(received) < len(payload):
+                chunk = sock.recv(len(payload) - len(received))
+                if not chunk:
+                    break
+                received += chunk
+    except OSError as exc:
+        return Probe(False, error=type(exc).__name__ if not exc.strerror else exc.strerror)
+    if received != payload:
+        return Probe(False, error="echo mismatch")
+    return Probe(True, (time.perf_counter() - start) * 1000)
+
+
+def probe_pair(source: Endpoint, destination: Endpoint) -> PairResult:
+    """Ping and TCP from ``source`` to ``destination``."""
+    ping = ping_probe(source, destination.ip)
+    tcp = tcp_probe(source, destination.ip)
+    return PairResult(source.name, destination.name, ping, tcp)
+
+
+def run_matrix(pods: Sequence[Endpoint], workers: int = MAX_WORKERS) -> list[PairResult]:
+    """Probe every ordered pair of distinct pods, ``workers`` pairs at a time."""
+    pairs = [(s, d) for s in pods for d in pods if s.name != d.name]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda pair: probe_pair(*pair), pairs))
+
+
+def _cell(result: PairResult | None) -> str:
+    if result is None:
+        return "—"
+    return f"{_mark(result.ping)} {_mark(result.tcp)}"
+
+
+def _mark(probe: Probe) -> str:
+    if not probe.ok or probe.ms is None:
+        return "✗"
+    return f"✓{probe.ms:.2f}"
+
+
+def render_matrix(pods: Sequence[Endpoint], results: Iterable[PairResult]) -> str:
+    """The matrix as text: a row per source, a column per destination, each cell
+    ``<ping> <tcp>`` with ✓ and the milliseconds, or ✗; then a summary line."""
+    by_pair = {(r.source, r.destination): r for r in results}
+    labels = [f"{p.name} ({p.node} {p.ip})" for p in pods]
+    cells = [[_cell(by_pair.get((s.name, d.name))) for d in pods] for s in pods]
+    headers = [p.name for p in pods]
+    widths = [max(len(headers[j]), *(len(row[j]) for row in cells)) for j in range(len(pods))]
+    label_width = max([len(CORNER), *(len(label) for label in labels)])
+    lines = ["  ".join([f"{CORNER:<{label_width}}", *_padded(headers, widths)])]
+    for label, row in zip(labels, cells, strict=True):
+        lines.append("  ".join([f"{label:<{label_width}}", *_padded(row, widths)]))
+    lines.append("")
+    lines.append("each cell: ping then TCP echo to :8080, round trip in ms (✗ = failed)")
+    lines.append(summary(list(by_pair.values())))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _padded(values: Sequence[str], widths: Sequence[int]) -> list[str]:
+    return [f"{v:<{w}}" for v, w in zip(values, widths, strict=True)]
+
+
+def summary(results: Sequence[PairResult]) -> str:
+    """``N/M pairs ok (ping a/M, tcp b/M)`` and the failed pairs, if any."""
+    total = len(results)
+    pings = sum(r.ping.ok for r in results)
+    tcps = sum(r.tcp.ok for r in results)
+    text = f"{sum(r.ok for r in results)}/{total} pairs ok (ping {pings}/{total}, tcp {tcps}/{total})"
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        why = ", ".join(
+            f"{kind} {probe.error or 'failed'}"
+            for kind, probe in (("ping", r.ping), ("tcp", r.tcp))
+            if not probe.ok
+        )
+        text += f"\n  ✗ {r.source} -> {r.destination}: {why}"
+    return text

@@ -1,0 +1,175 @@
+"""nftables for the linux backend: one ``nft -f -`` transaction per change, read-back.
+
+Runs ``nft`` as a subprocess, which inherits the network namespace of the calling
+*thread*: call these from the backend's node-namespace worker. The parsing helpers are
+pure, so the comparison of a listing with a rendered ruleset is unit-tested.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+
+from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, PodPort
+from podnet.dataplane.interface import DataPlaneError
+
+NFT = "nft"
+TIMEOUT = 10.0
+_COUNTER = re.compile(r"counter packets \d+ bytes \d+")
+
+
+def run(script: str, timeout: float = TIMEOUT) -> str:
+    """Run ``script`` as one nft transaction (all or nothing); return nft's output."""
+    try:
+        done = subprocess.run(
+            [NFT, "-f", "-"], input=script, capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise DataPlaneError(f"nft failed to run: {err}") from err
+    if done.returncode != 0:
+        raise DataPlaneError(f"nft transaction failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def list_ruleset(timeout: float = TIMEOUT) -> str:
+    """The whole ruleset of this namespace, as ``nft list ruleset`` prints it."""
+    return run("list ruleset\n", timeout)
+
+
+def podnet_tables(timeout: float = TIMEOUT) -> dict[str, str]:
+    """podnet's tables present in the kernel, keyed by ``"<family> podnet"``."""
+    return {k: v for k, v in split_tables(list_ruleset(timeout)).items() if _ours(k)}
+
+
+def _ours(key: str) -> bool:
+    return key.split(" ")[-1] == NFT_TABLE
+
+
+def replace_tables(tables: Iterable[str], timeout: float = TIMEOUT) -> None:
+    """Atomically replace (or create) each table in ``tables`` (full table texts)."""
+    script = ""
+    for text in tables:
+        head = text.split("{", 1)[0].strip()  # "table <family> <name>"
+        script += f"{head}\ndelete {head}\n{text}\n"
+    if script:
+        run(script, timeout)
+
+
+def delete_tables(keys: Iterable[str], timeout: float = TIMEOUT) -> None:
+    """Delete the tables named ``"<family> <name>"`` (missing ones are fine)."""
+    script = "".join(f"table {k}\ndelete table {k}\n" for k in keys)
+    if script:
+        run(script, timeout)
+
+
+def update_pod_ports(
+    add: Iterable[PodPort], delete: Iterable[PodPort], timeout: float = TIMEOUT
+) -> None:
+    """Add and delete anti-spoofing elements in one transaction."""
+    run(pod_ports_script(add, delete), timeout)
+
+
+def pod_ports_script(add: Iterable[PodPort], delete: Iterable[PodPort]) -> str:
+    """The nft commands that add, then delete, ``pod_ports`` elements."""
+    target = f"bridge {NFT_TABLE} {POD_PORTS_SET}"
+    script = ""
+    to_add, to_delete = sorted(set(add)), sorted(set(delete))
+    if to_delete:
+        script += f"delete element {target} {{ {', '.join(p.element() for p in to_delete)} }}\n"
+    if to_add:
+        script += f"add element {target} {{ {', '.join(p.element() for p in to_add)} }}\n"
+    return script or "\n"
+
+
+# --- pure parsing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableView:
+    """A table reduced to what matters: its lines (whitespace, counters and set elements
+    taken out) and each set's elements as an unordered set."""
+
+    lines: tuple[str, ...]
+    elements: Mapping[str, frozenset[str]]
+
+
+def split_tables(listing: str) -> dict[str, str]:
+    """Cut an ``nft list ruleset`` output into tables keyed by ``"<family> <name>"``."""
+    tables: dict[str, str] = {}
+    key, block = "", []
+    for line in listing.splitlines():
+        if line.startswith("table ") and line.rstrip().endswith("{"):
+            key, block = " ".join(line.split()[1:3]), [line]
+        elif key:
+            block.append(line)
+            if line.rstrip() == "}":
+                tables[key] = "\n".join(block) + "\n"
+                key = ""
+    return tables
+
+
+def table_view(text: str) -> TableView:
+    """Normalise one table's text (rendered or listed) for comparison."""
+    lines: list[str] = []
+    elements: dict[str, frozenset[str]] = {}
+    current_set, collecting, buffer = "", False, ""
+    for raw in text.splitlines():
+        line = _COUNTER.sub("counter", " ".join(raw.split()))
+        if collecting or line.startswith("elements = {"):
+            buffer += " " + line
+            collecting = "}" not in line
+            if not collecting:
+                elements[current_set] = _elements(buffer)
+                buffer = ""
+            continue
+        if line.startswith("set ") or line.startswith("map "):
+            current_set = line.split()[1]
+        if line:
+            lines.append(line)
+    return TableView(tuple(lines), elements)
+
+
+def _elements(buffer: str) -> frozenset[str]:
+    inner = buffer.split("{", 1)[1].rsplit("}", 1)[0]
+    return frozenset(" ".join(e.split()) for e in inner.split(",") if e.strip())
+
+
+def pod_ports_in(text: str) -> frozenset[str]:
+    """The anti-spoofing elements (as text) in a listed bridge table."""
+    return table_view(text).elements.get(POD_PORTS_SET, frozenset())
+
+
+def parse_element(element: str) -> PodPort | None:
+    """A listed ``pod_ports`` element back as a ``PodPort`` (None if malformed)."""
+    parts = [p.strip() for p in element.split(" . ")]
+    if len(parts) != 3:
+        return None
+    try:
+        return PodPort(parts[0].strip('"'), parts[1].lower(), IPv4Address(parts[2]))
+    except ValueError:
+        return None
+
+
+def table_problems(key: str, want: str, have: str | None) -> list[str]:
+    """Why the listed table ``have`` differs from the rendered ``want`` (empty if same)."""
+    if have is None:
+        return [f"nft table {key} is missing"]
+    want_view, have_view = table_view(want), table_view(have)
+    problems = []
+    if want_view.lines != have_view.lines:
+        problems.append(f"nft table {key} differs from the rendered ruleset")
+    for name in sorted(set(want_view.elements) | set(have_view.elements)):
+        missing = want_view.elements.get(name, frozenset()) - have_view.elements.get(
+            name, frozenset()
+        )
+        extra = have_view.elements.get(name, frozenset()) - want_view.elements.get(
+            name, frozenset()
+        )
+        if missing:
+            problems.append(f"nft set {key} {name} lacks {sorted(missing)}")
+        if extra:
+            problems.append(f"nft set {key} {name} has stale {sorted(extra)}")
+    return problems
