@@ -19,7 +19,6 @@ import io
 import logging
 import os
 import secrets
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podnet.files import write_atomic
 from podnet.model.errors import ApiError, forbidden, unauthorized
 from podnet.model.kinds import ALL_KINDS, EVENT, NODE, POD, Kind
 
@@ -192,21 +192,6 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _csv_row(fields: Sequence[str]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow(fields)
@@ -230,7 +215,7 @@ def add_token(path: Path, user: str, groups: Sequence[str]) -> str:
         if text and not text.endswith("\n"):
             text += "\n"
         text += _csv_row([token, user, str(uuid.uuid4()), ",".join(groups)])
-        _write_atomic(path, text)
+        write_atomic(path, text)
         return token
 
 

@@ -7,12 +7,10 @@ longer covers the master's addresses, is close to expiry, or does not match its 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import ipaddress
 import os
 import ssl
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from podnet.files import write_atomic
 
 CA_COMMON_NAME = "podnet-ca"
 SERVER_COMMON_NAME = "podnet-master"
@@ -102,21 +102,6 @@ def san_names(hosts: Iterable[str]) -> set[SanName]:
     return out
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
@@ -189,8 +174,8 @@ def _load_or_create_ca(pki: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePriv
             raise PkiError(f"{pki.ca_key} does not match {pki.ca_cert}")
         return cert, key
     cert, key = _new_ca()
-    _write_atomic(pki.ca_key, _key_pem(key), 0o600)
-    _write_atomic(pki.ca_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    write_atomic(pki.ca_key, _key_pem(key), 0o600)
+    write_atomic(pki.ca_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return cert, key
 
 
@@ -273,6 +258,6 @@ def ensure_pki(directory: Path, hosts: Sequence[str]) -> Pki:
     if not _server_reusable(pki, ca_cert, names):
         cert, key = _issue_server(ca_cert, ca_key, names)
         # Key first: a crash between the writes leaves a mismatch the next run repairs.
-        _write_atomic(pki.server_key, _key_pem(key), 0o600)
-        _write_atomic(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        write_atomic(pki.server_key, _key_pem(key), 0o600)
+        write_atomic(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return pki

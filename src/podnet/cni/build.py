@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from podnet.files import write_atomic
+
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -96,16 +98,6 @@ def launcher_text(python: str, lib_dir: Path) -> str:
     )
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = _temp_name(path)
-    try:
-        tmp.write_bytes(data)
-        tmp.chmod(mode)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _precompile(python: str, lib_dir: Path) -> None:
     # Byte-compile with the interpreter that will run them, so no run pays for it.
     files = [str(lib_dir / name) for name in PY_SOURCES]
@@ -121,10 +113,10 @@ def install_python_shim(bin_dir: Path, python: str) -> Path:
     lib_dir = bin_dir / LIB_DIR_NAME
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name in PY_SOURCES:
-        _write_atomic(lib_dir / name, (SOURCE_DIR / name).read_bytes(), 0o644)
+        write_atomic(lib_dir / name, (SOURCE_DIR / name).read_bytes(), 0o644)
     _precompile(interpreter, lib_dir)
     target = bin_dir / PLUGIN_NAME
-    _write_atomic(target, launcher_text(interpreter, lib_dir).encode(), 0o755)
+    write_atomic(target, launcher_text(interpreter, lib_dir).encode(), 0o755)
     return target
 
 

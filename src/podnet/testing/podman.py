@@ -1,0 +1,114 @@
+"""podman 4.3 as a real CNI client, confined to a temporary folder and a network namespace.
+
+The recipe (REFERENCE.md): podman on its CNI backend, runc, cgroupfs, file events, raised
+ulimits, a private storage root, and a local busybox image imported from a rootfs tarball
+(no registry). Every podman command runs inside a network namespace the test made, so
+the bridges, rules and sysctls it creates stay there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from podnet import netns
+
+BUSYBOX = Path("/bin/busybox")
+IMAGE = "localhost/podnet-bb"
+
+
+def podman_available() -> bool:
+    return (
+        shutil.which("podman") is not None and BUSYBOX.exists() and shutil.which("runc") is not None
+    )
+
+
+@dataclass
+class PodmanEnv:
+    """podman's configuration, storage and image under ``root``."""
+
+    root: Path
+    cni_bin_dirs: tuple[Path, ...]
+    cni_conf_dir: Path
+
+    @property
+    def containers_conf(self) -> Path:
+        return self.root / "containers.conf"
+
+    @property
+    def storage_conf(self) -> Path:
+        return self.root / "storage.conf"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.containers_conf),
+            "CONTAINERS_STORAGE_CONF": str(self.storage_conf),
+            "XDG_RUNTIME_DIR": str(self.root / "xdg"),
+            "TMPDIR": str(self.root / "tmp"),
+        }
+
+    def write_config(self) -> None:
+        for sub in ("xdg", "tmp", "storage", "runroot"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        plugin_dirs = ", ".join(f'"{d}"' for d in self.cni_bin_dirs)
+        self.containers_conf.write_text(
+            "[containers]\n"
+            'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
+            'netns = "private"\n'
+            "[network]\n"
+            'network_backend = "cni"\n'
+            f"cni_plugin_dirs = [{plugin_dirs}]\n"
+            f'network_config_dir = "{self.cni_conf_dir}"\n'
+            "[engine]\n"
+            'runtime = "runc"\n'
+            'cgroup_manager = "cgroupfs"\n'
+            'events_logger = "file"\n'
+            f'events_logfile_path = "{self.root / "events.log"}"\n'
+            f'tmp_dir = "{self.root / "tmp"}"\n'
+        )
+        self.storage_conf.write_text(
+            "[storage]\n"
+            'driver = "vfs"\n'
+            f'graphroot = "{self.root / "storage"}"\n'
+            f'runroot = "{self.root / "runroot"}"\n'
+        )
+
+    def build_image(self) -> None:
+        """Import a busybox rootfs as ``IMAGE`` (no registry involved)."""
+        rootfs = self.root / "rootfs"
+        (rootfs / "bin").mkdir(parents=True, exist_ok=True)
+        (rootfs / "etc").mkdir(exist_ok=True)
+        (rootfs / "tmp").mkdir(exist_ok=True)
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        applets = subprocess.run(
+            [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for applet in applets:
+            link = rootfs / "bin" / applet
+            if not link.exists():
+                link.symlink_to("busybox")
+        (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        (rootfs / "etc" / "group").write_text("root:x:0:\n")
+        tarball = self.root / "rootfs.tar"
+        with tarfile.open(tarball, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        self.podman(None, "import", "--change", 'CMD ["/bin/sh"]', str(tarball), IMAGE, timeout=120)
+
+    def podman(
+        self, namespace: str | None, *args: str, timeout: float = 60.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run podman (inside ``namespace`` when given)."""
+        argv = ["podman", *args]
+        if namespace:
+            argv = netns.command(namespace, argv)
+        result = subprocess.run(
+            argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
