@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network, collapse_addresses
 from typing import Generic, TypeVar
@@ -174,7 +174,9 @@ def non_adjacent(remotes: Iterable[RemoteNode], underlay: Iterable[IPv4Network])
     return [r.name for r in remotes if not any(r.node_ip in net for net in nets)]
 
 
-def remote_entries(node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: str) -> RemoteEntries:
+def remote_entries(
+    node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: str
+) -> RemoteEntries:
     """The routes, neighbours and FDB entries for ``remotes`` under ``node.backend``."""
     chosen = usable_remotes(node, remotes)
     if node.backend == "host-gw":
@@ -189,9 +191,7 @@ def remote_entries(node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: s
 
 
 def _vxlan_route(node: NodeNetwork, remote: RemoteNode) -> RouteEntry:
-    return RouteEntry(
-        remote.subnet, remote.subnet.network_address, VXLAN, True, node.gateway.ip
-    )
+    return RouteEntry(remote.subnet, remote.subnet.network_address, VXLAN, True, node.gateway.ip)
 
 
 def _host_gw_route(node: NodeNetwork, remote: RemoteNode, underlay: str) -> RouteEntry:
@@ -202,9 +202,9 @@ def _host_gw_route(node: NodeNetwork, remote: RemoteNode, underlay: str) -> Rout
 class Diff(Generic[V]):
     """What to change so that ``current`` becomes ``desired``."""
 
-    add: list[VT]
-    replace: list[VT]
-    delete: list[VT]
+    add: list[V]
+    replace: list[V]
+    delete: list[V]
 
     @property
     def empty(self) -> bool:
@@ -232,16 +232,45 @@ def diff(desired: Mapping[K, V], current: Mapping[K, list[V]]) -> Diff[V]:
     return Diff(add, replace, delete)
 
 
-def keyed_routes(entries: Iterable[RouteEntry]) -> dict[IPv4Network, RouteEntry]:
-    return {e.dst: e for e in entries}
+def by_key(entries: Iterable[V], key: Callable[[V], K]) -> dict[K, list[V]]:
+    """Entries grouped by ``key``."""
+    out: dict[K, list[V]] = {}
+    for entry in entries:
+        out.setdefault(key(entry), []).append(entry)
+    return out
 
 
-def keyed_neighbours(entries: Iterable[NeighEntry]) -> dict[tuple[str, IPv4Address], NeighEntry]:
-    return {(e.dev, e.ip): e for e in entries}
+def _route_key(e: RouteEntry) -> IPv4Network:
+    return e.dst
 
 
-def keyed_fdb(entries: Iterable[FdbEntry]) -> dict[tuple[str, str], FdbEntry]:
-    return {(e.dev, e.mac): e for e in entries}
+def _neigh_key(e: NeighEntry) -> tuple[str, IPv4Address]:
+    return (e.dev, e.ip)
+
+
+def _fdb_key(e: FdbEntry) -> tuple[str, str]:
+    return (e.dev, e.mac)
+
+
+@dataclass(frozen=True)
+class RemoteChanges:
+    """What to change in the kernel so its remote-node entries become the desired ones."""
+
+    routes: Diff[RouteEntry]
+    neighbours: Diff[NeighEntry]
+    fdb: Diff[FdbEntry]
+
+
+def remote_changes(want: RemoteEntries, have: RemoteEntries) -> RemoteChanges:
+    """Routes are keyed by destination, neighbours by (device, IP), FDB entries by
+    (device, MAC): one desired entry per key, anything else under that key goes."""
+    return RemoteChanges(
+        routes=diff({_route_key(e): e for e in want.routes}, by_key(have.routes, _route_key)),
+        neighbours=diff(
+            {_neigh_key(e): e for e in want.neighbours}, by_key(have.neighbours, _neigh_key)
+        ),
+        fdb=diff({_fdb_key(e): e for e in want.fdb}, by_key(have.fdb, _fdb_key)),
+    )
 
 
 # --- nftables ruleset -------------------------------------------------------------------

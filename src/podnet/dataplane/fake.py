@@ -77,6 +77,8 @@ class FakeDataPlane:
         self.state_file = state_file
         self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
         self.closed = False
+        self._owner_cache: dict[IPv4Address, tuple[str, str]] | None = None
+        self._pod_records: dict[tuple[str, str], dict[str, Any]] = {}
         if state_file is not None and state_file.exists():
             self._load(state_file)
 
@@ -134,8 +136,7 @@ class FakeDataPlane:
             gateway=pod.gateway,
             mtu=pod.mtu,
         )
-        self.state.pods[(pod.container_id, pod.ifname)] = attachment
-        self._save()
+        self._put_pod(attachment)
         return attachment
 
     async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
@@ -143,6 +144,8 @@ class FakeDataPlane:
         self._record("detach_pod")
         self._fail("detach_pod")
         if self.state.pods.pop((container_id, ifname), None) is not None:
+            self._owner_cache = None
+            self._pod_records.pop((container_id, ifname), None)
             self._save()
 
     async def attached_pods(self) -> list[PodAttachment]:
@@ -219,9 +222,14 @@ class FakeDataPlane:
         reserved = {node.subnet.network_address, node.subnet.broadcast_address, node.gateway.ip}
         if address.network != node.subnet or address.ip in reserved:
             raise DataPlaneError(f"pod address {address} is not usable in {node.subnet}")
-        used = {a.address.ip: k for k, a in self.state.pods.items()}
-        if address.ip in used:
-            raise DataPlaneError(f"pod address {address.ip} is already used by {used[address.ip]}")
+        owner = self._owners().get(address.ip)
+        if owner is not None:
+            raise DataPlaneError(f"pod address {address.ip} is already used by {owner}")
+
+    def _owners(self) -> dict[IPv4Address, tuple[str, str]]:
+        if self._owner_cache is None:
+            self._owner_cache = {a.address.ip: k for k, a in self.state.pods.items()}
+        return self._owner_cache
 
     def _require_setup(self) -> NodeNetwork:
         if self.node is None or self.state.version_note != self.node.version_note():
@@ -235,6 +243,14 @@ class FakeDataPlane:
 
     # ---- persistence ---------------------------------------------------------------------
 
+    def _put_pod(self, attachment: PodAttachment) -> None:
+        pair = (attachment.container_id, attachment.ifname)
+        self.state.pods[pair] = attachment
+        self._owners()[attachment.address.ip] = pair
+        if self.state_file is not None:
+            self._pod_records[pair] = _pod_record(attachment)
+        self._save()
+
     def _record(self, method: str) -> None:
         self.calls.append(method)
         if method in ("check_node", "setup_node"):
@@ -244,7 +260,8 @@ class FakeDataPlane:
         if self.state_file is None:
             return
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(_dump(self.state, self.history + self.calls)))
+        records = [self._pod_records.get(k) or _pod_record(a) for k, a in self.state.pods.items()]
+        tmp.write_text(json.dumps(_dump(self.state, records, self.history + self.calls)))
         os.replace(tmp, self.state_file)
 
     def _load(self, path: Path) -> None:
@@ -255,16 +272,18 @@ class FakeDataPlane:
             remotes={r["name"]: _remote(r) for r in data.get("remotes", [])},
             pods={(p["container_id"], p["ifname"]): _attachment(p) for p in data.get("pods", [])},
         )
+        self._pod_records = {(p["container_id"], p["ifname"]): p for p in data.get("pods", [])}
 
 
-def _dump(state: FakeState, calls: list[str]) -> dict[str, Any]:
+def _pod_record(attachment: PodAttachment) -> dict[str, Any]:
+    return {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(attachment).items()}
+
+
+def _dump(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -> dict[str, Any]:
     return {
         "version_note": state.version_note,
         "remotes": [{k: str(v) for k, v in asdict(r).items()} for r in state.remotes.values()],
-        "pods": [
-            {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(p).items()}
-            for p in state.pods.values()
-        ],
+        "pods": pods,
         "calls": calls,
     }
 

@@ -1,0 +1,303 @@
+"""The node's own set-up and its routes to remote nodes (blocking; node-namespace thread).
+
+Each part is compared the same way by ``check`` and ``setup``: a function computes what
+differs, ``check`` reports it and ``setup`` fixes exactly that, so a set-up that already
+matches changes nothing (no link flap, no address re-add, no new ifindex).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from podnet.dataplane import desired
+from podnet.dataplane.desired import (
+    BRIDGE,
+    VXLAN,
+    VXLAN_OVERHEAD,
+    PodPort,
+    RemoteEntries,
+    render_ruleset,
+)
+from podnet.dataplane.interface import DataPlaneError, NodeNetwork, NodeSetupRefused, RemoteNode
+from podnet.dataplane.linux import nftables, pods
+from podnet.dataplane.linux.netlink import Link, Netlink
+
+log = logging.getLogger(__name__)
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+# --- what differs --------------------------------------------------------------------
+
+
+def underlay_link(nl: Netlink, node: NodeNetwork) -> Link:
+    """The underlay interface: the one named in ``node`` or the one holding node_ip."""
+    if node.underlay_interface:
+        link = nl.link(node.underlay_interface)
+        if link is None:
+            raise NodeSetupRefused(f"underlay interface {node.underlay_interface} does not exist")
+        return link
+    index = nl.owner_of(node.node_ip)
+    link = nl.link_at(index) if index is not None else None
+    if link is None:
+        raise NodeSetupRefused(f"node IP {node.node_ip} is on no interface of this namespace")
+    return link
+
+
+def mtu_problem(node: NodeNetwork, underlay: Link) -> str | None:
+    """Why the underlay cannot carry the pod MTU (None if it can)."""
+    overhead = VXLAN_OVERHEAD if node.backend == "vxlan" else 0
+    if underlay.mtu >= node.mtu + overhead:
+        return None
+    why = f" + {overhead} for VXLAN" if overhead else ""
+    return (
+        f"underlay {underlay.name} MTU {underlay.mtu} is below {node.mtu + overhead} "
+        f"(pod MTU {node.mtu}{why})"
+    )
+
+
+def link_fixes(link: Link, mtu: int, mac: str) -> dict[str, Any]:
+    """Attributes (pyroute2 names) to set so ``link`` has ``mtu``, ``mac`` and is up."""
+    fixes: dict[str, Any] = {}
+    if link.mtu != mtu:
+        fixes["mtu"] = mtu
+    if link.mac.lower() != mac:
+        fixes["address"] = mac
+    if not link.up:
+        fixes["state"] = "up"
+    return fixes
+
+
+def vxlan_wanted(node: NodeNetwork, underlay: Link) -> dict[str, Any]:
+    """vxlan0's fixed parameters, as the kernel reports them."""
+    return {
+        "IFLA_VXLAN_ID": node.vni,
+        "IFLA_VXLAN_PORT": node.vxlan_port,
+        "IFLA_VXLAN_LOCAL": str(node.node_ip),
+        "IFLA_VXLAN_LINK": underlay.index,
+        "IFLA_VXLAN_LEARNING": 0,
+    }
+
+
+def vxlan_recreate_reasons(link: Link, node: NodeNetwork, underlay: Link) -> list[str]:
+    """Why vxlan0 must be rebuilt (parameters that cannot change in place)."""
+    if link.kind != "vxlan":
+        return [f"{VXLAN} is a {link.kind or 'non-VXLAN'} link"]
+    return [
+        f"{VXLAN} {key.removeprefix('IFLA_VXLAN_').lower()} is {link.info.get(key)}, want {want}"
+        for key, want in vxlan_wanted(node, underlay).items()
+        if link.info.get(key) != want
+    ]
+
+
+def forwarding_enabled() -> bool:
+    """IPv4 forwarding in this thread's namespace."""
+    return IP_FORWARD.read_text().strip() == "1"
+
+
+def describe(name: str, link: Link, fixes: dict[str, Any]) -> list[str]:
+    """Problems for ``fixes`` found on ``link``."""
+    have = {"mtu": link.mtu, "address": link.mac, "state": "down"}
+    return [f"{name} {key} is {have[key]}, want {want}" for key, want in fixes.items()]
+
+
+# --- check -----------------------------------------------------------------------------
+
+
+def check(nl: Netlink, node: NodeNetwork) -> list[str]:
+    """Every way the kernel differs from ``node``'s set-up (empty when all matches)."""
+    try:
+        underlay = underlay_link(nl, node)
+    except NodeSetupRefused as err:
+        return [str(err)]
+    problems = [p for p in [mtu_problem(node, underlay)] if p]
+    problems += _bridge_problems(nl, node)
+    if not forwarding_enabled():
+        problems.append("net.ipv4.ip_forward is off")
+    problems += _vxlan_problems(nl, node, underlay)
+    problems += nft_problems(node, pods.attached_ports(nl))
+    bridge = nl.link(BRIDGE)
+    if bridge is not None and bridge.alias != node.version_note():
+        problems.append(f"version note is {bridge.alias!r}, want {node.version_note()!r}")
+    return problems
+
+
+def _bridge_problems(nl: Netlink, node: NodeNetwork) -> list[str]:
+    bridge = nl.link(BRIDGE)
+    if bridge is None:
+        return [f"{BRIDGE} is missing"]
+    if bridge.kind != "bridge":
+        return [f"{BRIDGE} is a {bridge.kind or 'non-bridge'} link"]
+    problems = describe(BRIDGE, bridge, link_fixes(bridge, node.mtu, desired.gateway_mac(node)))
+    addresses = nl.ipv4_addresses(bridge.index)
+    if node.gateway not in addresses:
+        problems.append(f"{BRIDGE} lacks the gateway address {node.gateway}")
+    problems += [f"{BRIDGE} has a stale address {a}" for a in sorted(addresses - {node.gateway})]
+    return problems
+
+
+def _vxlan_problems(nl: Netlink, node: NodeNetwork, underlay: Link) -> list[str]:
+    link = nl.link(VXLAN)
+    if node.backend != "vxlan":
+        return [f"{VXLAN} exists but the backend is {node.backend}"] if link else []
+    if link is None:
+        return [f"{VXLAN} is missing"]
+    reasons = vxlan_recreate_reasons(link, node, underlay)
+    mac = desired.vtep_mac(node.node_ip)
+    return reasons or describe(VXLAN, link, link_fixes(link, node.mtu, mac))
+
+
+def nft_problems(node: NodeNetwork, ports: set[PodPort]) -> list[str]:
+    """How podnet's nftables tables differ from the ruleset rendered for ``node``."""
+    have = nftables.podnet_tables()
+    want = render_ruleset(node, ports).tables()
+    return [
+        p for key, text in want.items() for p in nftables.table_problems(key, text, have.get(key))
+    ]
+
+
+# --- setup -----------------------------------------------------------------------------
+
+
+def setup(nl: Netlink, node: NodeNetwork) -> None:
+    """Build or repair ``node``'s set-up, changing only what differs; note written last."""
+    underlay = underlay_link(nl, node)
+    problem = mtu_problem(node, underlay)
+    if problem:
+        raise NodeSetupRefused(problem)
+    if not forwarding_enabled():
+        IP_FORWARD.write_text("1")
+    bridge = _ensure_bridge(nl, node)
+    _ensure_gateway(nl, bridge, node)
+    if node.backend == "vxlan":
+        _ensure_vxlan(nl, node, underlay)
+    elif nl.delete(VXLAN):
+        log.info("removed stale %s (backend %s)", VXLAN, node.backend)
+    pods.remove_orphans(nl, bridge)
+    ensure_nft(node, pods.attached_ports(nl))
+    if bridge.alias != node.version_note():
+        nl.change(bridge, ifalias=node.version_note())
+
+
+def _ensure_bridge(nl: Netlink, node: NodeNetwork) -> Link:
+    mac = desired.gateway_mac(node)
+    bridge = nl.link(BRIDGE)
+    if bridge is not None and bridge.kind != "bridge":
+        nl.delete(BRIDGE)
+        bridge = None
+    if bridge is None:
+        # Created with the default MTU and then changed: only an MTU *change* pins a
+        # bridge's MTU; otherwise it follows its ports and jumps to 1500 when the last
+        # pod leaves.
+        bridge = nl.create(BRIDGE, "bridge", address=mac)
+    nl.change(bridge, **link_fixes(bridge, node.mtu, mac))
+    return bridge
+
+
+def _ensure_gateway(nl: Netlink, bridge: Link, node: NodeNetwork) -> None:
+    addresses = nl.ipv4_addresses(bridge.index)
+    if node.gateway not in addresses:
+        nl.add_address(bridge.index, node.gateway)
+    for stale in addresses - {node.gateway}:
+        nl.delete_address(bridge.index, stale)
+
+
+def _ensure_vxlan(nl: Netlink, node: NodeNetwork, underlay: Link) -> None:
+    mac = desired.vtep_mac(node.node_ip)
+    link = nl.link(VXLAN)
+    if link is not None and vxlan_recreate_reasons(link, node, underlay):
+        log.info("rebuilding %s: %s", VXLAN, vxlan_recreate_reasons(link, node, underlay))
+        nl.delete(VXLAN)
+        link = None
+    if link is None:
+        link = nl.create(
+            VXLAN,
+            "vxlan",
+            vxlan_id=node.vni,
+            vxlan_port=node.vxlan_port,
+            vxlan_local=str(node.node_ip),
+            vxlan_link=underlay.index,
+            vxlan_learning=0,
+            mtu=node.mtu,
+            address=mac,
+        )
+    nl.change(link, **link_fixes(link, node.mtu, mac))
+
+
+def ensure_nft(node: NodeNetwork, ports: set[PodPort]) -> None:
+    """Replace a podnet table whose rules differ (one transaction); otherwise only add
+    and delete the anti-spoofing elements that differ."""
+    want = render_ruleset(node, ports).tables()
+    have = nftables.podnet_tables()
+    stale = [
+        text
+        for key, text in want.items()
+        if key not in have
+        or nftables.table_view(text).lines != nftables.table_view(have[key]).lines
+    ]
+    nftables.replace_tables(stale)
+    bridge_key = f"bridge {desired.NFT_TABLE}"
+    if want[bridge_key] in stale:
+        return
+    listed = {nftables.parse_element(e) for e in nftables.pod_ports_in(have[bridge_key])}
+    current = {p for p in listed if p is not None}
+    if current != ports:
+        nftables.update_pod_ports(ports - current, current - ports)
+
+
+# --- remote nodes ----------------------------------------------------------------------
+
+
+def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+    """Make podnet's routes, neighbours and FDB entries match ``remotes`` exactly.
+    host-gw: remotes that are not L2 adjacent get no route and are refused at the end."""
+    underlay = underlay_link(nl, node)
+    chosen = desired.usable_remotes(node, remotes)
+    refused: list[str] = []
+    if node.backend == "host-gw":
+        nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
+        refused = desired.non_adjacent(chosen, nets)
+        chosen = [r for r in chosen if r.name not in refused]
+    _apply_remote(nl, node, desired.remote_entries(node, chosen, underlay.name))
+    if refused:
+        raise NodeSetupRefused(
+            f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on a subnet "
+            f"of {underlay.name}"
+        )
+
+
+def _apply_remote(nl: Netlink, node: NodeNetwork, want: RemoteEntries) -> None:
+    index = {link.name: link.index for link in nl.links()}
+    vxlan = nl.link(VXLAN) if VXLAN in index else None
+    if node.backend == "vxlan" and (vxlan is None or vxlan.kind != "vxlan"):
+        raise DataPlaneError(f"{VXLAN} is missing: set the node up first")
+    changes = desired.remote_changes(want, _current_remote(nl, vxlan, index))
+    for r in changes.routes.delete:
+        nl.delete_route(r, index.get(r.dev, 0))
+    for n in changes.neighbours.delete:
+        nl.delete_neighbour(n, index[n.dev])
+    for f in changes.fdb.delete:
+        nl.delete_fdb(f, index[f.dev])
+    for f in changes.fdb.add + changes.fdb.replace:
+        nl.put_fdb(f, index[f.dev])
+    for n in changes.neighbours.add + changes.neighbours.replace:
+        nl.put_neighbour(n, index[n.dev])
+    for r in changes.routes.add + changes.routes.replace:
+        if r.dev not in index:
+            raise DataPlaneError(f"route {r.dst}: interface {r.dev} is missing")
+        nl.put_route(r, index[r.dev], replace=r in changes.routes.replace)
+
+
+def _current_remote(nl: Netlink, vxlan: Link | None, index: dict[str, int]) -> RemoteEntries:
+    """podnet's entries in the kernel: its routes anywhere, neighbours and FDB on vxlan0."""
+    names = {i: name for name, i in index.items()}
+    routes = frozenset(nl.owned_routes(names))
+    if vxlan is None or vxlan.kind != "vxlan":
+        return RemoteEntries(routes=routes)
+    return RemoteEntries(
+        routes=routes,
+        neighbours=frozenset(nl.neighbours(vxlan)),
+        fdb=frozenset(nl.fdb_entries(vxlan)),
+    )

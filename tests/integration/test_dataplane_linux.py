@@ -1,0 +1,479 @@
+"""The linux data plane against the real kernel, with real traffic, inside namespaces only.
+
+A lab per test: an underlay namespace whose bridge plays the physical network (TEST-NET-2,
+198.51.100.0/24), three node namespaces and an outside host on it, and pod namespaces.
+Each ``LinuxDataPlane`` is constructed inside its node namespace. Every namespace is
+removed by exact name in the finalizer, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+
+import pytest
+
+from podnet import netns
+from podnet.dataplane.desired import host_veth_name, vtep_mac
+from podnet.dataplane.interface import (
+    DataPlaneError,
+    NodeNetwork,
+    NodeSetupRefused,
+    PodNetwork,
+    RemoteNode,
+)
+from podnet.dataplane.linux import LinuxDataPlane
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
+]
+
+UNDERLAY = IPv4Network("198.51.100.0/24")
+EXTERNAL_IP = IPv4Address("198.51.100.100")
+CLUSTER = IPv4Network("10.128.0.0/14")
+SERVICES = IPv4Network("172.30.0.0/16")
+MTU = 1450
+SERVER = """
+import socket, sys
+s = socket.socket(); s.settimeout(15)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+conn, peer = s.accept(); conn.sendall(peer[0].encode()); conn.close()
+"""
+CLIENT = """
+import socket, sys, time
+deadline = time.monotonic() + 8
+while True:
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); break
+    except OSError:
+        if time.monotonic() > deadline: raise
+        time.sleep(0.1)
+print(c.recv(100).decode())
+"""
+
+
+def sh(ns: str, *argv: str) -> str:
+    """Run ``argv`` in namespace ``ns``; fail the test on error."""
+    done = netns.run(ns, argv, timeout=30)
+    assert done.returncode == 0, f"{argv} in {ns}: {done.stderr}"
+    return done.stdout
+
+
+def ip(ns: str, command: str) -> str:
+    """``ip <command>`` in namespace ``ns`` (words split on spaces)."""
+    return sh(ns, "ip", *command.split())
+
+
+def ping(ns: str, ip: IPv4Address | str, *extra: str, count: int = 3) -> bool:
+    argv = ["ping", "-n", "-q", "-c", str(count), "-W", "1", "-i", "0.2", *extra, str(ip)]
+    return netns.run(ns, argv, timeout=15).returncode == 0
+
+
+@dataclass
+class Lab:
+    """Namespaces of one test and helpers to build nodes and pods in them."""
+
+    run: str
+    created: list[str] = field(default_factory=list)
+    planes: list[LinuxDataPlane] = field(default_factory=list)
+
+    def namespace(self, suffix: str) -> str:
+        name = f"{self.run}-{suffix}"
+        self.created.append(name)  # recorded first: removed even if creation half fails
+        netns.create(name)
+        return name
+
+    @property
+    def underlay(self) -> str:
+        return f"{self.run}-ul"
+
+    def node_ns(self, i: int) -> str:
+        return f"{self.run}-n{i}"
+
+    def node_ip(self, i: int) -> IPv4Address:
+        return UNDERLAY.network_address + 10 + i
+
+    def subnet(self, i: int) -> IPv4Network:
+        return IPv4Network(f"10.128.{2 * (i - 1)}.0/23")
+
+    def plug(self, ns: str, port: str, address: IPv4Interface) -> None:
+        """A veth from the underlay bridge into ``ns`` (eth0 there), born in place."""
+        ip(self.underlay, f"link add {port} type veth peer name eth0 netns {ns}")
+        sh(self.underlay, "ip", "link", "set", port, "master", "ul", "up")
+        sh(ns, "ip", "addr", "add", str(address), "dev", "eth0")
+        sh(ns, "ip", "link", "set", "eth0", "up")
+
+    def build(self, nodes: int = 3) -> None:
+        self.namespace("ul")
+        sh(self.underlay, "ip", "link", "add", "ul", "type", "bridge")
+        sh(self.underlay, "ip", "link", "set", "ul", "up")
+        external = self.namespace("ext")
+        self.plug(external, "u-ext", IPv4Interface(f"{EXTERNAL_IP}/24"))
+        for i in range(1, nodes + 1):
+            self.plug(self.namespace(f"n{i}"), f"u-n{i}", IPv4Interface(f"{self.node_ip(i)}/24"))
+
+    def network(self, i: int, backend: str = "vxlan", **overrides: object) -> NodeNetwork:
+        values: dict[str, object] = {
+            "node_name": f"node-{i}",
+            "node_ip": self.node_ip(i),
+            "subnet": self.subnet(i),
+            "cluster_networks": (CLUSTER,),
+            "service_network": SERVICES,
+            "mtu": MTU,
+            "backend": backend,
+        }
+        values.update(overrides)
+        return NodeNetwork(**values)  # type: ignore[arg-type]
+
+    def remote(self, i: int) -> RemoteNode:
+        return RemoteNode(f"node-{i}", self.node_ip(i), self.subnet(i))
+
+    def plane(self, i: int) -> LinuxDataPlane:
+        with netns.entered(self.node_ns(i)):
+            plane = LinuxDataPlane()
+        self.planes.append(plane)
+        return plane
+
+    def pod(self, node: int, host: int, tag: str) -> tuple[str, PodNetwork]:
+        ns = self.namespace(f"p-{tag}")
+        subnet = self.subnet(node)
+        pod = PodNetwork(
+            container_id=f"{self.run}-{tag}",
+            netns=str(netns.path(ns)),
+            ifname="eth0",
+            address=IPv4Interface(f"{subnet.network_address + host}/{subnet.prefixlen}"),
+            gateway=subnet.network_address + 1,
+            mtu=MTU,
+            routes=(CLUSTER,),
+        )
+        return ns, pod
+
+
+@pytest.fixture
+async def lab() -> AsyncIterator[Lab]:
+    """Underlay, outside host and three nodes; everything removed afterwards."""
+    the_lab = Lab(f"pnt-{os.getpid()}-{uuid.uuid4().hex[:4]}")
+    try:
+        the_lab.build()
+        yield the_lab
+    finally:
+        try:
+            for plane in the_lab.planes:
+                await plane.close()
+        finally:
+            for name in reversed(the_lab.created):
+                netns.remove(name)
+
+
+async def up(lab: Lab, nodes: list[int], backend: str = "vxlan") -> dict[int, LinuxDataPlane]:
+    """Set the nodes up and give each the others as remotes."""
+    planes = {i: lab.plane(i) for i in nodes}
+    for i, plane in planes.items():
+        await plane.setup_node(lab.network(i, backend))
+    for i, plane in planes.items():
+        remotes = [lab.remote(j) for j in nodes if j != i]
+        await plane.sync_remote_nodes(lab.network(i, backend), remotes)
+    return planes
+
+
+def tcp_peer_seen(client_ns: str, server_ns: str, server_ip: IPv4Address) -> str:
+    """Connect from ``client_ns``; return the peer address the server saw."""
+    port = "18080"
+    server = subprocess.Popen(
+        netns.command(server_ns, [sys.executable, "-c", SERVER, str(server_ip), port]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        done = netns.run(client_ns, [sys.executable, "-c", CLIENT, str(server_ip), port], 20)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+    finally:
+        try:
+            server.wait(timeout=20)
+        finally:
+            server.kill()  # a no-op once it has exited
+
+
+def routes(ns: str) -> str:
+    return sh(ns, "ip", "route", "show", "proto", "80")
+
+
+# --- traffic ---------------------------------------------------------------------------
+
+
+async def test_vxlan_pods_reach_each_other_and_the_outside(lab: Lab) -> None:
+    planes = await up(lab, [1, 2])
+    a_ns, a = lab.pod(1, 10, "a")
+    _, b = lab.pod(1, 11, "b")
+    c_ns, c = lab.pod(2, 10, "c")
+    await planes[1].attach_pod(a)
+    await planes[1].attach_pod(b)
+    await planes[2].attach_pod(c)
+
+    assert ping(a_ns, b.address.ip), "same-node pod to pod"
+    assert ping(a_ns, c.address.ip), "cross-node pod to pod over VXLAN"
+    assert ping(c_ns, b.address.ip), "cross-node, the other way"
+    assert tcp_peer_seen(c_ns, a_ns, a.address.ip) == str(c.address.ip), "no NAT in cluster"
+    seen = tcp_peer_seen(a_ns, f"{lab.run}-ext", EXTERNAL_IP)
+    assert seen == str(lab.node_ip(1)), "pod traffic to the outside is masqueraded"
+
+    link = sh(lab.node_ns(1), "ip", "-d", "link", "show", "vxlan0")
+    assert "vxlan id 1 local 198.51.100.11" in link and "dstport 4789" in link
+    assert "nolearning" in link and vtep_mac(lab.node_ip(1)) in link
+    assert "vxlan0" not in sh(lab.node_ns(1), "ip", "link", "show", "master", "br0")
+    neigh = sh(lab.node_ns(1), "ip", "neigh", "show", "dev", "vxlan0")
+    assert f"10.128.2.0 lladdr {vtep_mac(lab.node_ip(2))} PERMANENT" in neigh
+    fdb = sh(lab.node_ns(1), "bridge", "fdb", "show", "dev", "vxlan0")
+    assert f"{vtep_mac(lab.node_ip(2))} dst {lab.node_ip(2)}" in fdb
+    assert "10.128.2.0/23 via 10.128.2.0 dev vxlan0 src 10.128.0.1 onlink" in routes(lab.node_ns(1))
+    for i in (1, 2):
+        status = await planes[i].check_node(lab.network(i))
+        assert status.ok, status.problems
+
+
+async def test_host_gw_pods_reach_each_other(lab: Lab) -> None:
+    planes = await up(lab, [1, 2], backend="host-gw")
+    a_ns, a = lab.pod(1, 10, "a")
+    c_ns, c = lab.pod(2, 10, "c")
+    await planes[1].attach_pod(a)
+    await planes[2].attach_pod(c)
+
+    assert ping(a_ns, c.address.ip), "cross-node pod to pod over host-gw routes"
+    assert tcp_peer_seen(a_ns, c_ns, c.address.ip) == str(a.address.ip)
+    assert "10.128.2.0/23 via 198.51.100.12 dev eth0" in routes(lab.node_ns(1))
+    assert netns.run(lab.node_ns(1), ["ip", "link", "show", "vxlan0"]).returncode != 0
+    assert (await planes[1].check_node(lab.network(1, "host-gw"))).ok
+
+
+async def test_switching_backend_replaces_vxlan_with_host_gw(lab: Lab) -> None:
+    planes = await up(lab, [1, 2])
+    hostgw = {i: lab.network(i, "host-gw") for i in (1, 2)}
+    for i in (1, 2):
+        await planes[i].setup_node(hostgw[i])
+        await planes[i].sync_remote_nodes(hostgw[i], [lab.remote(3 - i)])
+    assert netns.run(lab.node_ns(1), ["ip", "link", "show", "vxlan0"]).returncode != 0
+    assert " ".join(routes(lab.node_ns(1)).split()) == (
+        "10.128.2.0/23 via 198.51.100.12 dev eth0 src 10.128.0.1"
+    )
+    a_ns, a = lab.pod(1, 10, "a")
+    _, c = lab.pod(2, 10, "c")
+    await planes[1].attach_pod(a)
+    await planes[2].attach_pod(c)
+    assert ping(a_ns, c.address.ip)
+
+
+async def test_spoofed_ip_and_mac_are_dropped(lab: Lab) -> None:
+    planes = await up(lab, [1])
+    a_ns, a = lab.pod(1, 10, "a")
+    _, b = lab.pod(1, 11, "b")
+    await planes[1].attach_pod(a)
+    await planes[1].attach_pod(b)
+    assert ping(a_ns, b.address.ip)
+
+    sh(a_ns, "ip", "addr", "add", "10.128.0.77/23", "dev", "eth0")
+    assert not ping(a_ns, b.address.ip, "-I", "10.128.0.77", count=2), "spoofed source IP"
+    assert not ping(a_ns, "10.128.0.1", "-I", "10.128.0.77", count=2), "spoofed IP to gateway"
+    sh(a_ns, "ip", "addr", "del", "10.128.0.77/23", "dev", "eth0")
+
+    sh(a_ns, "ip", "link", "set", "eth0", "address", "0a:58:0a:80:00:63")
+    sh(a_ns, "ip", "neigh", "flush", "all")
+    assert not ping(a_ns, b.address.ip, count=2), "spoofed source MAC"
+    sh(a_ns, "ip", "link", "set", "eth0", "address", a.mac)
+    assert ping(a_ns, b.address.ip), "the real identity still works"
+
+
+# --- remote nodes ------------------------------------------------------------------------
+
+
+async def test_sync_remote_nodes_applies_only_the_difference(lab: Lab) -> None:
+    planes = await up(lab, [1])
+    node, n1 = lab.network(1), lab.node_ns(1)
+    sh(n1, "ip", "route", "add", "192.168.77.0/24", "via", "198.51.100.99")  # not ours
+    ip(n1, "neigh add 10.128.99.0 lladdr 0e:00:00:00:00:01 dev vxlan0 nud permanent")
+    await planes[1].sync_remote_nodes(node, [lab.remote(2), lab.remote(3)])
+    assert "10.128.4.0/23 via 10.128.4.0 dev vxlan0" in routes(n1)
+
+    sh(n1, "ip", "route", "del", "10.128.4.0/23")  # drift
+    await planes[1].sync_remote_nodes(node, [lab.remote(2), lab.remote(3)])
+    assert "10.128.4.0/23 via 10.128.4.0 dev vxlan0" in routes(n1)
+
+    moved = RemoteNode("node-3", IPv4Address("198.51.100.33"), lab.subnet(3))
+    await planes[1].sync_remote_nodes(node, [lab.remote(2), moved])
+    fdb = sh(n1, "bridge", "fdb", "show", "dev", "vxlan0")
+    assert "dst 198.51.100.33" in fdb and "dst 198.51.100.13" not in fdb
+
+    await planes[1].sync_remote_nodes(node, [lab.remote(2)])
+    assert "10.128.4.0" not in routes(n1)
+    assert "10.128.4.0" not in sh(n1, "ip", "neigh", "show", "dev", "vxlan0")
+    assert "198.51.100.33" not in sh(n1, "bridge", "fdb", "show", "dev", "vxlan0")
+    assert "10.128.2.0/23" in routes(n1)
+    assert "192.168.77.0/24" in sh(n1, "ip", "route"), "foreign routes are left alone"
+    assert "10.128.99.0" in sh(n1, "ip", "neigh", "show", "dev", "vxlan0"), "and neighbours"
+
+    await planes[1].sync_remote_nodes(node, [])
+    assert routes(n1).strip() == ""
+
+
+async def test_host_gw_refuses_a_node_that_is_not_adjacent(lab: Lab) -> None:
+    planes = await up(lab, [1], backend="host-gw")
+    far = RemoteNode("far", IPv4Address("203.0.113.50"), IPv4Network("10.128.8.0/23"))
+    with pytest.raises(NodeSetupRefused, match="far"):
+        await planes[1].sync_remote_nodes(lab.network(1, "host-gw"), [lab.remote(2), far])
+    table = routes(lab.node_ns(1))
+    assert "10.128.2.0/23 via 198.51.100.12" in table and "10.128.8.0" not in table
+
+
+# --- node set-up ------------------------------------------------------------------------
+
+
+def snapshot(ns: str) -> tuple[str, str, str]:
+    links = sh(ns, "ip", "-o", "link", "show")
+    addresses = sh(ns, "ip", "-4", "-o", "addr", "show")
+    ruleset = sh(ns, "nft", "-a", "list", "ruleset")  # handles change if anything is re-made
+    return links, addresses, ruleset
+
+
+async def test_setup_again_changes_nothing_while_pods_talk(lab: Lab) -> None:
+    planes = await up(lab, [1, 2])
+    a_ns, a = lab.pod(1, 10, "a")
+    _, c = lab.pod(2, 10, "c")
+    await planes[1].attach_pod(a)
+    await planes[2].attach_pod(c)
+    before = snapshot(lab.node_ns(1))
+    pinger = subprocess.Popen(
+        netns.command(
+            a_ns, ["ping", "-n", "-q", "-c", "100", "-i", "0.02", "-W", "1", str(c.address.ip)]
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await planes[1].setup_node(lab.network(1))
+        restarted = lab.plane(1)  # a restarted agent: a fresh backend, same kernel state
+        assert (await restarted.check_node(lab.network(1))).ok
+        await restarted.setup_node(lab.network(1))
+        await restarted.sync_remote_nodes(lab.network(1), [lab.remote(2)])
+        assert [p.container_id for p in await restarted.attached_pods()] == [a.container_id]
+    finally:
+        try:
+            out, _ = pinger.communicate(timeout=30)
+        finally:
+            pinger.kill()
+    assert " 0% packet loss" in out, out
+    assert snapshot(lab.node_ns(1)) == before
+
+
+BREAKS = {
+    "br0 mtu": ("ip", "link", "set", "br0", "mtu", "1400"),
+    "gateway address": ("ip", "addr", "del", "10.128.0.1/23", "dev", "br0"),
+    "ip_forward": ("sysctl", "-w", "net.ipv4.ip_forward=0"),
+    "nft table": ("nft", "delete", "table", "inet", "podnet"),
+    "nft rule": ("nft", "flush", "chain", "bridge", "podnet", "from_pod"),
+    "vxlan0": ("ip", "link", "del", "vxlan0"),
+    "version note": ("ip", "link", "set", "br0", "alias", "something else"),
+}
+
+
+async def test_check_node_finds_each_break_and_setup_repairs_it(lab: Lab) -> None:
+    planes = await up(lab, [1])
+    node = lab.network(1)
+    _, a = lab.pod(1, 10, "a")
+    await planes[1].attach_pod(a)
+    assert (await planes[1].check_node(node)).ok
+    for what, argv in BREAKS.items():
+        sh(lab.node_ns(1), *argv)
+        status = await planes[1].check_node(node)
+        assert not status.ok, what
+        await planes[1].setup_node(node)
+        status = await planes[1].check_node(node)
+        assert status.ok, (what, status.problems)
+    element = f'"{host_veth_name(a.container_id, "eth0")}" . {a.mac} . {a.address.ip}'
+    sh(
+        lab.node_ns(1),
+        "nft",
+        "delete",
+        "element",
+        "bridge",
+        "podnet",
+        "pod_ports",
+        f"{{ {element} }}",
+    )
+    assert not (await planes[1].check_node(node)).ok, "missing anti-spoofing element"
+    await planes[1].setup_node(node)
+    assert element in sh(lab.node_ns(1), "nft", "list", "set", "bridge", "podnet", "pod_ports")
+
+
+async def test_setup_refuses_an_underlay_mtu_too_small(lab: Lab) -> None:
+    plane = lab.plane(1)
+    with pytest.raises(NodeSetupRefused, match="MTU 1500 is below 1510"):
+        await plane.setup_node(lab.network(1, mtu=1460))
+    assert netns.run(lab.node_ns(1), ["ip", "link", "show", "br0"]).returncode != 0
+    status = await plane.check_node(lab.network(1, mtu=1460))
+    assert not status.ok
+
+
+# --- pods -------------------------------------------------------------------------------
+
+
+async def test_detach_is_idempotent_and_leaves_nothing(lab: Lab) -> None:
+    planes = await up(lab, [1])
+    a_ns, a = lab.pod(1, 10, "a")
+    attachment = await planes[1].attach_pod(a)
+    host = host_veth_name(a.container_id, "eth0")
+    assert attachment.host_ifname == host and attachment.mac == "0a:58:0a:80:00:0a"
+    assert "mtu 1450" in sh(a_ns, "ip", "link", "show", "eth0")
+    assert "default via 10.128.0.1" in sh(a_ns, "ip", "route")
+    assert await planes[1].attached_pods() == [attachment]
+
+    await planes[1].detach_pod(a.container_id, "eth0", a.netns)
+    await planes[1].detach_pod(a.container_id, "eth0", a.netns)
+    netns.remove(a_ns)
+    await planes[1].detach_pod(a.container_id, "eth0", None)
+    assert host not in sh(lab.node_ns(1), "ip", "link")
+    assert host not in sh(lab.node_ns(1), "nft", "list", "set", "bridge", "podnet", "pod_ports")
+    assert await planes[1].attached_pods() == []
+    assert (await planes[1].check_node(lab.network(1))).ok
+
+
+async def test_failed_attach_cleans_up(lab: Lab) -> None:
+    planes = await up(lab, [1])
+    a_ns, a = lab.pod(1, 10, "a")
+    sh(a_ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other")
+    with pytest.raises(DataPlaneError, match="attaching"):
+        await planes[1].attach_pod(a)
+    gone = PodNetwork(**{**a.__dict__, "container_id": "gone", "netns": "/run/netns/none-x"})
+    with pytest.raises(DataPlaneError, match="none-x"):
+        await planes[1].attach_pod(gone)
+    for pod in (a, gone):
+        assert host_veth_name(pod.container_id, "eth0") not in sh(lab.node_ns(1), "ip", "link")
+    assert "elements" not in sh(
+        lab.node_ns(1), "nft", "list", "set", "bridge", "podnet", "pod_ports"
+    )
+
+
+async def test_attach_timings(lab: Lab) -> None:
+    """Attach and detach cost a few ms each (printed with -s)."""
+    planes = await up(lab, [1])
+    pods = [lab.pod(1, 10 + k, f"t{k}")[1] for k in range(10)]
+    attach, detach = [], []
+    for pod in pods:
+        started = time.perf_counter()
+        await planes[1].attach_pod(pod)
+        attach.append((time.perf_counter() - started) * 1000)
+    for pod in pods:
+        started = time.perf_counter()
+        await planes[1].detach_pod(pod.container_id, pod.ifname, pod.netns)
+        detach.append((time.perf_counter() - started) * 1000)
+    attach.sort()
+    detach.sort()
+    print(f"\nattach median {attach[5]:.1f} ms, detach median {detach[5]:.1f} ms")
+    assert attach[5] < 100 and detach[5] < 200
