@@ -127,7 +127,7 @@ async def with_retry(
             delay = backoff.delay(attempt)
             if not retry_if(exc) or (give_up is not None and loop.time() + delay > give_up):
                 raise
-            level = logging.INFO if attempt == 0 else logging.DEBUG
+            level = logging.WARNING if attempt % 10 == 0 else logging.DEBUG
             log.log(level, "%s failed (%s); retrying in %.2fs", what, exc, delay)
             await asyncio.sleep(delay)
             attempt += 1

@@ -1,6 +1,8 @@
-"""The node agent's configuration, and finding the node's own address.
+"""The node agent's configuration: its flags, its network from the master, its address.
 
-Every field has the default a real host uses; ``podnet node`` exposes each as an option.
+``AgentConfig`` holds the flags; every field has the default a real host uses and
+``podnet node`` exposes each as an option. ``node_network`` combines them with this
+node's HostSubnet and ClusterNetwork ``default`` into the data plane's ``NodeNetwork``.
 The node IP, when not given, is the first global IPv4 address of the interface holding
 the default route in the agent's network namespace, else the first global IPv4 address
 of any interface (a node namespace of the local virtual cluster has no default route).
@@ -9,21 +11,26 @@ of any interface (a node namespace of the local virtual cluster has no default r
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
-from ipaddress import IPv4Address
+from dataclasses import dataclass, fields
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
-from podnet.dataplane.interface import Backend
+from podnet.dataplane.interface import Backend, NodeNetwork
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CNI_CONF_DIR = Path("/etc/cni/net.d")
 DEFAULT_STATE_DIR = Path("/var/lib/podnet/node")
 DEFAULT_IPAM_DIR = Path("/var/lib/cni/networks")
+DEFAULT_SOCKET_PATH = Path(DEFAULT_SOCKET)
 DEFAULT_NETWORK_NAME = "podnet"
 DEFAULT_RESYNC_PERIOD = 30.0
 RT_SCOPE_UNIVERSE = 0
+DEFAULT_MTU = 1450
+DEFAULT_VXLAN_PORT = 4789
+
+Obj = dict[str, Any]
 
 
 class NodeIPNotFound(Exception):
@@ -40,7 +47,7 @@ class AgentConfig:
     backend: Backend = "vxlan"
     cni_bin_dir: Path = DEFAULT_CNI_BIN_DIR
     cni_conf_dir: Path = DEFAULT_CNI_CONF_DIR
-    socket_path: Path = Path(DEFAULT_SOCKET)
+    socket_path: Path = DEFAULT_SOCKET_PATH
     state_dir: Path = DEFAULT_STATE_DIR
     ipam_dir: Path = DEFAULT_IPAM_DIR
     network_name: str = DEFAULT_NETWORK_NAME
@@ -55,6 +62,54 @@ class AgentConfig:
     def resolved_node_ip(self) -> IPv4Address:
         """The configured node IP, or the one detected in this network namespace."""
         return self.node_ip if self.node_ip is not None else detect_node_ip()
+
+
+def hostsubnet_problem(hostsubnet: Obj | None, node_ip: IPv4Address) -> str | None:
+    """Why ``hostsubnet`` is not usable yet, or None when it is."""
+    if hostsubnet is None:
+        return "not created yet"
+    if not hostsubnet.get("subnet"):
+        return "no subnet assigned yet"
+    if hostsubnet.get("hostIP") != str(node_ip):
+        return f"its hostIP is {hostsubnet.get('hostIP')}, not {node_ip}"
+    return None
+
+
+def node_network(
+    config: AgentConfig, node_ip: IPv4Address, hostsubnet: Obj, cluster_network: Obj
+) -> NodeNetwork:
+    """This node's ``NodeNetwork`` from its HostSubnet and ClusterNetwork ``default``."""
+    return NodeNetwork(
+        node_name=config.node_name,
+        node_ip=node_ip,
+        subnet=IPv4Network(hostsubnet["subnet"]),
+        cluster_networks=tuple(
+            IPv4Network(entry["CIDR"]) for entry in cluster_network["clusterNetworks"]
+        ),
+        service_network=IPv4Network(cluster_network["serviceNetwork"]),
+        mtu=int(cluster_network.get("mtu") or DEFAULT_MTU),
+        backend=config.backend,
+        vxlan_port=int(cluster_network.get("vxlanPort") or DEFAULT_VXLAN_PORT),
+    )
+
+
+def network_changes(old: NodeNetwork, new: NodeNetwork) -> list[str]:
+    """The fields that differ, as ``name: old -> new``."""
+    out = []
+    for f in fields(NodeNetwork):
+        before, after = getattr(old, f.name), getattr(new, f.name)
+        if before != after:
+            out.append(f"{f.name}: {before} -> {after}")
+    return out
+
+
+def cluster_network_problem(network: Obj | None, node_ip: IPv4Address) -> str | None:
+    """Why ClusterNetwork ``default`` is not usable yet, or None when it is."""
+    if network is None:
+        return "ClusterNetwork default not created yet"
+    if not network.get("clusterNetworks") or not network.get("serviceNetwork"):
+        return "ClusterNetwork default is incomplete"
+    return None
 
 
 def default_node_name() -> str:

@@ -23,6 +23,7 @@ log = logging.getLogger("podnet.agent.remotes")
 Obj = Mapping[str, Any]
 COALESCE_SECONDS = 0.05  # wait this long after a change for the rest of a burst
 RETRY_BACKOFF = Backoff(0.5, 30.0)
+SYNC_TIMEOUT = 120.0
 
 
 def _remote_node(hostsubnet: Obj) -> RemoteNode | None:
@@ -102,9 +103,10 @@ class RemoteNodeSync:
         """One ``sync_remote_nodes`` with the full desired set; False when it failed."""
         remotes = self.desired()
         try:
-            await self.dataplane.sync_remote_nodes(self.node, remotes)
-        except DataPlaneError as exc:
-            log.error("syncing %d remote nodes failed: %s", len(remotes), exc)
+            async with asyncio.timeout(SYNC_TIMEOUT):
+                await self.dataplane.sync_remote_nodes(self.node, remotes)
+        except (DataPlaneError, TimeoutError) as exc:
+            log.error("syncing %d remote nodes failed: %s", len(remotes), exc or "timed out")
             self.synced.clear()
             return False
         if remotes != self._applied:

@@ -36,6 +36,8 @@ COMMANDS = {
     "describe": ("podnet.cli.resources", "describe"),
     "get": ("podnet.cli.resources", "get"),
     "node-credentials": ("podnet.cli.master_cmd", "node_credentials"),
+    "node": ("podnet.cli.node_cmd", "node"),
+    "pod": ("podnet.cli.pod_cmd", "pod"),
 }
 
 

@@ -1,0 +1,389 @@
+"""``NodeAgent``: the start order of an OpenShift SDN node, then watching and resyncing.
+
+Start order (each step logs what it does):
+
+1. Register the Node (``status.addresses`` InternalIP through the status subresource),
+   retrying until the master answers.
+2. Wait for this node's HostSubnet ("waiting for HostSubnet for node X" every few
+   seconds) and read ClusterNetwork ``default``.
+3. ``check_node``: if the data plane matches, leave it running ("data plane in place; not
+   touching it"); otherwise ``setup_node``.
+4. Reconcile pods: half-done attachments and orphaned IPAM files are undone; healthy pods
+   are not touched.
+5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
+6. Serve CNI on the unix socket, then mark the Node ``Ready``.
+7. Watch HostSubnets (remote nodes, coalesced) and ClusterNetwork; resync periodically.
+
+Stopping (SIGTERM/SIGINT) stops serving and exits without tearing anything down: pods
+keep running, and a SIGKILL is just as safe since all state is in the kernel and IPAM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from ipaddress import IPv4Address
+from typing import Any
+
+from podnet.agent.apiclient import (
+    LISTED,
+    ApiClientError,
+    AsyncApiClient,
+    Backoff,
+    WatchEvent,
+    has_reason,
+    is_transient,
+    with_retry,
+)
+from podnet.agent.cniserver import (
+    CniServer,
+    claim_socket_path,
+    conflist,
+    install_plugin_once,
+    write_if_changed,
+)
+from podnet.agent.config import (
+    AgentConfig,
+    cluster_network_problem,
+    hostsubnet_problem,
+    network_changes,
+    node_network,
+)
+from podnet.agent.pods import PodManager, PodStatusWriter
+from podnet.agent.remotes import RemoteNodeSync
+from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
+from podnet.ipam.hostlocal import HostLocalStore
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
+
+log = logging.getLogger("podnet.agent")
+
+Obj = dict[str, Any]
+CLUSTER_NETWORK_NAME = "default"
+POLL_SECONDS = 0.5
+WAIT_LOG_SECONDS = 5.0
+SHUTDOWN_FLUSH_SECONDS = 5.0
+WATCHER_BACKOFF = Backoff(1.0, 30.0)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_object(name: str, ip: IPv4Address) -> Obj:
+    """The Node this agent registers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"addresses": node_addresses(name, ip)},
+    }
+
+
+def node_addresses(name: str, ip: IPv4Address) -> list[Obj]:
+    """``status.addresses``: the InternalIP (what the master allocates by) and Hostname."""
+    return [{"type": "InternalIP", "address": str(ip)}, {"type": "Hostname", "address": name}]
+
+
+def with_condition(status: Obj, kind: str, value: str, reason: str, message: str) -> Obj:
+    """``status`` with condition ``kind`` set; unchanged when it already says so."""
+    conditions = [dict(c) for c in status.get("conditions") or []]
+    old = next((c for c in conditions if c.get("type") == kind), None)
+    if old and (old.get("status"), old.get("reason"), old.get("message")) == (
+        value,
+        reason,
+        message,
+    ):
+        return status
+    now = _now()
+    changed = old is None or old.get("status") != value
+    new = {"type": kind, "status": value, "reason": reason, "message": message}
+    new["lastHeartbeatTime"] = now
+    new["lastTransitionTime"] = now if changed else (old or {}).get("lastTransitionTime", now)
+    others = [c for c in conditions if c.get("type") != kind]
+    return {**status, "conditions": [*others, new]}
+
+
+def apply_event(objects: dict[str, Obj], event: WatchEvent) -> None:
+    """Fold one watch event into ``objects`` (name -> object)."""
+    if event.type == LISTED:
+        objects.clear()
+        objects.update({o["metadata"]["name"]: o for o in event.items})
+    elif event.object is not None:
+        name = event.object["metadata"]["name"]
+        if event.type == "DELETED":
+            objects.pop(name, None)
+        else:
+            objects[name] = event.object
+
+
+def _retry_write(exc: BaseException) -> bool:
+    return is_transient(exc) or has_reason(exc, "Conflict", "AlreadyExists")
+
+
+def _retry_dataplane(exc: BaseException) -> bool:
+    return isinstance(exc, DataPlaneError) and not isinstance(exc, NodeSetupRefused)
+
+
+class NodeAgent:
+    """One node's agent: ``run`` until ``stop`` is set, then leave the data plane be."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        dataplane: DataPlane,
+        api: AsyncApiClient,
+        node_ip: IPv4Address,
+        python: str = sys.executable,
+    ) -> None:
+        self.config = config
+        self.dataplane = dataplane
+        self.api = api
+        self.node_ip = node_ip
+        self.python = python
+        self.store = HostLocalStore(config.ipam_dir, config.network_name)
+        self.node: NodeNetwork | None = None
+        self.pods: PodManager | None = None
+        self.server: CniServer | None = None
+        self.status_writer = PodStatusWriter(api, config.node_name, node_ip)
+        self.remote_sync: RemoteNodeSync | None = None
+        self.serving = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._announced: NodeNetwork | None = None
+        self._own_subnet: str | None = None  # as last seen in a HostSubnet event
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start (abandoned if ``stop`` comes first), serve until ``stop``, shut down."""
+        starting = asyncio.create_task(self.start(), name="start")
+        stopping = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # a failed start raises here
+                await stopping
+        finally:
+            for task in (starting, stopping):
+                task.cancel()
+            await asyncio.gather(starting, stopping, return_exceptions=True)
+            await self.shutdown()
+
+    async def start(self) -> None:
+        """Steps 1-7 of the module docstring (after making sure no other agent serves)."""
+        name = self.config.node_name
+        claim_socket_path(self.config.socket_path)  # refuse before touching anything
+        self.config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await self.register_node()
+        hostsubnet = await self._wait_for(HOST_SUBNET, name, hostsubnet_problem)
+        network = await self._wait_for(
+            CLUSTER_NETWORK, CLUSTER_NETWORK_NAME, cluster_network_problem
+        )
+        node = node_network(self.config, self.node_ip, hostsubnet, network)
+        self.node = self._announced = node
+        self._own_subnet = str(node.subnet)
+        log.info(
+            "node %s: subnet %s, gateway %s, mtu %d, %s",
+            name,
+            node.subnet,
+            node.gateway,
+            node.mtu,
+            node.backend,
+        )
+        await with_retry(
+            lambda: self.ensure_dataplane(node),
+            "data plane set-up",
+            120.0,
+            retry_if=_retry_dataplane,
+        )
+        await self.start_pods(node)
+        await self.install_cni_plugin(node)
+        await self.start_serving()
+        self.start_watchers(node)
+        await self.set_ready()
+        log.info("node %s ready", name)
+
+    async def register_node(self) -> None:
+        """Create this Node, or bring its addresses up to date (status subresource)."""
+        what = f"registering node {self.config.node_name}"
+        await with_retry(self._register_once, what, None, Backoff(0.2, 5.0), _retry_write)
+
+    async def _register_once(self) -> None:
+        name = self.config.node_name
+        if await self.api.get_or_none(NODE, name) is None:
+            await self.api.create(NODE, node_object(name, self.node_ip))
+            log.info("registered node %s with InternalIP %s", name, self.node_ip)
+            return
+        addresses = node_addresses(name, self.node_ip)
+        await self.update_node_status(lambda status: {**status, "addresses": addresses})
+        log.info("node %s exists; InternalIP %s", name, self.node_ip)
+
+    async def update_node_status(self, mutate: Callable[[Obj], Obj]) -> None:
+        """Read-modify-write of this Node's status; no write when nothing changes."""
+
+        async def once() -> None:
+            node = await self.api.get(NODE, self.config.node_name)
+            status = node.get("status") or {}
+            new = mutate(copy.deepcopy(status))
+            if new != status:
+                await self.api.update_status(NODE, {**node, "status": new})
+
+        await with_retry(once, "updating node status", 60.0, retry_if=_retry_write)
+
+    async def set_ready(self) -> None:
+        """Mark the Node Ready: the agent serves CNI requests."""
+        message = "podnet node agent is serving CNI requests"
+        await self.update_node_status(
+            lambda status: with_condition(status, "Ready", "True", "PodnetReady", message)
+        )
+
+    async def _wait_for(
+        self, kind: Any, name: str, problem: Callable[[Obj | None, IPv4Address], str | None]
+    ) -> Obj:
+        """Poll ``kind/name`` until ``problem`` finds nothing wrong; log the wait."""
+        loop = asyncio.get_running_loop()
+        last_log = -WAIT_LOG_SECONDS
+        while True:
+            obj = await with_retry(
+                lambda: self.api.get_or_none(kind, name), f"reading {name}", None
+            )
+            why = problem(obj, self.node_ip)
+            if why is None:
+                assert obj is not None
+                return obj
+            if loop.time() - last_log >= WAIT_LOG_SECONDS:
+                log.info("waiting for %s for node %s (%s)", kind.kind, self.config.node_name, why)
+                last_log = loop.time()
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def ensure_dataplane(self, node: NodeNetwork, quiet: bool = False) -> bool:
+        """``check_node``; ``setup_node`` only when the check fails. True if it set up."""
+        status = await self.dataplane.check_node(node)
+        if status.ok:
+            log.log(
+                logging.DEBUG if quiet else logging.INFO, "data plane in place; not touching it"
+            )
+            return False
+        level = logging.WARNING if quiet else logging.INFO
+        log.log(level, "data plane needs set-up (%s); setting up", "; ".join(status.problems))
+        await self.dataplane.setup_node(node)
+        log.info("data plane set up for %s", node.version_note())
+        return True
+
+    async def start_pods(self, node: NodeNetwork) -> None:
+        """Re-attach/GC pods after a restart, then accept CNI work."""
+        self.pods = PodManager(
+            self.dataplane, self.store, node, self.status_writer, self.config.pod_namespace
+        )
+        await self.pods.reconcile()
+        self.pods.ready = True
+
+    async def install_cni_plugin(self, node: NodeNetwork) -> None:
+        """The shim in the CNI bin dir and the conflist (written only when it changed)."""
+        stamp = self.config.state_dir / "cni-plugin.stamp"
+        plugin, installed = await asyncio.to_thread(
+            install_plugin_once, self.config.cni_bin_dir, self.python, stamp
+        )
+        log.info("CNI plugin %s at %s", "installed" if installed else "up to date", plugin)
+        path = self.config.conflist_path
+        written = await asyncio.to_thread(write_if_changed, path, conflist(self.config, node.mtu))
+        log.info("CNI config %s %s", path, "written" if written else "unchanged")
+
+    async def start_serving(self) -> None:
+        """Open the CNI socket."""
+        assert self.pods is not None
+        self.server = CniServer(self.config.socket_path, self.pods)
+        await self.server.start()
+        self.serving.set()
+
+    def start_watchers(self, node: NodeNetwork) -> None:
+        """HostSubnets -> remote nodes, ClusterNetwork changes, periodic resync."""
+        self.remote_sync = RemoteNodeSync(self.dataplane, node, self.config.resync_period)
+        self._spawn("remote-sync", self.remote_sync.run)
+        self._spawn("watch-hostsubnets", self._watch_hostsubnets)
+        self._spawn("watch-clusternetwork", self._watch_cluster_network)
+        self._spawn("resync", self._resync_forever)
+
+    def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        self._tasks.append(asyncio.create_task(self._supervise(name, body), name=name))
+
+    async def _supervise(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        attempt = 0
+        while True:
+            try:
+                await body()
+            except ApiClientError as exc:
+                log.error("%s failed: %s; restarting it", name, exc)
+            except Exception:
+                log.exception("%s failed; restarting it", name)
+            await asyncio.sleep(WATCHER_BACKOFF.delay(attempt))
+            attempt += 1
+
+    async def _watch_hostsubnets(self) -> None:
+        assert self.remote_sync is not None and self.node is not None
+        hostsubnets: dict[str, Obj] = {}
+        async for event in self.api.watch(HOST_SUBNET):
+            apply_event(hostsubnets, event)
+            self._check_own_subnet(hostsubnets.get(self.config.node_name))
+            self.remote_sync.replace(hostsubnets)
+
+    def _check_own_subnet(self, hostsubnet: Obj | None) -> None:
+        assert self.node is not None
+        subnet = (hostsubnet or {}).get("subnet")
+        if subnet != self._own_subnet:
+            self._own_subnet = subnet
+            if subnet == str(self.node.subnet):
+                return
+            log.error(
+                "this node's HostSubnet is now %s (serving %s); restart the agent to rebuild",
+                subnet or "gone",
+                self.node.subnet,
+            )
+
+    async def _watch_cluster_network(self) -> None:
+        networks: dict[str, Obj] = {}
+        async for event in self.api.watch(CLUSTER_NETWORK):
+            apply_event(networks, event)
+            self._check_cluster_network(networks.get(CLUSTER_NETWORK_NAME))
+
+    def _check_cluster_network(self, network: Obj | None) -> None:
+        assert self.node is not None and self._announced is not None
+        if network is None:
+            log.warning(
+                "ClusterNetwork %s is gone; keeping the current set-up", CLUSTER_NETWORK_NAME
+            )
+            return
+        new = node_network(self.config, self.node_ip, {"subnet": str(self.node.subnet)}, network)
+        changes = network_changes(self._announced, new)
+        if changes:
+            log.warning(
+                "ClusterNetwork changed (%s); this needs a data plane rebuild: restart "
+                "the node agent to apply it",
+                "; ".join(changes),
+            )
+            self._announced = new
+
+    async def _resync_forever(self) -> None:
+        """Repair drift of the node's own set-up; the remote sync repairs remotes."""
+        assert self.node is not None and self.remote_sync is not None
+        while True:
+            await asyncio.sleep(self.config.resync_period)
+            try:
+                if await self.ensure_dataplane(self.node, quiet=True):
+                    self.remote_sync.poke()
+            except DataPlaneError as exc:
+                log.error("resync of the node set-up failed: %s", exc)
+
+    async def shutdown(self) -> None:
+        """Stop serving and watching; leave the data plane and pods as they are."""
+        if self.server is not None:
+            await self.server.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.status_writer.flush(SHUTDOWN_FLUSH_SECONDS)
+        await self.status_writer.close()
+        await self.dataplane.close()
+        await self.api.close()
+        log.info("stopped; the data plane and pods are left running")

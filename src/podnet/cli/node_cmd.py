@@ -1,0 +1,170 @@
+"""``podnet node``: run the node agent until SIGTERM/SIGINT (the data plane stays up)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import ipaddress
+import logging
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import click
+
+from podnet.agent import config as defaults
+
+if TYPE_CHECKING:
+    from podnet.agent.config import AgentConfig
+    from podnet.dataplane.interface import DataPlane
+
+PathOption = click.Path(path_type=Path)
+
+
+async def make_dataplane(kind: str, state_dir: Path) -> DataPlane:
+    """The backend: ``linux`` (the kernel), or ``fake`` (in memory, state in state_dir)."""
+    if kind == "fake":
+        from podnet.dataplane.fake import FakeDataPlane
+
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return FakeDataPlane(state_file=state_dir / "fake-dataplane.json")
+    linux = importlib.import_module("podnet.dataplane.linux")
+    return cast("DataPlane", await linux.LinuxDataPlane.create())
+
+
+def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
+    if not value:
+        return None
+    try:
+        return ipaddress.IPv4Address(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not an IPv4 address") from exc
+
+
+@click.command("node")
+@click.option("--node-name", default=defaults.default_node_name, show_default="host name")
+@click.option(
+    "--node-ip",
+    default=None,
+    help="This node's IPv4 address [default: of the default-route interface]",
+)
+@click.option(
+    "--backend", type=click.Choice(["vxlan", "host-gw"]), default="vxlan", show_default=True
+)
+@click.option(
+    "--cni-bin-dir", type=PathOption, default=defaults.DEFAULT_CNI_BIN_DIR, show_default=True
+)
+@click.option(
+    "--cni-conf-dir", type=PathOption, default=defaults.DEFAULT_CNI_CONF_DIR, show_default=True
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    type=PathOption,
+    default=defaults.DEFAULT_SOCKET_PATH,
+    show_default=True,
+    help="The CNI server's unix socket",
+)
+@click.option("--state-dir", type=PathOption, default=defaults.DEFAULT_STATE_DIR, show_default=True)
+@click.option(
+    "--ipam-dir",
+    type=PathOption,
+    default=defaults.DEFAULT_IPAM_DIR,
+    show_default=True,
+    help="host-local IPAM data dir",
+)
+@click.option(
+    "--network-name",
+    default=defaults.DEFAULT_NETWORK_NAME,
+    show_default=True,
+    help="CNI network name (conflist and IPAM directory)",
+)
+@click.option(
+    "--pod-namespace",
+    default="default",
+    show_default=True,
+    help="Namespace of pods whose runtime sends no K8S_POD_NAMESPACE",
+)
+@click.option(
+    "--resync-period",
+    type=click.FloatRange(min=0.1),
+    default=defaults.DEFAULT_RESYNC_PERIOD,
+    show_default=True,
+    help="seconds",
+)
+@click.option(
+    "--dataplane",
+    type=click.Choice(["linux", "fake"]),
+    default="linux",
+    show_default=True,
+    help="Data plane backend (fake: tests only)",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+)
+@click.pass_context
+def node(
+    ctx: click.Context,
+    node_name: str,
+    node_ip: str | None,
+    backend: str,
+    cni_bin_dir: Path,
+    cni_conf_dir: Path,
+    socket_path: Path,
+    state_dir: Path,
+    ipam_dir: Path,
+    network_name: str,
+    pod_namespace: str,
+    resync_period: float,
+    dataplane: str,
+    log_level: str,
+) -> None:
+    """Run the podnet node agent: register the node, set up its network, serve CNI.
+
+    The node's credentials come from the global --kubeconfig (written by
+    ``podnet node-credentials``), else $KUBECONFIG, else ~/.kube/config.
+    """
+    kubeconfig = getattr(ctx.find_root().obj, "kubeconfig", None)
+    config = defaults.AgentConfig(
+        node_name=node_name,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        node_ip=_node_ip(node_ip),
+        backend=backend,  # type: ignore[arg-type]
+        cni_bin_dir=cni_bin_dir,
+        cni_conf_dir=cni_conf_dir,
+        socket_path=socket_path,
+        state_dir=state_dir,
+        ipam_dir=ipam_dir,
+        network_name=network_name,
+        pod_namespace=pod_namespace,
+        resync_period=resync_period,
+    )
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(_run(config, dataplane))
+
+
+async def _run(config: AgentConfig, dataplane_kind: str) -> None:
+    from podnet.agent.agent import NodeAgent
+    from podnet.agent.apiclient import AsyncApiClient
+    from podnet.kubeconfig import load_client_config
+
+    path = str(config.kubeconfig) if config.kubeconfig else None
+    client = AsyncApiClient(load_client_config(path))
+    node_ip = config.resolved_node_ip()
+    dataplane = await make_dataplane(dataplane_kind, config.state_dir)
+    agent = NodeAgent(config, dataplane, client, node_ip)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.run(stop)
+    except Exception as exc:
+        logging.getLogger("podnet.agent").error("node agent failed: %s", exc)
+        raise click.ClickException(str(exc)) from exc
