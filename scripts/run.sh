@@ -1,27 +1,47 @@
 #!/usr/bin/env bash
-# The main job: set up, start a local podnet cluster (etcd + master), load the sample
-# objects and show what the master allocated. The cluster stays up afterwards.
+# The main job: set up, start a local podnet cluster of 3 nodes (each a network namespace
+# running a real `podnet node`), run 2 pods per node wired by the real CNI plugin, and
+# print the connectivity matrix (every pod to every pod: ping and TCP echo, ✓/✗ and
+# latency). The cluster stays up afterwards. Safe to run again: what exists is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The matrix and the tests probe with ping (iputils); install it if this machine lacks it.
+if ! command -v ping >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends iputils-ping >/dev/null ||
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends iputils-ping >/dev/null; }
+fi
+
 PODNET=.venv/bin/podnet
-STATE_DIR="${PODNET_STATE_DIR:-/var/lib/podnet/cluster}"
-echo "== podnet cluster up"
-"$PODNET" cluster up --plugin multitenant --state-dir "$STATE_DIR"
-export KUBECONFIG="$STATE_DIR/master/admin.kubeconfig"
-echo "== podnet apply -f examples/sample.yaml"
-"$PODNET" apply -f examples/sample.yaml
-for _ in $(seq 1 50); do
-  [ "$("$PODNET" get hostsubnets -o name | wc -l)" -ge 3 ] && break
-  sleep 0.1
+export PODNET_STATE_DIR="${PODNET_STATE_DIR:-/var/lib/podnet/cluster}"
+NODES="${PODNET_NODES:-3}"
+BACKEND="${PODNET_BACKEND:-vxlan}"
+PLUGIN="${PODNET_PLUGIN:-subnet}"
+
+echo "== podnet cluster up --nodes $NODES --backend $BACKEND --plugin $PLUGIN"
+"$PODNET" cluster up --nodes "$NODES" --backend "$BACKEND" --plugin "$PLUGIN"
+
+echo "== podnet pod run (2 pods per node)"
+for node in $(seq 1 "$NODES"); do
+  for pod in a b; do
+    name="pod-$node$pod"
+    if "$PODNET" pod exec "$name" -- true 2>/dev/null; then
+      echo "pod/$name already running"
+    else
+      "$PODNET" pod run "$name" --node "node$node" --label app=echo
+    fi
+  done
 done
-echo "== podnet get hostsubnets"
-"$PODNET" get hostsubnets
-echo "== podnet get netnamespaces"
-"$PODNET" get netnamespaces
-echo "== podnet adm pod-network join-projects --to=frontend backend"
-"$PODNET" adm pod-network join-projects --to=frontend backend
-"$PODNET" get netnamespaces
+
+echo "== podnet cluster status"
+"$PODNET" cluster status
+
+echo "== podnet cluster matrix"
+"$PODNET" cluster matrix
+
 echo
-echo "The cluster is still up. Use it with:  export KUBECONFIG=$KUBECONFIG"
-echo "Tear it down with:  $PODNET cluster down --state-dir $STATE_DIR"
+echo "The cluster is still up. Use it with:"
+echo "  export KUBECONFIG=$PODNET_STATE_DIR/master/admin.kubeconfig"
+echo "  $PODNET get nodes; $PODNET get hostsubnets; $PODNET pod exec pod-1a -- ip addr"
+echo "Tear it down with:  $PODNET cluster down --state-dir $PODNET_STATE_DIR"

@@ -1,4 +1,10 @@
-"""``podnet cluster up|down|status``: a local cluster on this machine."""
+"""``podnet cluster up|down|status|matrix``: a local virtual cluster on this machine.
+
+The cluster is etcd and the master as loopback processes, an underlay namespace with a
+bridge, N node namespaces each running a real ``podnet node``, and pods wired by the real
+CNI plugin (``podnet pod run``). Everything lives in namespaces named ``pn-<id>-...``
+and is recorded in ``<state dir>/state.json``.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,21 @@ import click
 
 from podnet.cli.master_cmd import PLUGIN_ALIASES
 from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane, ours
+from podnet.cluster.state import ClusterState
 
 STATE_DIR = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=DEFAULT_STATE_DIR,
     show_default=True,
+    envvar="PODNET_STATE_DIR",
     help="where the cluster keeps its processes' state, logs and kubeconfig",
 )
+
+
+def say(line: str) -> None:
+    """Progress output, indented under the command's own lines."""
+    click.echo(f"  {line}")
 
 
 @click.group("cluster")
@@ -25,6 +38,10 @@ def cluster() -> None:
 
 @cluster.command("up")
 @STATE_DIR
+@click.option("--nodes", "node_count", type=click.IntRange(0, 200), default=3, show_default=True)
+@click.option(
+    "--backend", type=click.Choice(["vxlan", "host-gw"]), default="vxlan", show_default=True
+)
 @click.option(
     "--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True
 )
@@ -34,38 +51,59 @@ def cluster() -> None:
     multiple=True,
     help="CIDR:hostSubnetLength for the master (default 10.128.0.0/14:9)",
 )
-def up(state_dir: Path, plugin: str, cluster_networks: tuple[str, ...]) -> None:
-    """Start etcd and the master (idempotent) and write the admin kubeconfig."""
+def up(
+    state_dir: Path, node_count: int, backend: str, plugin: str, cluster_networks: tuple[str, ...]
+) -> None:
+    """Start (or complete) the cluster: control plane, underlay and N nodes. Idempotent."""
+    from podnet.cluster.lifecycle import ClusterError, ClusterSpec, cluster_up
+
     args: list[str] = []
     for value in cluster_networks:
         args += ["--cluster-network", value]
-    plane = ControlPlane(state_dir)
+    spec = ClusterSpec(node_count, backend, plugin, tuple(args))
     try:
-        plane.up(plugin, args, say=lambda line: click.echo(f"  {line}"))
+        cluster_up(state_dir, spec, say=say)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
     except Exception as exc:
         raise click.ClickException(f"cluster up failed: {exc}") from exc
-    click.echo(f"kubeconfig: {plane.kubeconfig}")
-    click.echo(f"  export KUBECONFIG={plane.kubeconfig}")
-    click.echo("tear down with: podnet cluster down")
+    kubeconfig = ControlPlane(state_dir).kubeconfig
+    click.echo(f"kubeconfig: {kubeconfig}")
+    click.echo(f"  export KUBECONFIG={kubeconfig}")
+    click.echo(f"tear down with: podnet cluster down{_state_flag(state_dir)}")
+
+
+def _state_flag(state_dir: Path) -> str:
+    return "" if state_dir == DEFAULT_STATE_DIR else f" --state-dir {state_dir}"
 
 
 @cluster.command("down")
 @STATE_DIR
 def down(state_dir: Path) -> None:
-    """Stop everything `cluster up` started, and remove its state."""
-    ControlPlane(state_dir).down(say=lambda line: click.echo(f"  {line}"))
+    """Stop everything `cluster up` started, remove its namespaces and its state."""
+    from podnet.cluster.lifecycle import cluster_down
+
+    cluster_down(state_dir, say=say)
 
 
 @cluster.command("status")
 @STATE_DIR
 def status(state_dir: Path) -> None:
-    """Show the control plane's processes, the nodes and their subnets."""
-    plane = ControlPlane(state_dir)
-    state = plane.state()
+    """Show the control plane, the nodes with their subnets and agent health, the pods."""
+    state = ClusterState.load(state_dir)
     if state is None:
         raise click.ClickException(f"no cluster at {state_dir}; run `podnet cluster up`")
+    master_ok = _show_control_plane(state)
+    if not master_ok:
+        return
+    _show_nodes(state, state_dir)
+    _show_pods(state)
+
+
+def _show_control_plane(state: ClusterState) -> bool:
     etcd_ok = ours(state.etcd_pid, "etcd")
     master_ok = ours(state.master_pid, "podnet")
+    click.echo(f"cluster: {state.cluster_id or '-'} ({state.backend} backend)")
     click.echo(f"plugin:  {PLUGIN_ALIASES.get(state.plugin, state.plugin)}")
     click.echo(
         f"etcd:    {'running' if etcd_ok else 'DOWN'} "
@@ -75,16 +113,59 @@ def status(state_dir: Path) -> None:
         f"master:  {'running' if master_ok else 'DOWN'} (pid {state.master_pid}, "
         f"https://127.0.0.1:{state.master_port})"
     )
-    if not master_ok:
-        return
-    from podnet.client import ApiClient
-    from podnet.kubeconfig import load_client_config
-    from podnet.model.kinds import HOST_SUBNET, NODE
+    return master_ok
 
-    api = ApiClient(load_client_config(str(plane.kubeconfig)))
-    subnets = {h["host"]: h for h in api.list(HOST_SUBNET)["items"]}
+
+def _show_nodes(state: ClusterState, state_dir: Path) -> None:
+    from podnet.cluster.lifecycle import node_health
+    from podnet.cluster.pods import admin_api
+
+    with admin_api(state_dir) as api:
+        report = node_health(state, state_dir, api)
     click.echo("nodes:")
-    for node in api.list(NODE)["items"]:
-        name = node["metadata"]["name"]
-        hs = subnets.get(name, {})
-        click.echo(f"  {name:<20} {hs.get('hostIP', '-'):<16} {hs.get('subnet', '<no subnet>')}")
+    header = f"  {'NAME':<8} {'NETNS':<20} {'NODE IP':<16} {'SUBNET':<18} {'AGENT':<12} HEALTH"
+    click.echo(header)
+    for node in report:
+        agent = f"pid {node.agent_pid}" if node.agent_alive else "DOWN"
+        checks = [
+            "process " + ("ok" if node.agent_alive else "dead"),
+            "socket " + ("ok" if node.socket_ok else "silent"),
+            "Ready " + {True: "yes", False: "NO", None: "?"}[node.ready],
+        ]
+        verdict = "healthy" if node.healthy else "UNHEALTHY"
+        click.echo(
+            f"  {node.name:<8} {node.netns:<20} {node.ip:<16} {node.subnet or '<none>':<18} "
+            f"{agent:<12} {verdict} ({', '.join(checks)})"
+        )
+
+
+def _show_pods(state: ClusterState) -> None:
+    if not state.pods:
+        click.echo("pods: none (podnet pod run NAME)")
+        return
+    click.echo("pods:")
+    for pod in sorted(state.pods.values(), key=lambda p: (p.node, p.key)):
+        running = "running" if pod.process and pod.process.alive() else "STOPPED"
+        click.echo(f"  {pod.key:<24} {pod.node:<8} {pod.ip or '-':<16} {running}")
+
+
+@cluster.command("matrix")
+@STATE_DIR
+@click.option(
+    "-n", "--namespace", "namespaces", multiple=True, help="only pods of these namespaces"
+)
+def matrix(state_dir: Path, namespaces: tuple[str, ...]) -> None:
+    """Ping and TCP-echo from every pod to every other pod; print the matrix."""
+    from podnet.cluster.lifecycle import endpoints
+    from podnet.cluster.matrix import render_matrix, run_matrix
+
+    state = ClusterState.load(state_dir)
+    if state is None:
+        raise click.ClickException(f"no cluster at {state_dir}; run `podnet cluster up`")
+    pods = endpoints(state, namespaces)
+    if len(pods) < 2:
+        raise click.ClickException("the matrix needs at least two pods (podnet pod run NAME)")
+    results = run_matrix(pods)
+    click.echo(render_matrix(pods, results))
+    if not all(r.ok for r in results):
+        click.get_current_context().exit(1)

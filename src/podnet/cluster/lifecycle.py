@@ -167,9 +167,9 @@ def node_health(state: ClusterState, state_dir: Path, api: Any) -> list[NodeHeal
 
 def endpoints(state: ClusterState, namespaces: Sequence[str] = ()) -> list[Endpoint]:
     """The recorded pods (of ``namespaces``, or all) as matrix endpoints, by node then name."""
-    pods = [p for p in state.pods.values() if p.ip and (not namespaces or p.namespace in namespaces)]
+    pods = [
+        p for p in state.pods.values() if p.ip and (not namespaces or p.namespace in namespaces)
+    ]
     pods.sort(key=lambda p: (state.nodes[p.node].index if p.node in state.nodes else 0, p.key))
     one_namespace = len({p.namespace for p in pods}) <= 1
-    return [
-        Endpoint(p.name if one_namespace else p.key, p.node, p.ip, p.netns) for p in pods
-    ]
+    return [Endpoint(p.name if one_namespace else p.key, p.node, p.ip, p.netns) for p in pods]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 
 from podnet import netns
 from podnet.cluster.state import ClusterState, NodeRecord, spawn
-from podnet.cluster.underlay import create_netns, node_address, plug
+from podnet.cluster.underlay import create_netns, node_address, plug, tcp_listens
 
 Say = Callable[[str], None]
 AGENT_TIMEOUT = 90.0
@@ -140,18 +139,10 @@ def start_relay(state: ClusterState, node: NodeRecord, paths: NodePaths) -> None
     argv = [sys.executable, "-m", "podnet.cluster.relay", "--netns", node.netns, "--port", port]
     node.relay = spawn(argv, paths.relay_log, f"podnet.cluster.relay --netns {node.netns} ")
     deadline = time.monotonic() + 10
-    while not _tcp_listens(node.netns, state.master_port):
+    while not tcp_listens(node.netns, state.master_port):
         if time.monotonic() > deadline or not node.relay.alive():
             raise RuntimeError(f"API relay for {node.name} did not start; see {paths.relay_log}")
         time.sleep(0.05)
-
-
-def _tcp_listens(namespace: str, port: int) -> bool:
-    with netns.entered(namespace):
-        sock = socket.socket()
-    with sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def prepare_node_files(state: ClusterState, node: NodeRecord, state_dir: Path) -> NodePaths:
@@ -172,7 +163,10 @@ def start_agent(state: ClusterState, node: NodeRecord, state_dir: Path) -> None:
     """Start the node's agent inside its namespace (it must not be running)."""
     paths = node_paths(state_dir, node.name)
     command = agent_command(state, node, paths)
-    node.agent = spawn(command, paths.agent_log, agent_needle(paths))
+    # $KUBECONFIG too: `podnet` hoists a --kubeconfig given after the sub-command to the
+    # global option, and the agent falls back to $KUBECONFIG.
+    env = {"KUBECONFIG": str(paths.kubeconfig)}
+    node.agent = spawn(command, paths.agent_log, agent_needle(paths), env=env)
     state.save(state_dir)
 
 
@@ -182,15 +176,18 @@ def stop_agent(node: NodeRecord, sig: int = signal.SIGTERM, timeout: float = 10.
 
 
 def socket_answers(path: Path, timeout: float = 2.0) -> bool:
-    """Whether the agent answers HTTP on its CNI socket (any status counts)."""
+    """Whether the agent answers a CNI STATUS request (as a runtime sends it) on its
+    socket with success, i.e. it is ready for ADDs."""
     from podnet.cni import shim
 
-    body = json.dumps({"env": {"CNI_COMMAND": "STATUS"}, "config": "{}"}).encode()
+    config = {"cniVersion": "1.1.0", "name": "podnet", "type": "podnet", "socketPath": str(path)}
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": str(path.parent / "cni-bin")}
+    body = json.dumps({"env": env, "config": json.dumps(config)}).encode()
     try:
-        shim.post(str(path), body, timeout)
+        status, _ = shim.post(str(path), body, timeout)
     except shim.AgentUnreachable:
         return False
-    return True
+    return 200 <= status < 300
 
 
 def node_ready(api: Any, name: str) -> bool | None:
@@ -219,19 +216,23 @@ def host_subnet(api: Any, name: str) -> str | None:
         return None
 
 
-def wait_agent_ready(node: NodeRecord, state_dir: Path, api: Any, timeout: float = AGENT_TIMEOUT) -> str:
+def wait_agent_ready(
+    node: NodeRecord, state_dir: Path, api: Any, timeout: float = AGENT_TIMEOUT
+) -> str:
     """Wait until the agent answers on its socket, its HostSubnet exists and its Node is
-    not NotReady; return the subnet. Raise with the log's tail if the agent dies."""
+    Ready; return the subnet. Raise with the log's tail if the agent dies."""
     paths = node_paths(state_dir, node.name)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if node.agent is None or not node.agent.alive():
             raise RuntimeError(f"agent of {node.name} exited:\n{log_tail(paths.agent_log)}")
         subnet = host_subnet(api, node.name)
-        if subnet and socket_answers(paths.socket) and node_ready(api, node.name) is not False:
+        if subnet and socket_answers(paths.socket) and node_ready(api, node.name) is True:
             return subnet
         time.sleep(0.1)
-    raise TimeoutError(f"agent of {node.name} not ready in {timeout}s:\n{log_tail(paths.agent_log)}")
+    raise TimeoutError(
+        f"agent of {node.name} not ready in {timeout}s:\n{log_tail(paths.agent_log)}"
+    )
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -257,7 +258,8 @@ def ensure_node(state: ClusterState, state_dir: Path, index: int, api: Any, say:
         return node
     start_agent(state, node, state_dir)
     subnet = wait_agent_ready(node, state_dir, api)
-    say(f"{node.name}: {node.netns} {node.ip}, subnet {subnet}, agent pid {node.agent.pid}")  # type: ignore[union-attr]
+    pid = node.agent.pid if node.agent else 0
+    say(f"{node.name}: {node.netns} {node.ip}, subnet {subnet}, agent pid {pid}")
     return node
 
 

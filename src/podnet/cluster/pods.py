@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ from typing import Any
 from podnet import netns
 from podnet.cluster.nodes import node_paths
 from podnet.cluster.state import ClusterState, PodRecord, locked, spawn
+from podnet.cluster.underlay import tcp_listens
 
 Say = Callable[[str], None]
 ECHO_COMMAND = (sys.executable, "-m", "podnet.cluster.echo")
+ECHO_PORT = 8080
 IFNAME = "eth0"
 CNI_TIMEOUT = 90.0
 
@@ -198,8 +201,23 @@ def _start_pod(
     netns.create(pod.netns)
     pod.ip = result_ip(cni_call(state_dir, pod, "ADD"))
     state.save(state_dir)
-    pod.process = spawn(netns.command(pod.netns, command), pod_log(state_dir, pod), " ".join(command))
+    pod.process = spawn(
+        netns.command(pod.netns, command), pod_log(state_dir, pod), " ".join(command)
+    )
     state.save(state_dir)
+    if tuple(command) == ECHO_COMMAND:
+        wait_listening(pod, ECHO_PORT)
+
+
+def wait_listening(pod: PodRecord, port: int, timeout: float = 15.0) -> None:
+    """Wait until the pod's process accepts TCP connections on ``port`` (its own view)."""
+    deadline = time.monotonic() + timeout
+    while not tcp_listens(pod.netns, port):
+        if pod.process is None or not pod.process.alive():
+            raise PodError(f"the process of pod {pod.key} exited; see its log")
+        if time.monotonic() > deadline:
+            raise PodError(f"pod {pod.key} does not listen on port {port} after {timeout}s")
+        time.sleep(0.05)
 
 
 def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say) -> None:

@@ -19,7 +19,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,8 +86,14 @@ class ProcessRecord:
         return True
 
 
-def spawn(argv: Sequence[str], log_path: Path, needle: str) -> ProcessRecord:
-    """Start ``argv`` in the background, in its own session, output to ``log_path``."""
+def spawn(
+    argv: Sequence[str], log_path: Path, needle: str, env: Mapping[str, str] | None = None
+) -> ProcessRecord:
+    """Start ``argv`` in the background, in its own session, output to ``log_path``;
+    ``env`` is added to this process's environment."""
+    final = " ".join(_final_argv(argv)) + " "
+    if needle not in final:
+        raise ValueError(f"{needle!r} is not part of the command line {final!r}")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -96,15 +102,26 @@ def spawn(argv: Sequence[str], log_path: Path, needle: str) -> ProcessRecord:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
-    # nsenter execs the command in place: wait until the PID shows the command itself, so
-    # the recorded start time and command line are the final ones.
+    # nsenter execs the command in place: wait until the PID shows the command itself
+    # (during the exec its command line is briefly empty), so the record is final.
     deadline = time.monotonic() + 5
-    while needle not in proc_cmdline(process.pid) and time.monotonic() < deadline:
+    while proc_cmdline(process.pid) != final:
         if process.poll() is not None:
             raise RuntimeError(f"{argv[0]} exited at once; see {log_path}")
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.005)
     return ProcessRecord.of(process.pid, needle)
+
+
+def _final_argv(argv: Sequence[str]) -> list[str]:
+    """The command that runs in the end: what follows ``--`` of an nsenter wrapper."""
+    argv = list(argv)
+    if argv and Path(argv[0]).name == "nsenter" and "--" in argv:
+        return argv[argv.index("--") + 1 :]
+    return argv
 
 
 @dataclass

@@ -12,7 +12,9 @@ node ``k`` is ``.10+k`` and the external host ``.250``.
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
+import time
 from collections.abc import Iterator
 from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
@@ -97,7 +99,9 @@ def plug(state: ClusterState, namespace: str, bridge_port: str, address: IPv4Int
         index = ipr.link_lookup(ifname=inner)[0]
         ipr.link("set", index=index, mtu=MTU, state="up")
         with contextlib.suppress(NetlinkError):  # EEXIST: already there
-            ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+            ipr.addr(
+                "add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen
+            )
 
 
 def ensure_external_host(state: ClusterState, state_dir: Path) -> ExternalHost:
@@ -112,9 +116,23 @@ def ensure_external_host(state: ClusterState, state_dir: Path) -> ExternalHost:
         argv = [sys.executable, "-m", "podnet.cluster.echo", "--port", str(ECHO_PORT)]
         host.echo = spawn(netns.command(name, argv), external_log(state_dir), "podnet.cluster.echo")
     state.save(state_dir)
+    deadline = time.monotonic() + 15
+    while not tcp_listens(name, ECHO_PORT):
+        if time.monotonic() > deadline or not host.echo.alive():
+            raise RuntimeError(f"external echo server not listening; see {external_log(state_dir)}")
+        time.sleep(0.05)
     return host
 
 
 def external_log(state_dir: Path) -> Path:
     """The external echo server's log: one line per TCP connection, with the peer."""
     return state_dir / "external" / "echo.log"
+
+
+def tcp_listens(namespace: str, port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` in ``namespace``."""
+    with netns.entered(namespace):
+        sock = socket.socket()
+    with sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

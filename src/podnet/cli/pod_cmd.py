@@ -1,0 +1,94 @@
+"""``podnet pod run|exec|delete``: pods of the local cluster, wired by the real CNI plugin.
+
+A pod here is a network namespace with one process (by default a TCP+UDP echo server on
+port 8080), registered as a Pod object on its node, as a kubelet would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import click
+
+from podnet.cli.cluster_cmd import STATE_DIR
+from podnet.cluster.pods import ECHO_COMMAND, PodError
+
+NAMESPACE = click.option("-n", "--namespace", default="default", show_default=True)
+
+
+def _labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r}: expected key=value", param_hint="--label")
+        labels[key] = val
+    return labels
+
+
+@click.group("pod")
+def pod() -> None:
+    """Run, enter and delete pods of the local cluster."""
+
+
+@pod.command("run", context_settings={"ignore_unknown_options": True})
+@STATE_DIR
+@NAMESPACE
+@click.option("--node", help="node to run on (default: the one with the fewest pods)")
+@click.option("--label", "-l", "labels", multiple=True, metavar="KEY=VALUE")
+@click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(
+    state_dir: Path,
+    namespace: str,
+    node: str | None,
+    labels: tuple[str, ...],
+    name: str,
+    command: tuple[str, ...],
+) -> None:
+    """Create pod NAME and start COMMAND in it (after `--`; default: the echo server)."""
+    from podnet.cluster.pods import run_pod
+
+    try:
+        record = run_pod(state_dir, name, namespace, node, _labels(labels), command or ECHO_COMMAND)
+    except PodError as exc:
+        raise click.ClickException(str(exc)) from exc
+    pid = record.process.pid if record.process else 0
+    click.echo(
+        f"pod/{name} running on {record.node} with IP {record.ip} (netns {record.netns}, pid {pid})"
+    )
+
+
+@pod.command("exec", context_settings={"ignore_unknown_options": True})
+@STATE_DIR
+@NAMESPACE
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(state_dir: Path, namespace: str, name: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND (after `--`) in pod NAME's network namespace; exit with its status."""
+    from podnet.cluster.pods import exec_pod
+
+    try:
+        result = exec_pod(state_dir, name, command, namespace, capture=False, timeout=None)
+    except PodError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (FileNotFoundError, subprocess.SubprocessError) as exc:
+        raise click.ClickException(f"cannot run {command[0]}: {exc}") from exc
+    click.get_current_context().exit(result.returncode)
+
+
+@pod.command("delete")
+@STATE_DIR
+@NAMESPACE
+@click.argument("names", nargs=-1, required=True)
+def delete(state_dir: Path, namespace: str, names: tuple[str, ...]) -> None:
+    """Delete pods: stop the process, CNI DEL, remove the namespace and the Pod object."""
+    from podnet.cluster.pods import delete_pod
+
+    for name in names:
+        try:
+            delete_pod(state_dir, name, namespace, say=lambda line: click.echo(line, err=True))
+        except PodError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f'pod "{name}" deleted')
