@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cni_runner import (  # noqa: E402
+from cni_runner import (
     Latencies,
     Plugin,
     concurrent_adds,
@@ -31,15 +31,18 @@ from cni_runner import (  # noqa: E402
     remove_namespaces,
     sequential,
 )
-
-from podnet.cluster import lifecycle  # noqa: E402
-from podnet.cluster.nodes import node_paths  # noqa: E402
+from podnet.cluster import lifecycle
+from podnet.cluster.nodes import node_paths
 
 
 def podnet_plugin(state_dir: Path, node: str) -> Plugin:
     paths = node_paths(state_dir, node)
     conflist = json.loads(paths.conflist.read_text())
-    config = {"cniVersion": conflist["cniVersion"], "name": conflist["name"], **conflist["plugins"][0]}
+    config = {
+        "cniVersion": conflist["cniVersion"],
+        "name": conflist["name"],
+        **conflist["plugins"][0],
+    }
     return Plugin("podnet (real shim + agent)", paths.shim, config, str(paths.cni_bin_dir))
 
 
@@ -86,20 +89,26 @@ def main(args: argparse.Namespace) -> None:
             order = (ours, ref) if run % 2 == 0 else (ref, ours)
             for plugin in order:
                 results[plugin.label].append(sequential(plugin, node.netns, pods[: args.pods]))
-                walls[plugin.label].append(concurrent_adds(plugin, node.netns, pods[: args.concurrent]))
+                walls[plugin.label].append(
+                    concurrent_adds(plugin, node.netns, pods[: args.concurrent])
+                )
         print(f"== CNI latency, {args.pods} pods one after another (median of {args.runs} runs)")
         mine = report(ours.label, results[ours.label])
         base = report(ref.label, results[ref.label])
-        print(f"  ratio ADD p50 podnet/reference: {mine['ADD p50'] / base['ADD p50']:.2f}  "
-              f"DEL p50: {mine['DEL p50'] / base['DEL p50']:.2f}  "
-              f"(goal: ADD p50 ≤ reference, p99 < 60 ms; podnet p99 ADD {mine['ADD p99']:.1f} ms)")
+        print(
+            f"  ratio ADD p50 podnet/reference: {mine['ADD p50'] / base['ADD p50']:.2f}  "
+            f"DEL p50: {mine['DEL p50'] / base['DEL p50']:.2f}  "
+            f"(goal: ADD p50 ≤ reference, p99 < 60 ms; podnet p99 ADD {mine['ADD p99']:.1f} ms)"
+        )
         print(f"== {args.concurrent} concurrent ADDs (wall, median of {args.runs})")
         for label, values in walls.items():
             print(f"  {label:<30} {statistics.median(values):.2f} s")
         rss = agent_rss_with_pods(ours, node.netns, pods[: args.pods], node.agent.pid)
         print(f"== agent RSS with {args.pods} pods attached: {rss:.0f} MB (goal < 80 MB)")
         all_adds = [v for r in results[ours.label] for v in r.add]
-        print(f"  (podnet ADD p99 over all {len(all_adds)} calls: {percentile(all_adds, 99):.1f} ms)")
+        print(
+            f"  (podnet ADD p99 over all {len(all_adds)} calls: {percentile(all_adds, 99):.1f} ms)"
+        )
     finally:
         remove_namespaces(pods)
         lifecycle.cluster_down(state_dir, say=lambda _: None)

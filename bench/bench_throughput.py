@@ -32,7 +32,8 @@ def iperf(server_ns: str, client_ns: str, server_ip: str, seconds: int) -> float
     """Gbit/s of one TCP stream from ``client_ns`` to ``server_ns``."""
     server = subprocess.Popen(
         netns.command(server_ns, ["iperf3", "-s", "-1", "-p", IPERF_PORT]),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         time.sleep(0.3)
@@ -63,8 +64,24 @@ def raw_veth() -> Iterator[tuple[str, str, str]]:
     netns.create(left)
     netns.create(right)
     try:
-        subprocess.run(["ip", "-n", left, "link", "add", "v0", "type", "veth", "peer", "name",
-                        "v1", "netns", right], check=True)
+        subprocess.run(
+            [
+                "ip",
+                "-n",
+                left,
+                "link",
+                "add",
+                "v0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "v1",
+                "netns",
+                right,
+            ],
+            check=True,
+        )
         for ns, dev, ip in ((left, "v0", "10.250.0.1/30"), (right, "v1", "10.250.0.2/30")):
             subprocess.run(["ip", "-n", ns, "addr", "add", ip, "dev", dev], check=True)
             subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
@@ -78,8 +95,9 @@ def raw_veth() -> Iterator[tuple[str, str, str]]:
 def cluster(backend: str) -> Iterator[Path]:
     state_dir = Path(tempfile.mkdtemp(prefix=f"podnet-bench-{backend}-"))
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=2, backend=backend),
-                             say=lambda _: None)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=2, backend=backend), say=lambda _: None
+        )
         for name, node in (("a", "node1"), ("b", "node1"), ("c", "node2")):
             pods.run_pod(state_dir, name, node=node)
         yield state_dir
@@ -92,8 +110,13 @@ def pod_ns_ip(state_dir: Path, name: str) -> tuple[str, str]:
     return pod.netns, pod.ip
 
 
-def measure(label: str, server: tuple[str, str], client_ns: str, args: argparse.Namespace,
-            out: dict[str, list[tuple[float, float]]]) -> None:
+def measure(
+    label: str,
+    server: tuple[str, str],
+    client_ns: str,
+    args: argparse.Namespace,
+    out: dict[str, list[tuple[float, float]]],
+) -> None:
     gbps = iperf(server[0], client_ns, server[1], args.seconds)
     out.setdefault(label, []).append((gbps, rtt_ms(client_ns, server[1])))
 

@@ -59,8 +59,10 @@ class Latencies:
 
     def summary(self) -> dict[str, float]:
         return {
-            "ADD p50": statistics.median(self.add), "ADD p99": percentile(self.add, 99),
-            "DEL p50": statistics.median(self.delete), "DEL p99": percentile(self.delete, 99),
+            "ADD p50": statistics.median(self.add),
+            "ADD p99": percentile(self.add, 99),
+            "DEL p50": statistics.median(self.delete),
+            "DEL p99": percentile(self.delete, 99),
         }
 
 
@@ -117,4 +119,6 @@ def reference_plugin(data_dir: Path, subnet: str = "10.200.0.0/16") -> Plugin:
         "mtu": 1450,
         "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": str(data_dir)},
     }
-    return Plugin("reference bridge+host-local", Path("/usr/lib/cni/bridge"), config, "/usr/lib/cni")
+    return Plugin(
+        "reference bridge+host-local", Path("/usr/lib/cni/bridge"), config, "/usr/lib/cni"
+    )
