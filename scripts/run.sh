@@ -6,13 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-# The matrix and the tests probe with ping (iputils); install it if this machine lacks it.
-if ! command -v ping >/dev/null; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq --no-install-recommends iputils-ping >/dev/null ||
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends iputils-ping >/dev/null; }
-fi
-
 PODNET=.venv/bin/podnet
 export PODNET_STATE_DIR="${PODNET_STATE_DIR:-/var/lib/podnet/cluster}"
 NODES="${PODNET_NODES:-3}"
