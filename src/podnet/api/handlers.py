@@ -20,6 +20,10 @@ from podnet.model import errors
 from podnet.model.kinds import Kind
 
 BOOKMARK_EVERY = 10.0
+# Per-request values the middleware and handlers share.
+USER = web.RequestKey("user", User)
+VERB = web.RequestKey("verb", str)
+RESOURCE = web.RequestKey("resource", str)
 
 
 def dumps(obj: Any) -> bytes:
@@ -50,7 +54,7 @@ class ResourceHandlers:
     async def _dispatch(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
         target = resolve(group, version, request.match_info["tail"])
         verb = _verb(request.method, target, query_flag(request, "watch"))
-        request["verb"], request["resource"] = verb, target.kind.plural
+        request[VERB], request[RESOURCE] = verb, target.kind.plural
         handler = getattr(self, f"_{verb}", None)
         if handler is None:
             raise errors.method_not_allowed(f"{request.method} is not supported on this path")
@@ -67,7 +71,7 @@ class ResourceHandlers:
         new: Obj | None = None,
         old: Obj | None = None,
     ) -> None:
-        user: User = request["user"]
+        user = request[USER]
         attrs = RequestAttributes(
             verb=verb,
             kind=target.kind,

@@ -12,7 +12,7 @@ from aiohttp import web
 from podnet import __version__
 from podnet.api import discovery, openapi
 from podnet.api.auth import TokenFile, User
-from podnet.api.handlers import ResourceHandlers, json_response
+from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.metrics import ApiMetrics
 from podnet.api.registry import Registry
 from podnet.api.requests import MAX_BODY
@@ -109,8 +109,8 @@ class ApiServer:
             log.exception("internal error serving %s %s", request.method, request.path)
             return json_response(errors.ApiError("internal error").status(), 500)
         finally:
-            verb = request.get("verb", request.method.lower())
-            resource = request.get("resource", "")
+            verb = request.get(VERB, request.method.lower())
+            resource = request.get(RESOURCE, "")
             self.metrics.requests.labels(verb, resource, str(code)).inc()
             if verb != "watch":
                 self.metrics.latency.labels(verb, resource).observe(time.perf_counter() - started)
@@ -118,9 +118,9 @@ class ApiServer:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in PUBLIC_PATHS:
-            request["user"] = User("system:anonymous", ("system:unauthenticated",))
+            request[USER] = User("system:anonymous", ("system:unauthenticated",))
         else:
-            request["user"] = self.tokens.authenticate(request.headers.get("Authorization"))
+            request[USER] = self.tokens.authenticate(request.headers.get("Authorization"))
         return await handler(request)
 
     # ---- non-resource endpoints -------------------------------------------------------
