@@ -34,7 +34,13 @@ from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
 from podnet.cni.types import CniError, CniRequest, parse_request
 from podnet.dataplane.fake import FakeDataPlane
-from podnet.dataplane.interface import DataPlaneError, NodeNetwork, PodAttachment
+from podnet.dataplane.interface import (
+    DataPlaneError,
+    NodeNetwork,
+    NodeSetupRefused,
+    PodAttachment,
+    RemoteNode,
+)
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.kubeconfig import ClientConfig
 from podnet.model.errors import ApiError
@@ -542,3 +548,25 @@ async def test_agent_syncs_remote_nodes_and_repairs_drift(
         )
     await running.stop()
     assert "remove node-b" in dataplane.remote_changes
+
+
+class RefusingDataPlane(FakeDataPlane):
+    """A backend that, like host-gw with a node on another L2 segment, refuses remotes."""
+
+    async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        if remotes:
+            raise NodeSetupRefused(f"host-gw: node {remotes[0].name} is not on this L2 segment")
+        await super().sync_remote_nodes(node, remotes)
+
+
+async def test_agent_refuses_to_start_when_remote_nodes_are_refused(
+    api: Api, tmp_path: Path
+) -> None:
+    config = agent_config(tmp_path)
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
+    await api.put_hostsubnet("far-away", "10.128.1.0/24", "203.0.113.9")
+    running = RunningAgent(api, config, RefusingDataPlane())
+    with pytest.raises(NodeSetupRefused, match="far-away"):
+        await asyncio.wait_for(running.task, 20)
+    assert not running.agent.serving.is_set()
+    assert not config.socket_path.exists()

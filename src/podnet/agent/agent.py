@@ -54,7 +54,7 @@ from podnet.agent.config import (
     node_network,
 )
 from podnet.agent.pods import PodManager, PodStatusWriter
-from podnet.agent.remotes import RemoteNodeSync
+from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
@@ -197,12 +197,28 @@ class NodeAgent:
             120.0,
             retry_if=_retry_dataplane,
         )
+        await self.sync_remote_nodes_once(node)
         await self.start_pods(node)
         await self.install_cni_plugin(node)
         await self.start_serving()
         self.start_watchers(node)
         await self.set_ready()
         log.info("node %s ready", name)
+
+    async def sync_remote_nodes_once(self, node: NodeNetwork) -> None:
+        """Route to the nodes known now, before serving; host-gw refuses to start here
+        when a node is not on this node's L2 segment (NodeSetupRefused ends the agent)."""
+        hostsubnets, _ = await with_retry(
+            lambda: self.api.list(HOST_SUBNET), "listing HostSubnets", 60.0
+        )
+        remotes = remote_nodes(hostsubnets, self.config.node_name)
+        await with_retry(
+            lambda: self.dataplane.sync_remote_nodes(node, remotes),
+            "routing to remote nodes",
+            60.0,
+            retry_if=_retry_dataplane,
+        )
+        log.info("routes to %d remote nodes in place", len(remotes))
 
     async def register_node(self) -> None:
         """Create this Node, or bring its addresses up to date (status subresource)."""
