@@ -8,6 +8,7 @@ removed by exact name in the finalizer, even when a test fails.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -477,3 +478,36 @@ async def test_attach_timings(lab: Lab) -> None:
     detach.sort()
     print(f"\nattach median {attach[5]:.1f} ms, detach median {detach[5]:.1f} ms")
     assert attach[5] < 100 and detach[5] < 200
+
+
+async def test_setup_keeps_bridged_pod_traffic_out_of_conntrack(lab: Lab) -> None:
+    """br_netfilter's switches are off in the node, and a check notices one turned on."""
+    planes = await up(lab, [1])
+    switch = "net.bridge.bridge-nf-call-iptables"
+    assert sh(lab.node_ns(1), "sysctl", "-n", switch).strip() == "0"
+    sh(lab.node_ns(1), "sysctl", "-w", f"{switch}=1")
+    status = await planes[1].check_node(lab.network(1))
+    assert status.problems == [f"{switch} is on"]
+    await planes[1].setup_node(lab.network(1))
+    assert sh(lab.node_ns(1), "sysctl", "-n", switch).strip() == "0"
+    assert (await planes[1].check_node(lab.network(1))).ok
+
+
+async def test_pods_wired_and_unwired_at_once_around_a_setup(lab: Lab) -> None:
+    """Attaches run in parallel; a set-up in the middle neither sees half-wired pods nor
+    drops their anti-spoofing entries; parallel detaches leave nothing."""
+    planes = await up(lab, [1])
+    node = lab.network(1)
+    pods = [lab.pod(1, 10 + k, f"m{k}")[1] for k in range(12)]
+    await asyncio.gather(*(planes[1].attach_pod(p) for p in pods[:6]), planes[1].setup_node(node))
+    await asyncio.gather(*(planes[1].attach_pod(p) for p in pods[6:]))
+    wired = await planes[1].attached_pods()
+    assert sorted(a.container_id for a in wired) == sorted(p.container_id for p in pods)
+    status = await planes[1].check_node(node)
+    assert status.ok, status.problems
+    await asyncio.gather(*(planes[1].detach_pod(p.container_id, p.ifname, p.netns) for p in pods))
+    assert await planes[1].attached_pods() == []
+    assert "elements" not in sh(
+        lab.node_ns(1), "nft", "list", "set", "bridge", "podnet", "pod_ports"
+    )
+    assert (await planes[1].check_node(node)).ok

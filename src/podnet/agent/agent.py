@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -120,6 +121,14 @@ def apply_event(objects: dict[str, Obj], event: WatchEvent) -> None:
             objects[name] = event.object
 
 
+def freeze_startup_objects() -> None:
+    """Take what start-up made (~60,000 objects: modules, clients) out of the garbage
+    collector's way. A full collection over them stops every thread for ~30 ms, which
+    showed as CNI ADD latency outliers; afterwards one covers only newer objects."""
+    gc.collect()
+    gc.freeze()
+
+
 def _retry_write(exc: BaseException) -> bool:
     return is_transient(exc) or has_reason(exc, "Conflict", "AlreadyExists")
 
@@ -203,6 +212,7 @@ class NodeAgent:
         await self.start_serving()
         self.start_watchers(node)
         await self.set_ready()
+        freeze_startup_objects()
         log.info("node %s ready", name)
 
     async def sync_remote_nodes_once(self, node: NodeNetwork) -> None:
@@ -402,4 +412,5 @@ class NodeAgent:
         await self.status_writer.close()
         await self.dataplane.close()
         await self.api.close()
+        gc.unfreeze()
         log.info("stopped; the data plane and pods are left running")

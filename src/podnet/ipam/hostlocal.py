@@ -10,11 +10,13 @@ Concurrency: a ``threading.Lock`` orders a store's threads; the flock, on a fres
 ``lock`` per operation, orders other stores, processes and the Go binary. O_EXCL is the
 final arbiter: an address is never handed out twice, whatever the in-memory view says.
 
-Speed: allocation starts after the cursor and usually succeeds at the first O_EXCL. For
-idempotent re-ADD a store keeps a view (name <-> owner): each ADD re-lists the directory
-and reads only names it has not seen. ``release``, ``find`` and ``allocations`` re-read
-every file, as the reference's DEL does, to stay exact even if a name was freed and
-reused behind the view's back.
+Speed: allocation starts after the cursor and usually succeeds at the first O_EXCL. A
+store keeps a view (name <-> owner, ``podnet.ipam.dirview``) that inotify keeps exact:
+each operation re-reads only the files changed since its last one (by anyone), so
+``release``, ``find`` and ``allocations`` are exact without reading every file as the
+reference's DEL does, even if a name was freed and reused, or rewritten in place, behind
+the view's back. Without inotify (or when it loses track) the view is rebuilt by reading
+every file for those three, and ADD reads the names it has not seen.
 
 Deliberate deviations from the reference:
 
@@ -50,9 +52,9 @@ from podnet.ipam.config import (
     RangeSet,
     validate_network_name,
 )
+from podnet.ipam.dirview import CURSOR_PREFIX, LOCK_NAME, DirIndex, DirWatch
+from podnet.ipam.requested import assign_requested, ipv4_sets, v4
 
-LOCK_NAME = "lock"
-CURSOR_PREFIX = "last_reserved_ip."
 LINE_BREAK = "\r\n"
 FILE_MODE = 0o600
 DIR_MODE = 0o755
@@ -109,10 +111,6 @@ def parse_owner(text: str) -> tuple[str, str]:
     return cid, ifname
 
 
-def _is_reservation(name: str) -> bool:
-    return name != LOCK_NAME and not name.startswith(CURSOR_PREFIX)
-
-
 def _read_at(dfd: int, name: str) -> str | None:
     """Stripped content of a small file in the directory, or None if it cannot be read."""
     try:
@@ -152,49 +150,6 @@ def _flock(fd: int, deadline: float, path: Path) -> None:
         delay = min(delay * 2, 0.01)
 
 
-class _DirIndex:
-    """A store's view of its directory: reservation file name <-> owner text."""
-
-    def __init__(self) -> None:
-        self.owner_of: dict[str, str] = {}
-        self._names_of: dict[str, set[str]] = {}
-        self._other: set[str] = set()  # lock and cursors: listed, never reservations
-
-    def put(self, name: str, text: str) -> None:
-        """Record that ``name`` holds ``text``."""
-        self.drop(name)
-        self.owner_of[name] = text
-        self._names_of.setdefault(text, set()).add(name)
-
-    def drop(self, name: str) -> None:
-        """Forget ``name``."""
-        text = self.owner_of.pop(name, None)
-        if text is not None:
-            names = self._names_of[text]
-            names.discard(name)
-            if not names:
-                del self._names_of[text]
-
-    def refresh(self, dfd: int, *, reread: bool = False) -> None:
-        """Re-list the directory; read only names not seen before (every file if ``reread``)."""
-        if reread:
-            self.owner_of, self._names_of = {}, {}
-        listed = set(os.listdir(dfd))
-        for name in self.owner_of.keys() - listed:
-            self.drop(name)
-        for name in listed - self.owner_of.keys() - self._other:
-            if not _is_reservation(name):
-                self._other.add(name)
-            elif (text := _read_at(dfd, name)) is not None:
-                self.put(name, text)
-
-    def match(self, container_id: str, ifname: str) -> list[str]:
-        """Files of the pair; legacy (ID-only) files only if none match exactly."""
-        cid = _checked_id(container_id, ifname, legacy=True)
-        exact = self._names_of.get(f"{cid}{LINE_BREAK}{ifname}") if ifname else None
-        return sorted(exact or self._names_of.get(cid) or ())
-
-
 @dataclass
 class _Claim:
     """One ADD in progress: the owner line, what the pair held, what this call created."""
@@ -214,7 +169,11 @@ class HostLocalStore:
         self.path = Path(data_dir) / validate_network_name(network)
         self.lock_timeout = lock_timeout
         self._mutex = threading.Lock()
-        self._index = _DirIndex()
+        self._index = DirIndex()
+        self._watch: DirWatch | None = None  # keeps the view exact (see dirview)
+        self._built = False  # the view was built by reading every file at least once
+        self._pending: set[str] = set()  # changed by others, seen after our own change
+        self._touched: set[str] = set()  # changed by the current operation
         _STORES.add(self)
 
     def allocate(
@@ -233,10 +192,9 @@ class HostLocalStore:
         files this call created are removed.
         """
         owner = owner_line(container_id, ifname)
-        sets = _ipv4_sets(range_sets)
-        wanted = _assign_requested(sets, requested)
-        with self._locked() as dfd:
-            self._index.refresh(dfd)
+        sets = ipv4_sets(range_sets)
+        wanted = assign_requested(sets, requested)
+        with self._locked(exact=False) as dfd:
             claim = _Claim(owner, self._held(dfd, container_id, ifname))
             try:
                 return [
@@ -255,9 +213,8 @@ class HostLocalStore:
         the container's legacy ID-only files (``allocations`` reports them that way).
         """
         _checked_id(container_id, ifname, legacy=True)
-        with self._locked() as dfd:
-            self._index.refresh(dfd, reread=True)
-            names = self._index.match(container_id, ifname)
+        with self._locked(exact=True) as dfd:
+            names = self._match(container_id, ifname)
             for name in names:
                 self._remove(dfd, name)
         return _ipv4s(names)
@@ -265,20 +222,19 @@ class HostLocalStore:
     def find(self, container_id: str, ifname: str) -> list[IPv4Address]:
         """The IPv4 addresses the pair holds (what ``release`` would free)."""
         _checked_id(container_id, ifname, legacy=True)
-        with self._locked() as dfd:
-            self._index.refresh(dfd, reread=True)
-            return _ipv4s(self._index.match(container_id, ifname))
+        with self._locked(exact=True):
+            return _ipv4s(self._match(container_id, ifname))
 
     def allocations(self) -> list[tuple[IPv4Address, str, str]]:
         """Every IPv4 reservation as (ip, container ID, ifname), sorted by address."""
-        with self._locked() as dfd:
-            self._index.refresh(dfd, reread=True)
+        with self._locked(exact=True):
             texts = dict(self._index.owner_of)
         return [(ip, *parse_owner(texts[str(ip)])) for ip in _ipv4s(texts)]
 
     @contextmanager
-    def _locked(self) -> Iterator[int]:
-        """Hold the thread mutex and the directory flock; yield the directory's fd."""
+    def _locked(self, *, exact: bool) -> Iterator[int]:
+        """Hold the thread mutex and the directory flock, bring the view up to date
+        (``exact``: as exact as reading every file); yield the directory's fd."""
         deadline = time.monotonic() + self.lock_timeout
         if not self._mutex.acquire(timeout=self.lock_timeout):
             raise IpamLockTimeout(f"timed out waiting for another thread using {self.path}")
@@ -291,7 +247,45 @@ class HostLocalStore:
             )
             stack.callback(os.close, lock_fd)  # closing drops the flock
             _flock(lock_fd, deadline, self.path / LOCK_NAME)
+            self._sync(dfd, exact)
             yield dfd
+            self._settle()
+
+    def _sync(self, dfd: int, exact: bool) -> None:
+        """Re-read what changed since our last operation; rebuild the view when that is
+        unknown (the first time, inotify lost track) and ``exact`` or a watch is wanted.
+        An ADD (not ``exact``) reads only the names it has not seen, as a listing would
+        tell, and keeps the other changes for the next exact operation."""
+        changes = self._watch.changes() if self._watch is not None else None
+        if changes is not None:
+            changed = changes | self._pending
+            self._pending = self._index.update(dfd, _read_at, changed, exact=exact)
+        elif exact or self._watch is not None or not self._built:
+            self._rewatch()  # before reading: nothing changed from here on is missed
+            self._index.refresh(dfd, _read_at, reread=True)
+            self._built = True
+        else:
+            self._index.refresh(dfd, _read_at)
+        if changes is None:
+            self._pending = set()
+        self._touched = set()
+
+    def _settle(self) -> None:
+        """Set this operation's own changes aside (the view has them), keep the others."""
+        changes = self._watch.changes() if self._watch is not None else None
+        if changes is not None:
+            self._pending |= changes - self._touched
+
+    def _rewatch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        try:
+            self._watch = DirWatch(self.path)
+        except OSError:
+            self._watch = None  # no inotify (or none left): read files instead
+
+    def _match(self, container_id: str, ifname: str) -> list[str]:
+        return self._index.match(_checked_id(container_id, ifname, legacy=True), ifname)
 
     def _open_dir(self) -> int:
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -303,7 +297,7 @@ class HostLocalStore:
 
     def _held(self, dfd: int, container_id: str, ifname: str) -> list[IPv4Address]:
         """Addresses the pair holds per the view, each confirmed by reading its file."""
-        names = self._index.match(container_id, ifname)
+        names = self._match(container_id, ifname)
         confirmed = [n for n in names if _read_at(dfd, n) == self._index.owner_of[n]]
         return _ipv4s(confirmed)
 
@@ -342,7 +336,7 @@ class HostLocalStore:
         for ip, _ in rset.candidates(self._read_cursor(dfd, index)):
             name = str(ip)
             if name not in taken and self._try_create(dfd, name, owner):
-                return _v4(ip)
+                return v4(ip)
         raise IpamExhausted(rset, index)
 
     def _try_create(self, dfd: int, name: str, owner: str) -> bool:
@@ -357,6 +351,7 @@ class HostLocalStore:
             if os.write(fd, data) != len(data):
                 raise OSError(errno.EIO, f"short write to {self.path / name}")
             self._index.put(name, owner)
+            self._touched.add(name)
         except BaseException:
             os.close(fd)
             self._remove(dfd, name)
@@ -366,6 +361,7 @@ class HostLocalStore:
 
     def _remove(self, dfd: int, name: str) -> None:
         self._index.drop(name)
+        self._touched.add(name)
         with suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dfd)
 
@@ -399,48 +395,15 @@ _STORES: weakref.WeakSet[HostLocalStore] = weakref.WeakSet()
 def _reset_after_fork() -> None:
     # A thread of the parent may have held a mutex at fork time; it does not exist here.
     for store in list(_STORES):
-        store._mutex, store._index = threading.Lock(), _DirIndex()
+        store._mutex, store._index = threading.Lock(), DirIndex()
+        store._watch, store._built, store._pending = None, False, set()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _v4(ip: IPAddress) -> IPv4Address:
-    if not isinstance(ip, IPv4Address):
-        raise IpamConfigError(f"{ip} is not an IPv4 address")
-    return ip
 
 
 def _allocation(rset: RangeSet, ip: IPv4Address, index: int) -> Allocation:
     r = rset.range_for(ip)
     if r is None:  # callers only pass addresses of the set
         raise IpamConfigError(f"{ip} is not in range set {rset}")
-    return Allocation(IPv4Interface((ip, r.subnet.prefixlen)), _v4(r.gateway), index)
-
-
-def _ipv4_sets(range_sets: Sequence[RangeSet]) -> list[RangeSet]:
-    if not range_sets:
-        raise IpamConfigError("no range sets to allocate from")
-    for i, rset in enumerate(range_sets):
-        if rset.version != 4:
-            raise IpamConfigError(f"range set {i} ({rset}) is IPv6; this store allocates IPv4 only")
-    return list(range_sets)
-
-
-def _assign_requested(
-    sets: Sequence[RangeSet], requested: Sequence[IPAddress]
-) -> dict[int, IPv4Address]:
-    """Map each requested IP to the index of the range set holding it (one per set)."""
-    wanted: dict[int, IPv4Address] = {}
-    for ip in map(_v4, dict.fromkeys(requested)):
-        index = next((i for i, s in enumerate(sets) if s.contains(ip)), None)
-        if index is None:
-            listing = ", ".join(str(s) for s in sets)
-            raise IpamConfigError(f"requested IP {ip} is not in any range set ({listing})")
-        if index in wanted:
-            raise IpamConfigError(
-                f"requested IPs {wanted[index]} and {ip} are both in range set {index};"
-                " only one address per range set"
-            )
-        wanted[index] = ip
-    return wanted
+    return Allocation(IPv4Interface((ip, r.subnet.prefixlen)), v4(r.gateway), index)

@@ -1,12 +1,15 @@
 """``LinuxDataPlane``: the DataPlane contract on a Linux bridge, VXLAN/host-gw and nftables.
 
 Namespace rule: a ``LinuxDataPlane`` works in the network namespace of the thread that
-*constructed* it. The constructor starts one worker thread, which inherits that
-namespace; every netlink request, sysctl write and ``nft`` run happens on that thread,
-off the event loop, one at a time (a pyroute2 socket is not thread-safe, and a serial
-order keeps check-then-change steps consistent). Pod namespaces are entered by the
-worker only long enough to open a socket there. Every call has a timeout (a kernel call
-that hangs keeps the worker busy, so the calls queued behind it time out too).
+*constructed* it. The constructor starts its worker threads (``workers``), which inherit
+that namespace; every netlink request, sysctl write and ``nft`` run happens on them, off
+the event loop. One thread does the node's own set-up, remote nodes and listings, in
+order (a pyroute2 socket is not thread-safe, and a serial order keeps check-then-change
+steps consistent); a few more wire pods, each with its own sockets, so independent pods
+are attached and detached in parallel. Operations on one pod are serial, and node
+check/set-up never overlaps pod wiring (``SharedExclusive``). Pod namespaces are entered
+by a worker only long enough to open a socket there. Every call has a timeout (a kernel
+call that hangs keeps its thread busy; the calls queued behind it time out too).
 
     with podnet.netns.entered("node-1"):   # or: already running inside the node
         plane = LinuxDataPlane()
@@ -16,14 +19,12 @@ that hangs keeps the worker busy, so the calls queued behind it time out too).
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from podnet.dataplane.desired import PodPort, host_veth_name
 from podnet.dataplane.interface import (
     DataPlane,
     DataPlaneError,
@@ -36,62 +37,39 @@ from podnet.dataplane.interface import (
 from podnet.dataplane.linux import node as node_setup
 from podnet.dataplane.linux import pods
 from podnet.dataplane.linux.netlink import Netlink
-from podnet.dataplane.linux.nftables import PodPortSet
+from podnet.dataplane.linux.pods import PodSockets
+from podnet.dataplane.linux.rtnl import LinkDeletion
+from podnet.dataplane.linux.workers import (
+    KeyedLocks,
+    NamespaceWorker,
+    SharedExclusive,
+    namespace_id,
+)
 
 T = TypeVar("T")
 CALL_TIMEOUT = 10.0
 SETUP_TIMEOUT = 60.0
-
-
-def _namespace_id() -> int:
-    return os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/net").st_ino
-
-
-class NamespaceWorker:
-    """One thread that runs submitted functions, in the namespace it was started in."""
-
-    def __init__(self, name: str) -> None:
-        self.namespace = _namespace_id()
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Queue ``fn``; its result (or exception) arrives in the returned future."""
-        future: Future[T] = Future()
-        self._queue.put((fn, future))
-        return future
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Finish queued work, then end the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        if _namespace_id() != self.namespace:  # cannot happen: threads inherit it
-            raise RuntimeError("worker thread started outside its namespace")
-        while (item := self._queue.get()) is not None:
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as err:
-                future.set_exception(err)
+POD_THREADS = 8  # a detach holds one for ~20 ms after it returns (see detach_pod)
+SHARED, EXCLUSIVE = False, True
+Release = Callable[[], None]
 
 
 class LinuxDataPlane:
     """The ``linux`` backend (see the module docstring for the namespace rule)."""
 
-    def __init__(self, *, timeout: float = CALL_TIMEOUT) -> None:
+    def __init__(self, *, timeout: float = CALL_TIMEOUT, pod_threads: int = POD_THREADS) -> None:
         self.timeout = timeout
-        self.namespace = _namespace_id()
+        self.namespace = namespace_id()
         self._worker = NamespaceWorker(f"podnet-dataplane-{self.namespace}")
-        self._netlink: Netlink | None = None
-        self._ports: PodPortSet | None = None
+        self._pod_workers = NamespaceWorker(f"podnet-pods-{self.namespace}", pod_threads)
+        self._order = SharedExclusive()  # pod wiring shared, node check/set-up exclusive
+        self._pod_locks = KeyedLocks()
+        self._netlink: Netlink | None = None  # the node thread's pyroute2 socket
+        self._local = threading.local()  # each pod thread's PodSockets
+        self._pod_sockets: list[PodSockets] = []
+        self._pod_sockets_lock = threading.Lock()
         self._bridge: int | None = None  # br0's index, cached for attach_pod
+        self._known: dict[str, PodPort] = {}  # host veth -> its anti-spoofing entry
         self.timings: dict[str, float] = {}  # last duration of each operation, ms
         self._closed = False
 
@@ -106,14 +84,19 @@ class LinuxDataPlane:
 
     async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
         """Compare the kernel with ``node``'s set-up; change nothing."""
-        problems = await self._call("check_node", lambda: node_setup.check(self._nl(), node))
+        problems = await self._call(
+            "check_node", lambda: node_setup.check(self._nl(), node), hold=EXCLUSIVE
+        )
         return DataPlaneStatus(ok=not problems, problems=problems)
 
     async def setup_node(self, node: NodeNetwork) -> None:
         """Build or repair ``node``'s set-up, touching only what differs."""
         self._bridge = None
         await self._call(
-            "setup_node", lambda: node_setup.setup(self._nl(), node), timeout=SETUP_TIMEOUT
+            "setup_node",
+            lambda: node_setup.setup(self._nl(), node),
+            hold=EXCLUSIVE,
+            timeout=SETUP_TIMEOUT,
         )
 
     async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
@@ -128,67 +111,156 @@ class LinuxDataPlane:
     async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
         """Wire one pod interface (veth born in the pod netns, address, routes, MAC,
         MTU, anti-spoofing entry)."""
-        return await self._call("attach_pod", lambda: self._attach(pod))
+        host = host_veth_name(pod.container_id, pod.ifname)
+        bridge = self._bridge
+        if bridge is None:
+            bridge = await self._call("bridge", lambda: pods.bridge_index(self._nl()))
+        try:
+            attached = await self._call(
+                "attach_pod", lambda: pods.attach(self._sockets(), pod, bridge), pod=host
+            )
+        except DataPlaneError:
+            self._bridge = None  # maybe br0 was rebuilt: look it up again next time
+            raise
+        self._bridge = bridge
+        self._known[host] = PodPort.of(attached)
+        return attached
 
     async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
         """Undo ``attach_pod``; fine if parts or all of it are gone. ``netns`` is not
-        needed: deleting the host end removes the peer wherever it is."""
-        await self._call(
-            "detach_pod", lambda: pods.detach(self._nl(), self._port_set(), container_id, ifname)
+        needed: deleting the host end removes the peer wherever it is. Returns as soon
+        as the veth is gone; the kernel's clean-up after that (~20 ms) goes on on a pod
+        thread, and this pod's next operation waits for it."""
+        host = host_veth_name(container_id, ifname)
+        known = self._known.get(host) or await self._call(
+            "known_port", lambda: pods.known_port(self._nl(), container_id, ifname)
         )
+        await self._within("detach_pod", self._detach(host, known))
+        self._known.pop(host, None)
 
     async def attached_pods(self) -> list[PodAttachment]:
         """The pods wired on this node, from the kernel."""
-        return await self._call("attached_pods", lambda: pods.attached(self._nl()))
+        found = await self._call("attached_pods", lambda: pods.attached(self._nl()))
+        self._known.update((a.host_ifname, PodPort.of(a)) for a in found)
+        return found
 
     async def close(self) -> None:
-        """Close the sockets and stop the worker thread (later calls fail)."""
+        """Close the sockets and stop the worker threads (later calls fail)."""
         if self._closed:
             return
         try:
             await self._call("close", self._close_netlink)
         finally:
             self._closed = True
-            await asyncio.to_thread(self._worker.stop)
+            await asyncio.to_thread(self._stop_workers)
 
     # --- plumbing --------------------------------------------------------------------
 
     def _nl(self) -> Netlink:
-        """The node socket; opened lazily, on the worker thread."""
+        """The node socket; opened lazily, on the node thread."""
         if self._netlink is None:
             self._netlink = Netlink.open()
         return self._netlink
 
-    def _port_set(self) -> PodPortSet:
-        """The anti-spoofing set's nfnetlink socket; opened lazily, on the worker."""
-        if self._ports is None:
-            self._ports = PodPortSet()
-        return self._ports
-
-    def _attach(self, pod: PodNetwork) -> PodAttachment:
-        nl = self._nl()
-        bridge = self._bridge or pods.bridge_index(nl)
-        try:
-            result = pods.attach(nl, self._port_set(), pod, bridge)
-        except DataPlaneError:
-            self._bridge = None  # maybe br0 was rebuilt: look it up again next time
-            raise
-        self._bridge = bridge
-        return result
+    def _sockets(self) -> PodSockets:
+        """The calling pod thread's sockets; opened lazily, on that thread."""
+        sockets: PodSockets | None = getattr(self._local, "sockets", None)
+        if sockets is None:
+            sockets = self._local.sockets = PodSockets()
+            with self._pod_sockets_lock:
+                self._pod_sockets.append(sockets)
+        return sockets
 
     def _close_netlink(self) -> None:
         if self._netlink is not None:
             self._netlink.close()
             self._netlink = None
-        if self._ports is not None:
-            self._ports.close()
-            self._ports = None
 
-    async def _call(self, what: str, fn: Callable[[], T], *, timeout: float | None = None) -> T:
-        if self._closed:
-            raise DataPlaneError(f"{what}: the data plane is closed")
-        limit = timeout or self.timeout
+    def _stop_workers(self) -> None:
+        self._pod_workers.stop()
+        self._worker.stop()
+        with self._pod_sockets_lock:
+            for sockets in self._pod_sockets:
+                sockets.close()
+            self._pod_sockets.clear()
 
+    async def _detach(self, host: str, known: PodPort | None) -> None:
+        """Drop the entry and start the veth deletion on a pod thread; return when the
+        kernel reports the veth gone (or the thread fails first)."""
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[LinkDeletion] = loop.create_future()
+
+        def work() -> None:
+            deletion = pods.start_detach(self._sockets(), host, known)
+            loop.call_soon_threadsafe(_hand_over, handed, deletion)
+            try:
+                deletion.send()
+            finally:
+                deletion.done_with()
+
+        releases = await self._hold(host, SHARED)
+        working = self._submit("detach_pod", work, True, releases)
+        deletion = await _first_step(handed, working)
+        reading = asyncio.ensure_future(deletion.gone())
+        try:
+            either: list[asyncio.Future[Any]] = [reading, working]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not reading.done() and working.exception() is not None:
+                working.result()  # the send failed: no answer will come
+            await reading
+        finally:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)  # off the loop's fd list
+            deletion.done_with()
+
+    async def _within(self, what: str, step: Awaitable[T], limit: float | None = None) -> T:
+        """``step`` with the call timeout, as a DataPlaneError."""
+        limit = limit or self.timeout
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await step
+        except TimeoutError as err:
+            if not deadline.expired():
+                raise
+            raise DataPlaneError(f"{what} timed out after {limit:.0f} s") from err
+
+    async def _call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        *,
+        pod: str | None = None,
+        hold: bool | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``fn`` on a pod thread (``pod``: that pod's host veth, its operations
+        serial) or on the node thread, holding ``_order`` shared for pods or as ``hold``
+        says. The holds last until ``fn`` ends, even past a timeout."""
+
+        async def step() -> T:
+            releases = await self._hold(pod, SHARED if pod else hold)
+            return await asyncio.shield(self._submit(what, fn, pod is not None, releases))
+
+        return await self._within(what, step(), timeout)
+
+    async def _hold(self, pod: str | None, hold: bool | None) -> list[Release]:
+        releases: list[Release] = []
+        try:
+            if pod is not None:
+                await self._pod_locks.acquire(pod)
+                releases.append(lambda: self._pod_locks.release(pod))
+            if hold is not None:
+                await self._order.acquire(hold)
+                releases.append(lambda: self._order.release(hold))
+        except BaseException:
+            _run_all(releases)
+            raise
+        return releases
+
+    def _submit(
+        self, what: str, fn: Callable[[], T], on_pod_thread: bool, releases: list[Release]
+    ) -> asyncio.Future[T]:
         def timed() -> T:
             started = time.perf_counter()
             try:
@@ -196,11 +268,59 @@ class LinuxDataPlane:
             finally:
                 self.timings[what] = (time.perf_counter() - started) * 1000
 
-        future = asyncio.wrap_future(self._worker.submit(timed))
+        worker = self._pod_workers if on_pod_thread else self._worker
         try:
-            return await asyncio.wait_for(future, limit)
-        except TimeoutError as err:
-            raise DataPlaneError(f"{what} timed out after {limit:.0f} s") from err
+            if self._closed:
+                raise DataPlaneError(f"{what}: the data plane is closed")
+            future = asyncio.wrap_future(worker.submit(timed))
+        except BaseException:
+            _run_all(releases)
+            raise
+        future.add_done_callback(lambda done: _finished(done, releases))
+        return future
+
+
+async def _first_step(
+    handed: asyncio.Future[LinkDeletion], working: asyncio.Future[None]
+) -> LinkDeletion:
+    """The deletion handed over by ``working``; its error if it failed before that."""
+    either: list[asyncio.Future[Any]] = [handed, working]
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        _abandon(handed)
+        raise
+    if not handed.done():  # hand-overs run on the loop before the work's own result
+        _abandon(handed)
+        working.result()
+        raise DataPlaneError("detach_pod ended without deleting the veth")
+    return handed.result()
+
+
+def _abandon(handed: asyncio.Future[LinkDeletion]) -> None:
+    """Nobody will read the deletion: let its sender close it alone."""
+    if handed.done() and not handed.cancelled():
+        handed.result().done_with()
+    handed.cancel()
+
+
+def _hand_over(handed: asyncio.Future[LinkDeletion], deletion: LinkDeletion) -> None:
+    if handed.cancelled():
+        deletion.done_with()  # nobody waits: the sender closes it
+    else:
+        handed.set_result(deletion)
+
+
+def _finished(future: asyncio.Future[T], releases: list[Release]) -> None:
+    """Give the holds up; mark the outcome seen (a caller that timed out never reads it)."""
+    if not future.cancelled():
+        future.exception()
+    _run_all(releases)
+
+
+def _run_all(releases: list[Release]) -> None:
+    for release in reversed(releases):
+        release()
 
 
 if TYPE_CHECKING:  # mypy checks that the class fulfils the contract

@@ -1,4 +1,5 @@
-"""A thin pyroute2 wrapper: typed snapshots, errno-tolerant ensure/delete helpers.
+"""A thin pyroute2 wrapper: typed snapshots, errno-tolerant ensure/delete helpers (node
+set-up, remote nodes and listings; the pod hot path uses ``rtnl``).
 
 A ``Netlink`` works in the namespace its socket was opened in, whichever thread uses
 it later; it is not thread-safe, so the backend uses each one from a single thread.
@@ -10,18 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError
 
-from podnet import netns
 from podnet.dataplane.desired import ROUTE_PROTO, FdbEntry, NeighEntry, RouteEntry
-from podnet.dataplane.interface import DataPlaneError, PodNetwork
+from podnet.dataplane.interface import DataPlaneError
 
 IFF_UP = 0x1
 RTNH_F_ONLINK = 0x4
@@ -76,22 +74,6 @@ class Netlink:
         """A socket in the calling thread's current namespace."""
         return cls(nl_call("opening a netlink socket", IPRoute))
 
-    @classmethod
-    @contextmanager
-    def opened_in(cls, target: str | Path) -> Iterator[Netlink]:
-        """A socket inside namespace ``target`` (entered by this thread only to open it)."""
-        if not Path(target).exists():
-            raise DataPlaneError(f"network namespace {target} does not exist")
-        try:
-            with netns.entered(target):
-                nl = cls.open()
-        except OSError as err:
-            raise DataPlaneError(f"entering namespace {target}: {err}") from err
-        try:
-            yield nl
-        finally:
-            nl.close()
-
     def close(self) -> None:
         """Release the socket."""
         self.ipr.close()
@@ -137,23 +119,6 @@ class Netlink:
             return False
         nl_call(f"deleting link {name}", self.ipr.link, "del", index=link.index, tolerate=_ABSENT)
         return True
-
-    def change_named(self, name: str, **attrs: Any) -> None:
-        """Change attributes of link ``name`` (the kernel finds it: no lookup first)."""
-        nl_call(f"setting {sorted(attrs)} on {name}", self.ipr.link, "set", ifname=name, **attrs)
-
-    def create_pod_veth(self, host: str, pod: PodNetwork, master: int) -> None:
-        """A veth whose host end ``host`` is up on ``master`` and whose peer is born
-        inside the pod namespace with the pod's MAC and MTU: one request (moving a link
-        into a namespace afterwards costs ~20 ms)."""
-        fd = nl_call(f"opening pod namespace {pod.netns}", os.open, pod.netns, os.O_RDONLY)
-        try:
-            peer = {"ifname": pod.ifname, "net_ns_fd": fd, "address": pod.mac, "mtu": pod.mtu}
-            what = f"creating veth {host} with {pod.ifname} in {pod.netns}"
-            attrs: dict[str, Any] = {"mtu": pod.mtu, "master": master, "state": "up", "peer": peer}
-            nl_call(what, self.ipr.link, "add", ifname=host, kind="veth", **attrs)
-        finally:
-            os.close(fd)
 
     # --- addresses -------------------------------------------------------------------
 
@@ -305,28 +270,6 @@ class Netlink:
             dst=str(entry.dst),
             tolerate=_ABSENT,
         )
-
-    # --- inside a pod ----------------------------------------------------------------
-
-    def configure_pod(self, pod: PodNetwork) -> None:
-        """In the pod namespace: lo and the interface up, address, default route and
-        extra routes via the gateway (the MAC and MTU were set when the veth was born)."""
-        self.change_named("lo", state="up")
-        link = self.require(pod.ifname)
-        self.change(link, state="up")
-        self.add_address(link.index, pod.address)
-        gateway = str(pod.gateway)
-        for dst in (IPv4Network("0.0.0.0/0"), *pod.routes):
-            what = f"adding pod route {dst} via {gateway}"
-            nl_call(
-                what,
-                self.ipr.route,
-                "add",
-                dst=str(dst),
-                gateway=gateway,
-                oif=link.index,
-                tolerate=(errno.EEXIST,),
-            )
 
 
 def _link(msg: Any) -> Link:

@@ -7,16 +7,11 @@ pure, so the comparison of a listing with a rendered ruleset is unit-tested.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-
-from pyroute2 import NetlinkError
-from pyroute2.nftables.main import NFTables, NFTSet
 
 from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, PodPort
 from podnet.dataplane.interface import DataPlaneError
@@ -180,9 +175,8 @@ def table_problems(key: str, want: str, have: str | None) -> list[str]:
     return problems
 
 
-# --- anti-spoofing elements over nfnetlink ------------------------------------------------
+# --- anti-spoofing element keys -------------------------------------------------------------
 
-NFPROTO_BRIDGE = 7
 IFNAMSIZ = 16
 
 
@@ -191,45 +185,3 @@ def element_key(port: PodPort) -> bytes:
     padded to 4 bytes (ifname 16, ether_addr 6+2, ipv4_addr 4)."""
     mac = bytes.fromhex(port.mac.replace(":", ""))
     return port.host_ifname.encode().ljust(IFNAMSIZ, b"\0") + mac + b"\0\0" + port.ip.packed
-
-
-class PodPortSet:
-    """The ``pod_ports`` set, changed over nfnetlink: one batch (one transaction) per
-    call and no ``nft`` process, which is what keeps attach and detach to a few ms.
-    Open it in the node namespace; use it from one thread."""
-
-    def __init__(self) -> None:
-        try:
-            self._nft = NFTables(nfgen_family=NFPROTO_BRIDGE)
-        except OSError as err:
-            raise DataPlaneError(f"opening an nftables socket: {err}") from err
-
-    def add(self, ports: Iterable[PodPort]) -> None:
-        """Add elements (present ones are fine)."""
-        self._send("add", ports)
-
-    def delete(self, ports: Iterable[PodPort]) -> bool:
-        """Delete elements; False (nothing deleted) if one of them was not there."""
-        try:
-            self._send("del", ports)
-        except DataPlaneError as err:
-            if isinstance(err.__cause__, NetlinkError) and err.__cause__.code == errno.ENOENT:
-                return False
-            raise
-        return True
-
-    def close(self) -> None:
-        """Release the socket."""
-        self._nft.close()
-
-    def _send(self, command: str, ports: Iterable[PodPort]) -> None:
-        chosen = sorted(set(ports))
-        keys = [element_key(p) for p in chosen]
-        if not keys:
-            return
-        target = NFTSet(table=NFT_TABLE, name=POD_PORTS_SET)
-        try:
-            self._nft.set_elems(command, set=target, elements=keys)
-        except NetlinkError as err:
-            what = f"{command} {POD_PORTS_SET} elements {[p.element() for p in chosen]}"
-            raise DataPlaneError(f"{what}: {os.strerror(err.code)}") from err

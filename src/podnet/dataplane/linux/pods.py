@@ -1,17 +1,24 @@
-"""Pod wiring for the linux backend (blocking; runs in the node-namespace thread).
+"""Pod wiring for the linux backend (blocking; runs on a pod worker thread in the node
+namespace).
 
 A pod's host veth end is named from its container id and ifname, sits on br0, and keeps
-the pod's identity in its ifalias, so the kernel alone tells a restarted agent which
-pods are wired. The anti-spoofing element is added before the veth exists and removed
-after it is gone, so a pod port never forwards without its entry.
+the pod's identity in its ifalias, written last, so the kernel alone tells a restarted
+agent which pods are completely wired. The anti-spoofing element is added before the veth
+exists, so a new pod's first frames pass. On detach it goes just before the veth (the pod
+is being torn down; a frame it still sends is dropped), so that once the veth is reported
+gone, nothing of the pod is left.
+
+Attach and detach use raw netlink batches (``rtnl``): an attach is four short exchanges
+(element; veth; pod side in two; identity), a detach two. Listings use pyroute2.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-
-from pyroute2 import NetlinkError
+import os
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
 
 from podnet.dataplane.desired import (
     BRIDGE,
@@ -23,11 +30,27 @@ from podnet.dataplane.desired import (
     pod_alias,
 )
 from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork
-from podnet.dataplane.linux import nftables
+from podnet.dataplane.linux import nftables, rtnl
 from podnet.dataplane.linux.netlink import Link, Netlink
-from podnet.dataplane.linux.nftables import PodPortSet
+from podnet.dataplane.linux.portset import PodPortSet
+from podnet.dataplane.linux.rtnl import NetlinkBatch, RequestFailed
 
 log = logging.getLogger(__name__)
+
+DEFAULT_ROUTE = IPv4Network("0.0.0.0/0")
+
+
+@dataclass
+class PodSockets:
+    """One pod worker thread's sockets, opened in the node namespace."""
+
+    links: NetlinkBatch = field(default_factory=NetlinkBatch)
+    ports: PodPortSet = field(default_factory=PodPortSet)
+
+    def close(self) -> None:
+        """Release both sockets."""
+        self.links.close()
+        self.ports.close()
 
 
 def bridge_index(nl: Netlink) -> int:
@@ -38,40 +61,66 @@ def bridge_index(nl: Netlink) -> int:
     return bridge.index
 
 
-def attach(nl: Netlink, ports: PodPortSet, pod: PodNetwork, bridge: int) -> PodAttachment:
+def attach(sockets: PodSockets, pod: PodNetwork, bridge: int) -> PodAttachment:
     """Wire ``pod`` on bridge index ``bridge``; on failure remove whatever this call
     created, then raise."""
     host = host_veth_name(pod.container_id, pod.ifname)
     port = PodPort(host, pod.mac, pod.address.ip)
     created = False
     try:
-        ports.add([port])
-        _create_veth(nl, ports, pod, host, bridge)
+        sockets.ports.add([port])
+        _create_veth(sockets, pod, host, bridge)
         created = True
-        with Netlink.opened_in(pod.netns) as inside:
-            inside.configure_pod(pod)
-        nl.change_named(host, ifalias=pod_alias(pod))
+        configure_pod(pod)
+        sockets.links.run([rtnl.set_link(host, alias=pod_alias(pod))])
     except BaseException as err:
-        _undo(nl, ports, host, port, created)
+        _undo(sockets, host, port, created)
         if isinstance(err, DataPlaneError):
             raise DataPlaneError(f"attaching {pod.container_id}/{pod.ifname}: {err}") from err
         raise
     return attachment(pod, host)
 
 
-def _create_veth(nl: Netlink, ports: PodPortSet, pod: PodNetwork, host: str, bridge: int) -> None:
+def _create_veth(sockets: PodSockets, pod: PodNetwork, host: str, bridge: int) -> None:
     try:
-        nl.create_pod_veth(host, pod, bridge)
-    except DataPlaneError as err:
-        cause = err.__cause__
-        if not (isinstance(cause, NetlinkError) and cause.code == errno.EEXIST):
-            raise
-        if nl.link(host) is None:  # the pod side exists: not ours to remove
-            raise
+        _new_veth(sockets.links, host, pod, bridge)
+    except RequestFailed as err:
+        if err.code != errno.EEXIST or not link_exists(sockets.links, host):
+            raise  # the pod side exists: not ours to remove
         log.info("replacing %s, left by an earlier attach of %s", host, pod.container_id)
-        detach(nl, ports, pod.container_id, pod.ifname)
-        ports.add([PodPort(host, pod.mac, pod.address.ip)])
-        nl.create_pod_veth(host, pod, bridge)
+        detach(sockets, host, None)
+        sockets.ports.add([PodPort(host, pod.mac, pod.address.ip)])
+        _new_veth(sockets.links, host, pod, bridge)
+
+
+def _new_veth(links: NetlinkBatch, host: str, pod: PodNetwork, bridge: int) -> None:
+    try:
+        fd = os.open(pod.netns, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise DataPlaneError(f"opening pod namespace {pod.netns}: {err}") from err
+    try:
+        peer = rtnl.PeerEnd(pod.ifname, fd, pod.mac)
+        links.run([rtnl.create_veth(host, bridge, pod.mtu, peer)])
+    finally:
+        os.close(fd)
+
+
+def link_exists(links: NetlinkBatch, name: str) -> bool:
+    """Whether link ``name`` exists in the socket's namespace."""
+    return links.run([rtnl.get_link(name)])[0] is not None
+
+
+def configure_pod(pod: PodNetwork) -> None:
+    """In the pod namespace: lo and the interface up, address, default route and extra
+    routes via the gateway (the MAC and MTU were set when the veth was born)."""
+    with NetlinkBatch.opened_in(pod.netns) as inside:
+        ups = [rtnl.set_link("lo", up=True), rtnl.set_link(pod.ifname, up=True)]
+        reply = inside.run([*ups, rtnl.get_link(pod.ifname)])[-1]
+        if reply is None:
+            raise DataPlaneError(f"link {pod.ifname} does not exist in {pod.netns}")
+        index = rtnl.link_index(reply)
+        routes = [rtnl.add_route(dst, pod.gateway, index) for dst in (DEFAULT_ROUTE, *pod.routes)]
+        inside.run([rtnl.add_address(index, pod.address), *routes])
 
 
 def attachment(pod: PodNetwork, host: str) -> PodAttachment:
@@ -88,25 +137,35 @@ def attachment(pod: PodNetwork, host: str) -> PodAttachment:
     )
 
 
-def _undo(nl: Netlink, ports: PodPortSet, host: str, port: PodPort, created: bool) -> None:
+def _undo(sockets: PodSockets, host: str, port: PodPort, created: bool) -> None:
     """Remove the veth if this attach made it, and the element unless a veth of that
     name (made earlier, not by this call) still needs it."""
     try:
         if created:
-            nl.delete(host)
-        if created or nl.link(host) is None:
-            ports.delete([port])
+            sockets.links.run([rtnl.delete_link(host)])
+        if created or not link_exists(sockets.links, host):
+            sockets.ports.delete([port])
     except DataPlaneError as err:  # keep the original error; resync repairs the rest
         log.warning("cleanup after a failed attach of %s: %s", host, err)
 
 
-def detach(nl: Netlink, ports: PodPortSet, container_id: str, ifname: str) -> None:
-    """Remove the pod's veth (its peer goes with it) and its anti-spoofing entries.
-    Whatever is already gone is fine."""
-    host = host_veth_name(container_id, ifname)
-    link = nl.link(host)
-    known = _port_of(link) if link is not None else None
-    nl.delete(host)
+def detach(sockets: PodSockets, host: str, known: PodPort | None) -> None:
+    """Remove the anti-spoofing entry of veth ``host``, then the veth (its peer goes
+    with it). Whatever is already gone is fine."""
+    drop_entry(sockets.ports, host, known)
+    sockets.links.run([rtnl.delete_link(host)])
+
+
+def start_detach(sockets: PodSockets, host: str, known: PodPort | None) -> rtnl.LinkDeletion:
+    """``detach`` in two steps: the entry goes now; the returned deletion of the veth is
+    to be sent (see ``rtnl.LinkDeletion``)."""
+    drop_entry(sockets.ports, host, known)
+    return rtnl.LinkDeletion(host)
+
+
+def drop_entry(ports: PodPortSet, host: str, known: PodPort | None) -> None:
+    """Delete ``known``, the anti-spoofing entry of ``host`` when the caller knows it;
+    otherwise (or if it is not there) whatever the set holds for ``host``."""
     if known is None or not ports.delete([known]):
         _drop_ports_of(ports, host)  # identity unknown: look at the set itself
 
@@ -117,6 +176,13 @@ def _drop_ports_of(ports: PodPortSet, host: str) -> None:
         return
     listed = (nftables.parse_element(e) for e in nftables.pod_ports_in(table))
     ports.delete([p for p in listed if p is not None and p.host_ifname == host])
+
+
+def known_port(nl: Netlink, container_id: str, ifname: str) -> PodPort | None:
+    """The anti-spoofing entry recorded in the pod's host veth (None if it is gone or
+    carries no identity)."""
+    link = nl.link(host_veth_name(container_id, ifname))
+    return _port_of(link) if link is not None else None
 
 
 def _port_of(link: Link) -> PodPort | None:
