@@ -8,7 +8,6 @@ is one rule over three sets of 200 elements.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from podnet.controllers.config import NETWORKPOLICY
@@ -17,7 +16,6 @@ from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 
 Obj = dict[str, Any]
-COMPILE_BUDGET_SECONDS = 2.0
 
 
 def make_pod(ns: str, i: int, labels: dict[str, str]) -> Obj:
@@ -123,18 +121,14 @@ def large_policy(ns: str, k: int) -> Obj:
     return {"metadata": {"namespace": ns, "name": f"policy-{k}"}, "spec": spec}  # fmt: skip
 
 
-def test_5000_pods_1000_policies_compile_within_budget() -> None:
-    """Best of three, as the machine is shared; the budget is for following changes in 1 s."""
+def test_5000_pods_1000_policies_stay_linear() -> None:
+    """The benchmark-sized cluster: rules track policy rules, elements stay far below pairs.
+
+    How long the compile takes is measured by a benchmark, not asserted by a test.
+    """
     pods, namespaces, policies = large_cluster()
-    timings = []
-    for _ in range(3):
-        start = time.perf_counter()
-        ruleset = compile_rules(NETWORKPOLICY, pods, namespaces, [], policies)
-        timings.append(time.perf_counter() - start)
+    ruleset = compile_rules(NETWORKPOLICY, pods, namespaces, [], policies)
     size = ruleset.size()
-    print(f"5,000 pods x 1,000 policies: compile {min(timings):.3f} s (best of 3), {size}, "
-          f"OpenShift per-pair flows {openshift_flows(ruleset):,}")  # fmt: skip
-    assert min(timings) < COMPILE_BUDGET_SECONDS
     assert len(ruleset.rules) == 3_000
     assert size.rules <= 2 * len(ruleset.rules) + 2
     assert size.set_elements < openshift_flows(ruleset) / 100
