@@ -15,147 +15,28 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from podnet import netns
 from podnet.dataplane.desired import host_veth_name, vtep_mac
-from podnet.dataplane.interface import (
-    DataPlaneError,
-    NodeNetwork,
-    NodeSetupRefused,
-    PodNetwork,
-    RemoteNode,
+from podnet.dataplane.interface import DataPlaneError, NodeSetupRefused, PodNetwork, RemoteNode
+from podnet.testing.lab import (
+    CLIENT,
+    EXTERNAL_IP,
+    SERVER,
+    Lab,
+    ip,
+    ping,
+    sh,
+    up,
 )
-from podnet.dataplane.linux import LinuxDataPlane
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
 ]
-
-UNDERLAY = IPv4Network("198.51.100.0/24")
-EXTERNAL_IP = IPv4Address("198.51.100.100")
-CLUSTER = IPv4Network("10.128.0.0/14")
-SERVICES = IPv4Network("172.30.0.0/16")
-MTU = 1450
-SERVER = """
-import socket, sys
-s = socket.socket(); s.settimeout(15)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-conn, peer = s.accept(); conn.sendall(peer[0].encode()); conn.close()
-"""
-CLIENT = """
-import socket, sys, time
-deadline = time.monotonic() + 8
-while True:
-    try:
-        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); break
-    except OSError:
-        if time.monotonic() > deadline: raise
-        time.sleep(0.1)
-print(c.recv(100).decode())
-"""
-
-
-def sh(ns: str, *argv: str) -> str:
-    """Run ``argv`` in namespace ``ns``; fail the test on error."""
-    done = netns.run(ns, argv, timeout=30)
-    assert done.returncode == 0, f"{argv} in {ns}: {done.stderr}"
-    return done.stdout
-
-
-def ip(ns: str, command: str) -> str:
-    """``ip <command>`` in namespace ``ns`` (words split on spaces)."""
-    return sh(ns, "ip", *command.split())
-
-
-def ping(ns: str, ip: IPv4Address | str, *extra: str, count: int = 3) -> bool:
-    argv = ["ping", "-n", "-q", "-c", str(count), "-W", "1", "-i", "0.2", *extra, str(ip)]
-    return netns.run(ns, argv, timeout=15).returncode == 0
-
-
-@dataclass
-class Lab:
-    """Namespaces of one test and helpers to build nodes and pods in them."""
-
-    run: str
-    created: list[str] = field(default_factory=list)
-    planes: list[LinuxDataPlane] = field(default_factory=list)
-
-    def namespace(self, suffix: str) -> str:
-        name = f"{self.run}-{suffix}"
-        self.created.append(name)  # recorded first: removed even if creation half fails
-        netns.create(name)
-        return name
-
-    @property
-    def underlay(self) -> str:
-        return f"{self.run}-ul"
-
-    def node_ns(self, i: int) -> str:
-        return f"{self.run}-n{i}"
-
-    def node_ip(self, i: int) -> IPv4Address:
-        return UNDERLAY.network_address + 10 + i
-
-    def subnet(self, i: int) -> IPv4Network:
-        return IPv4Network(f"10.128.{2 * (i - 1)}.0/23")
-
-    def plug(self, ns: str, port: str, address: IPv4Interface) -> None:
-        """A veth from the underlay bridge into ``ns`` (eth0 there), born in place."""
-        ip(self.underlay, f"link add {port} type veth peer name eth0 netns {ns}")
-        sh(self.underlay, "ip", "link", "set", port, "master", "ul", "up")
-        sh(ns, "ip", "addr", "add", str(address), "dev", "eth0")
-        sh(ns, "ip", "link", "set", "eth0", "up")
-
-    def build(self, nodes: int = 3) -> None:
-        self.namespace("ul")
-        sh(self.underlay, "ip", "link", "add", "ul", "type", "bridge")
-        sh(self.underlay, "ip", "link", "set", "ul", "up")
-        external = self.namespace("ext")
-        self.plug(external, "u-ext", IPv4Interface(f"{EXTERNAL_IP}/24"))
-        for i in range(1, nodes + 1):
-            self.plug(self.namespace(f"n{i}"), f"u-n{i}", IPv4Interface(f"{self.node_ip(i)}/24"))
-
-    def network(self, i: int, backend: str = "vxlan", **overrides: object) -> NodeNetwork:
-        values: dict[str, object] = {
-            "node_name": f"node-{i}",
-            "node_ip": self.node_ip(i),
-            "subnet": self.subnet(i),
-            "cluster_networks": (CLUSTER,),
-            "service_network": SERVICES,
-            "mtu": MTU,
-            "backend": backend,
-        }
-        values.update(overrides)
-        return NodeNetwork(**values)  # type: ignore[arg-type]
-
-    def remote(self, i: int) -> RemoteNode:
-        return RemoteNode(f"node-{i}", self.node_ip(i), self.subnet(i))
-
-    def plane(self, i: int) -> LinuxDataPlane:
-        with netns.entered(self.node_ns(i)):
-            plane = LinuxDataPlane()
-        self.planes.append(plane)
-        return plane
-
-    def pod(self, node: int, host: int, tag: str) -> tuple[str, PodNetwork]:
-        ns = self.namespace(f"p-{tag}")
-        subnet = self.subnet(node)
-        pod = PodNetwork(
-            container_id=f"{self.run}-{tag}",
-            netns=str(netns.path(ns)),
-            ifname="eth0",
-            address=IPv4Interface(f"{subnet.network_address + host}/{subnet.prefixlen}"),
-            gateway=subnet.network_address + 1,
-            mtu=MTU,
-            routes=(CLUSTER,),
-        )
-        return ns, pod
 
 
 @pytest.fixture
@@ -166,23 +47,7 @@ async def lab() -> AsyncIterator[Lab]:
         the_lab.build()
         yield the_lab
     finally:
-        try:
-            for plane in the_lab.planes:
-                await plane.close()
-        finally:
-            for name in reversed(the_lab.created):
-                netns.remove(name)
-
-
-async def up(lab: Lab, nodes: list[int], backend: str = "vxlan") -> dict[int, LinuxDataPlane]:
-    """Set the nodes up and give each the others as remotes."""
-    planes = {i: lab.plane(i) for i in nodes}
-    for i, plane in planes.items():
-        await plane.setup_node(lab.network(i, backend))
-    for i, plane in planes.items():
-        remotes = [lab.remote(j) for j in nodes if j != i]
-        await plane.sync_remote_nodes(lab.network(i, backend), remotes)
-    return planes
+        await the_lab.close()
 
 
 def tcp_peer_seen(client_ns: str, server_ns: str, server_ip: IPv4Address) -> str:
@@ -487,10 +352,21 @@ async def test_setup_keeps_bridged_pod_traffic_out_of_conntrack(lab: Lab) -> Non
     assert sh(lab.node_ns(1), "sysctl", "-n", switch).strip() == "0"
     sh(lab.node_ns(1), "sysctl", "-w", f"{switch}=1")
     status = await planes[1].check_node(lab.network(1))
-    assert status.problems == [f"{switch} is on"]
+    assert status.problems == [f"{switch} is not 0"]
     await planes[1].setup_node(lab.network(1))
     assert sh(lab.node_ns(1), "sysctl", "-n", switch).strip() == "0"
     assert (await planes[1].check_node(lab.network(1))).ok
+
+
+async def test_isolation_turns_bridged_ipv4_through_the_inet_hooks(lab: Lab) -> None:
+    """With isolation (multitenant, networkpolicy) the IPv4 switch is on, IPv6 stays off."""
+    planes = await up(lab, [1])
+    isolated = lab.network(1, isolation=True)
+    assert not (await planes[1].check_node(isolated)).ok
+    await planes[1].setup_node(isolated)
+    assert sh(lab.node_ns(1), "sysctl", "-n", "net.bridge.bridge-nf-call-iptables") == "1\n"
+    assert sh(lab.node_ns(1), "sysctl", "-n", "net.bridge.bridge-nf-call-ip6tables") == "0\n"
+    assert (await planes[1].check_node(isolated)).ok
 
 
 async def test_pods_wired_and_unwired_at_once_around_a_setup(lab: Lab) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
+from podnet.controllers.config import uses_vnids
 from podnet.dataplane.interface import Backend, NodeNetwork
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
@@ -90,6 +91,7 @@ def node_network(
         mtu=int(cluster_network.get("mtu") or DEFAULT_MTU),
         backend=config.backend,
         vxlan_port=int(cluster_network.get("vxlanPort") or DEFAULT_VXLAN_PORT),
+        isolation=uses_vnids(str(cluster_network.get("pluginName") or "")),
     )
 
 

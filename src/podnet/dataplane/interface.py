@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from podnet.policy.model import RuleSet
 
 Backend = Literal["vxlan", "host-gw"]
 
@@ -37,6 +40,7 @@ class NodeNetwork:
     vxlan_port: int = 4789
     vni: int = 1  # VNI used for flat (subnet-plugin) traffic
     underlay_interface: str | None = None  # autodetected from node_ip when None
+    isolation: bool = False  # multitenant/networkpolicy: bridged IPv4 passes the inet hooks
 
     @property
     def gateway(self) -> IPv4Interface:
@@ -49,6 +53,7 @@ class NodeNetwork:
         return (
             f"podnet/1 {self.backend} {self.subnet} gw={self.gateway.ip} mtu={self.mtu} "
             f"vxlan={self.vxlan_port}/{self.vni} nets={nets} svc={self.service_network}"
+            + (" isolation" if self.isolation else "")
         )
 
 
@@ -130,6 +135,11 @@ class DataPlane(Protocol):
 
     async def attached_pods(self) -> list[PodAttachment]:
         """The pods this node has wired (from the kernel), for resync and GC."""
+
+    async def sync_policy(self, node: NodeNetwork, rules: RuleSet) -> None:
+        """Make the isolation and policy rules of this node equal ``rules`` (the compiled
+        cluster-wide ``RuleSet``): add what is missing, remove what is stale, in one
+        atomic change. Subnet mode, or an empty rule set, leaves no policy rule at all."""
 
     async def close(self) -> None:
         """Release netlink sockets and helper threads."""

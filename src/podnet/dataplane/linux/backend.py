@@ -38,6 +38,7 @@ from podnet.dataplane.linux import node as node_setup
 from podnet.dataplane.linux import pods
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.pods import PodSockets
+from podnet.dataplane.linux.policy import PolicyTableSync
 from podnet.dataplane.linux.rtnl import LinkDeletion
 from podnet.dataplane.linux.workers import (
     KeyedLocks,
@@ -45,6 +46,8 @@ from podnet.dataplane.linux.workers import (
     SharedExclusive,
     namespace_id,
 )
+from podnet.dataplane.policytable import PolicyRenderer
+from podnet.policy.model import RuleSet
 
 T = TypeVar("T")
 CALL_TIMEOUT = 10.0
@@ -70,6 +73,8 @@ class LinuxDataPlane:
         self._pod_sockets_lock = threading.Lock()
         self._bridge: int | None = None  # br0's index, cached for attach_pod
         self._known: dict[str, PodPort] = {}  # host veth -> its anti-spoofing entry
+        self._renderer: PolicyRenderer | None = None  # used on the node thread only
+        self._policy = PolicyTableSync()
         self.timings: dict[str, float] = {}  # last duration of each operation, ms
         self._closed = False
 
@@ -143,6 +148,17 @@ class LinuxDataPlane:
         found = await self._call("attached_pods", lambda: pods.attached(self._nl()))
         self._known.update((a.host_ifname, PodPort.of(a)) for a in found)
         return found
+
+    async def sync_policy(self, node: NodeNetwork, rules: RuleSet) -> None:
+        """Render ``rules`` for this node and apply the difference in one nft transaction
+        (rendering too runs on the node thread, off the event loop)."""
+
+        def sync() -> bool:
+            if self._renderer is None or self._renderer.node_name != node.node_name:
+                self._renderer = PolicyRenderer(node.node_name)
+            return self._policy.sync(self._renderer.render(rules))
+
+        await self._call("sync_policy", sync, timeout=SETUP_TIMEOUT)
 
     async def close(self) -> None:
         """Close the sockets and stop the worker threads (later calls fail)."""

@@ -40,12 +40,30 @@ def list_ruleset(timeout: float = TIMEOUT) -> str:
 
 
 def podnet_tables(timeout: float = TIMEOUT) -> dict[str, str]:
-    """podnet's tables present in the kernel, keyed by ``"<family> podnet"``."""
-    return {k: v for k, v in split_tables(list_ruleset(timeout)).items() if _ours(k)}
+    """podnet's node tables present in the kernel, keyed by ``"<family> podnet"``.
+
+    Each is listed on its own: ``nft`` then reads only that table, not the (possibly large)
+    policy table beside it."""
+    found = {}
+    for key in (f"inet {NFT_TABLE}", f"bridge {NFT_TABLE}"):
+        text = list_table(key, timeout)
+        if text is not None:
+            found[key] = text
+    return found
 
 
-def _ours(key: str) -> bool:
-    return key.split(" ")[-1] == NFT_TABLE
+def list_table(key: str, timeout: float = TIMEOUT, *, terse: bool = False) -> str | None:
+    """``nft list table <key>`` (``-t``: without set elements); None if it does not exist."""
+    argv = [NFT, *(["-t"] if terse else []), "list", "table", *key.split()]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise DataPlaneError(f"nft failed to run: {err}") from err
+    if done.returncode != 0:
+        if "No such file or directory" in done.stderr:
+            return None
+        raise DataPlaneError(f"nft list table {key} failed: {done.stderr.strip()}")
+    return done.stdout
 
 
 def replace_tables(tables: Iterable[str], timeout: float = TIMEOUT) -> None:

@@ -27,10 +27,12 @@ from podnet.dataplane.linux.netlink import Link, Netlink
 log = logging.getLogger(__name__)
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-# br_netfilter (built into many kernels, on by default in every namespace) would pass
-# bridged pod-to-pod frames through the inet hooks, so through conntrack, which costs a
-# tenth of same-node throughput. podnet filters bridged traffic in the bridge family and
-# NATs only routed traffic, so the node keeps them off (per-namespace sysctls).
+# br_netfilter (built into many kernels, on by default in every namespace) passes bridged
+# pod-to-pod frames through the inet hooks, so through conntrack, which costs a tenth of
+# same-node throughput. In subnet mode podnet filters bridged traffic in the bridge family
+# and NATs only routed traffic, so the node keeps both switches off. With isolation
+# (multitenant, networkpolicy) the IPv4 switch is on, so that the policy table's forward
+# chains see same-node traffic and conntrack lets replies through (per-namespace sysctls).
 BRIDGE_NF_CALLS = (
     Path("/proc/sys/net/bridge/bridge-nf-call-iptables"),
     Path("/proc/sys/net/bridge/bridge-nf-call-ip6tables"),
@@ -105,17 +107,19 @@ def forwarding_enabled() -> bool:
     return IP_FORWARD.read_text().strip() == "1"
 
 
-def bridge_netfilter_on() -> list[Path]:
-    """The br_netfilter switches that are on in this thread's namespace (none when
-    br_netfilter is not loaded)."""
-    on = []
+def bridge_netfilter_wrong(node: NodeNetwork) -> list[tuple[Path, str]]:
+    """The br_netfilter switches of this thread's namespace that differ from what
+    ``node`` needs, with the value they need (none when br_netfilter is not loaded)."""
+    wrong = []
     for switch in BRIDGE_NF_CALLS:
+        want = "1" if node.isolation and switch == BRIDGE_NF_CALLS[0] else "0"
         try:
-            if switch.read_text().strip() != "0":
-                on.append(switch)
+            if switch.read_text().strip() != want:
+                wrong.append((switch, want))
         except FileNotFoundError:
-            pass
-    return on
+            if want == "1":
+                raise NodeSetupRefused(f"{switch} is missing: br_netfilter is not loaded") from None
+    return wrong
 
 
 def describe(name: str, link: Link, fixes: dict[str, Any]) -> list[str]:
@@ -137,7 +141,12 @@ def check(nl: Netlink, node: NodeNetwork) -> list[str]:
     problems += _bridge_problems(nl, node)
     if not forwarding_enabled():
         problems.append("net.ipv4.ip_forward is off")
-    problems += [f"net.bridge.{s.name} is on" for s in bridge_netfilter_on()]
+    try:
+        wrong = bridge_netfilter_wrong(node)
+    except NodeSetupRefused as err:
+        problems.append(str(err))
+    else:
+        problems += [f"net.bridge.{s.name} is not {want}" for s, want in wrong]
     problems += _vxlan_problems(nl, node, underlay)
     problems += nft_problems(node, pods.attached_ports(nl))
     bridge = nl.link(BRIDGE)
@@ -191,8 +200,8 @@ def setup(nl: Netlink, node: NodeNetwork) -> None:
         raise NodeSetupRefused(problem)
     if not forwarding_enabled():
         IP_FORWARD.write_text("1")
-    for switch in bridge_netfilter_on():
-        switch.write_text("0")
+    for switch, want in bridge_netfilter_wrong(node):
+        switch.write_text(want)
     bridge = _ensure_bridge(nl, node)
     _ensure_gateway(nl, bridge, node)
     if node.backend == "vxlan":

@@ -1,0 +1,417 @@
+"""Isolation and NetworkPolicy as one nftables table, rendered from the compiled ``RuleSet``.
+
+Pure: ``PolicyRenderer.render`` turns a ``RuleSet`` (``podnet.policy``) into a
+``PolicyTable`` value, ``transaction`` turns two such values into the one ``nft -f``
+script that goes from the first to the second, and ``parse_listing`` reads a table back
+from ``nft -t list table``. The linux backend only runs the script.
+
+``table inet podnet_policy`` (absent when nothing is isolated):
+
+- multitenant: one base chain on the forward hook. It accepts when the source or the
+  destination is not a pod of a non-global project (``!= @nonglobal``), and otherwise
+  jumps, through a verdict map keyed by the source IP, to the chain of the source's VNID,
+  which accepts destinations of that VNID. The rest is dropped. Stateless, so a join or
+  an isolate applies to open connections too, and replies pass by the same rule.
+- networkpolicy: base chains on forward (egress, then ingress, at a lower priority so
+  both run), input (egress of a pod to this node) and output (ingress from this node).
+  Each accepts ``ct state established,related`` (replies of allowed connections), jumps to
+  ``egress`` (or ``ingress``) for the isolated pods of this node, and drops them when
+  nothing accepted. Each compiled rule is one ``accept`` rule (more when it has both pod
+  and ipBlock peers, or both port ranges and named ports) matching sets. A node checks
+  egress only for its own source pods and ingress only for its own destination pods, so
+  a packet between two nodes is checked once per direction and each node holds the rules
+  of its own pods. Bridged pod-to-pod frames reach these hooks through br_netfilter
+  (``NodeNetwork.isolation``).
+
+Two choices keep a change cheap at thousands of pods and policies:
+
+- Sets are content-addressed: a set's name is a digest of its type and elements, so a set
+  is never edited. A change adds new sets, repoints the rules, and deletes the old sets,
+  in one transaction. (Editing elements of an existing set makes ``nft`` read every
+  element of every set first, about 0.2 s at 30,000 elements; adding a set with its
+  elements does not.)
+- Rules are spread over ``BUCKETS`` chains per direction by a hash of their text, and a
+  change rewrites (flush and refill) only the buckets whose rules changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from typing import Any
+
+from podnet.policy.model import EGRESS, GLOBAL_VNID, PolicyRule, PortRange, RuleSet
+
+POLICY_TABLE = "podnet_policy"
+TABLE_KEY = f"inet {POLICY_TABLE}"
+BUCKETS = 32
+FORWARD_EGRESS = "type filter hook forward priority filter - 1; policy accept;"
+FORWARD_FILTER = "type filter hook forward priority filter; policy accept;"
+INPUT_FILTER = "type filter hook input priority filter; policy accept;"
+OUTPUT_FILTER = "type filter hook output priority filter; policy accept;"
+ESTABLISHED = "ct state established,related accept"
+IPV4 = "ipv4_addr"
+PORTS = "inet_proto . inet_service"
+NAMED_PORTS = "ipv4_addr . inet_proto . inet_service"
+VERDICT_MAP = "ipv4_addr : verdict"
+
+
+@dataclass(frozen=True)
+class NftSet:
+    """A named set (or verdict map) with its elements, rendered as nft prints them."""
+
+    name: str
+    type: str
+    interval: bool
+    elements: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``map`` for a verdict map, else ``set``."""
+        return "map" if " : " in self.type else "set"
+
+    def body(self) -> str:
+        """``{ type ...; flags interval; elements = { ... } }``."""
+        parts = [f"type {self.type};"]
+        if self.interval:
+            parts.append("flags interval;")
+        if self.elements:
+            parts.append(f"elements = {{ {', '.join(self.elements)} }}")
+        return "{ " + " ".join(parts) + " }"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain: ``hook`` is the base chain's type/hook/priority line, None for a regular one."""
+
+    name: str
+    hook: str | None
+    rules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    """The whole table. ``sets`` may lack elements when read back (names say enough)."""
+
+    sets: Mapping[str, NftSet] = field(default_factory=dict)
+    chains: Mapping[str, Chain] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to enforce: no table at all."""
+        return not self.chains
+
+    def size(self) -> tuple[int, int]:
+        """(rules, set and map elements)."""
+        rules = sum(len(c.rules) for c in self.chains.values())
+        return rules, sum(len(s.elements) for s in self.sets.values())
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def set_name(type_: str, elements: Iterable[str]) -> str:
+    """The content address: a digest of the type and the sorted elements."""
+    text = type_ + "\n" + "\n".join(elements)
+    prefix = "m_" if " : " in type_ else "s_"
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def bucket(rule: str) -> int:
+    """The bucket chain of a rule (stable across runs: a digest, not ``hash``)."""
+    return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:4], "big") % BUCKETS
+
+
+class PolicyRenderer:
+    """Renders ``RuleSet`` values for one node, remembering the sets it rendered last time
+    by the identity of their member collections (the compiler hands unchanged policies'
+    frozensets back as the same objects), so a small change renders in little time."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._cache: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self._used: dict[tuple[int, str], tuple[Any, Any]] = {}
+        self._sets: dict[str, NftSet] = {}
+        self._local_pods: frozenset[IPv4Address] = frozenset()
+
+    def render(self, rules: RuleSet) -> PolicyTable:
+        """The table enforcing ``rules`` on this node (empty when nothing is isolated)."""
+        self._used, self._sets = {}, {}
+        if rules.isolation is not None:
+            chains = self._multitenant(rules)
+        elif rules.policies:
+            chains = self._network_policy(rules)
+        else:
+            chains = []
+        self._cache = self._used
+        if not chains:
+            return PolicyTable()
+        return PolicyTable(dict(self._sets), {c.name: c for c in chains})
+
+    # --- sets --------------------------------------------------------------------------
+
+    def _memo(self, members: Any, kind: str, make: Callable[[], Any]) -> Any:
+        """``make()`` for ``members``, remembered by their identity until a render that
+        no longer uses them (the entry holds ``members``, so the id stays theirs)."""
+        key = (id(members), kind)
+        found = self._used.get(key) or self._cache.get(key)
+        if found is None or found[0] is not members:
+            found = (members, make())
+        self._used[key] = found
+        return found[1]
+
+    def _set(self, members: Any, type_: str, interval: bool, show: Any = str) -> str:
+        """Name of the set holding ``members`` (rendered with ``show``), made once."""
+
+        def make() -> NftSet:
+            elements = tuple(sorted(show(m) for m in members))
+            return NftSet(set_name(type_, elements), type_, interval, elements)
+
+        made: NftSet = self._memo(members, type_, make)
+        self._sets[made.name] = made
+        return made.name
+
+    def _local(self, members: frozenset[IPv4Address], local: frozenset[IPv4Address]) -> Any:
+        """``members`` that are pods of this node (remembered like a set)."""
+        return self._memo(members, f"local {id(local)}", lambda: members & local)
+
+    # --- multitenant -------------------------------------------------------------------
+
+    def _multitenant(self, rules: RuleSet) -> list[Chain]:
+        assert rules.isolation is not None
+        by_vnid: dict[int, list[IPv4Address]] = {}
+        for ip, vnid in rules.isolation.vnids:
+            if vnid != GLOBAL_VNID:
+                by_vnid.setdefault(vnid, []).append(ip)
+        nonglobal = frozenset(ip for ips in by_vnid.values() for ip in ips)
+        nonglobal |= rules.isolation.unassigned
+        if not nonglobal:
+            return []
+        chains = [
+            Chain(
+                vnid_chain(vnid),
+                None,
+                (f"ip daddr @{self._set(frozenset(ips), IPV4, False)} accept",),
+            )
+            for vnid, ips in sorted(by_vnid.items())
+        ]
+        jumps = frozenset((ip, vnid) for vnid, ips in by_vnid.items() for ip in ips)
+        vmap = self._set(jumps, VERDICT_MAP, False, _jump_element)
+        members = self._set(nonglobal, IPV4, False)
+        base = (
+            f"ip saddr != @{members} accept",
+            f"ip daddr != @{members} accept",
+            f"ip saddr vmap @{vmap}",
+            "drop",
+        )
+        return [Chain("isolation", FORWARD_FILTER, base), *chains]
+
+    # --- networkpolicy -----------------------------------------------------------------
+
+    def _network_policy(self, rules: RuleSet) -> list[Chain]:
+        local = frozenset(e.ip for e in rules.endpoints if e.node == self.node_name)
+        if local != self._local_pods:
+            self._local_pods = local
+        local = self._local_pods  # the same object while unchanged: _local remembers by it
+        chains: list[Chain] = []
+        for direction, isolated_all, hooks in (
+            (
+                "egress",
+                rules.egress_isolated,
+                (("forward_egress", FORWARD_EGRESS), ("input_egress", INPUT_FILTER)),
+            ),
+            (
+                "ingress",
+                rules.ingress_isolated,
+                (("forward_ingress", FORWARD_FILTER), ("output_ingress", OUTPUT_FILTER)),
+            ),
+        ):
+            isolated = isolated_all & local
+            if not isolated:
+                continue
+            texts = {
+                text
+                for rule in rules.rules
+                if (rule.direction == EGRESS) == (direction == "egress")
+                for text in self._rule_texts(rule, local)
+            }
+            chains += self._direction_chains(
+                direction, texts, self._set(isolated, IPV4, False), hooks
+            )
+        return chains
+
+    def _direction_chains(
+        self, direction: str, texts: set[str], isolated: str, hooks: tuple[tuple[str, str], ...]
+    ) -> list[Chain]:
+        buckets: dict[int, list[str]] = {}
+        for text in texts:
+            buckets.setdefault(bucket(text), []).append(text)
+        parts = [
+            Chain(f"{direction}_{i}", None, tuple(sorted(b))) for i, b in sorted(buckets.items())
+        ]
+        dispatch = Chain(direction, None, tuple(f"jump {c.name}" for c in parts))
+        subject = "ip saddr" if direction == "egress" else "ip daddr"
+        base = (
+            ESTABLISHED,
+            f"{subject} @{isolated} jump {direction}",
+            f"{subject} @{isolated} drop",
+        )
+        return [*(Chain(name, hook, base) for name, hook in hooks), dispatch, *parts]
+
+    def _rule_texts(self, rule: PolicyRule, local: frozenset[IPv4Address]) -> list[str]:
+        """The accept rules of one compiled rule on this node (none if no target is here)."""
+        targets = self._local(rule.targets, local)
+        if not targets:
+            return []
+        egress = rule.direction == EGRESS
+        subject, other = ("ip saddr", "ip daddr") if egress else ("ip daddr", "ip saddr")
+        peers = self._peer_matches(rule, other)
+        ports = self._port_matches(rule)
+        head = f"{subject} @{self._set(targets, IPV4, False)}"
+        return [
+            " ".join(p for p in (head, peer, port, "accept") if p)
+            for peer in peers
+            for port in ports
+        ]
+
+    def _peer_matches(self, rule: PolicyRule, other: str) -> list[str]:
+        peers = rule.peers
+        if peers.every_address:
+            return [""]
+        found = []
+        if peers.pods:
+            found.append(f"{other} @{self._set(peers.pods, IPV4, False)}")
+        if peers.blocks:
+            found.append(f"{other} @{self._set(peers.blocks, IPV4, True)}")
+        return found
+
+    def _port_matches(self, rule: PolicyRule) -> list[str]:
+        ports = rule.ports
+        if ports.every_packet:
+            return [""]
+        found = []
+        if ports.ranges:
+            found.append(
+                f"meta l4proto . th dport @{self._set(ports.ranges, PORTS, True, _range_element)}"
+            )
+        if ports.named:
+            named = self._set(ports.named_keys, NAMED_PORTS, False, _named_element)
+            found.append(f"ip daddr . meta l4proto . th dport @{named}")
+        return found
+
+
+def vnid_chain(vnid: int) -> str:
+    """The chain accepting destinations of ``vnid``."""
+    return f"vnid_{vnid}"
+
+
+def _jump_element(entry: tuple[IPv4Address, int]) -> str:
+    return f"{entry[0]} : jump {vnid_chain(entry[1])}"
+
+
+def _range_element(span: PortRange) -> str:
+    ports = str(span.first) if span.first == span.last else f"{span.first}-{span.last}"
+    return f"{span.protocol.lower()} . {ports}"
+
+
+def _named_element(key: tuple[IPv4Address, str, int]) -> str:
+    return f"{key[0]} . {key[1].lower()} . {key[2]}"
+
+
+# --- the transaction -----------------------------------------------------------------------
+
+
+def transaction(have: PolicyTable | None, want: PolicyTable) -> str:
+    """The one ``nft -f`` script taking the table from ``have`` (None: absent) to ``want``.
+
+    Order matters inside it: chains a map or rule will name exist first, chains are
+    refilled before the sets they stop using are deleted, and chains go last."""
+    table = f"table {TABLE_KEY}"
+    if want.empty:
+        return f"delete {table}\n" if have is not None else ""
+    if have is not None and _hooks_differ(have, want):
+        return f"delete {table}\n" + transaction(None, want)
+    old = have or PolicyTable()
+    lines = [f"add {table}"] if have is None else []
+    new_chains = [c for c in want.chains.values() if c.name not in old.chains]
+    lines += [_add_chain(c) for c in new_chains]
+    lines += [
+        f"add {s.kind} {TABLE_KEY} {s.name} {s.body()}"
+        for name, s in sorted(want.sets.items())
+        if name not in old.sets
+    ]
+    for chain in want.chains.values():
+        before = old.chains.get(chain.name)
+        if before is None or before.rules != chain.rules:
+            if before is not None:
+                lines.append(f"flush chain {TABLE_KEY} {chain.name}")
+            lines += [f"add rule {TABLE_KEY} {chain.name} {rule}" for rule in chain.rules]
+    stale_chains = sorted(name for name in old.chains if name not in want.chains)
+    lines += [f"flush chain {TABLE_KEY} {name}" for name in stale_chains]
+    lines += [
+        f"delete {s.kind} {TABLE_KEY} {name}"
+        for name, s in sorted(old.sets.items())
+        if name not in want.sets
+    ]
+    lines += [f"delete chain {TABLE_KEY} {name}" for name in stale_chains]
+    return "".join(line + "\n" for line in lines)
+
+
+def _add_chain(chain: Chain) -> str:
+    if chain.hook is None:
+        return f"add chain {TABLE_KEY} {chain.name}"
+    return f"add chain {TABLE_KEY} {chain.name} {{ {chain.hook} }}"
+
+
+def _hooks_differ(have: PolicyTable, want: PolicyTable) -> bool:
+    return any(
+        name in have.chains and have.chains[name].hook != chain.hook
+        for name, chain in want.chains.items()
+    )
+
+
+# --- reading back --------------------------------------------------------------------------
+
+
+def parse_listing(text: str) -> PolicyTable | None:
+    """The table from ``nft [-t] list table inet podnet_policy`` output (None if empty).
+
+    Sets come back with their names, types and flags; their elements are not needed, since
+    a name is a digest of them."""
+    sets: dict[str, NftSet] = {}
+    chains: dict[str, Chain] = {}
+    kind, name, attrs, rules = "", "", {}, []  # type: ignore[var-annotated]
+    collecting_elements = False
+    for raw in text.splitlines():
+        line = " ".join(raw.split())
+        if collecting_elements:
+            collecting_elements = "}" not in line
+            continue
+        if not line or line.startswith("table "):
+            continue
+        if line.startswith(("set ", "map ", "chain ")) and line.endswith("{"):
+            kind, name, attrs, rules = line.split()[0], line.split()[1], {}, []
+            continue
+        if line == "}":
+            if kind in ("set", "map"):
+                sets[name] = NftSet(
+                    name, attrs.get("type", ""), "interval" in attrs.get("flags", "")
+                )
+            elif kind == "chain":
+                chains[name] = Chain(name, attrs.get("hook"), tuple(rules))
+            kind = ""
+            continue
+        if kind in ("set", "map"):
+            key, _, value = line.partition(" ")
+            if key == "elements":
+                collecting_elements = "}" not in line
+            else:
+                attrs[key] = value
+        elif kind == "chain":
+            if line.startswith("type ") and " hook " in line:
+                attrs["hook"] = line
+            else:
+                rules.append(line)
+    return PolicyTable(sets, chains) if (sets or chains) else None

@@ -1,0 +1,157 @@
+"""A lab of network namespaces for data plane tests: an underlay, nodes, pods.
+
+An underlay namespace whose bridge plays the physical network (TEST-NET-2,
+198.51.100.0/24), node namespaces and an outside host on it, and pod namespaces. Each
+``LinuxDataPlane`` is constructed inside its node namespace. Every namespace is recorded
+before it is created and removed by exact name in ``Lab.close``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+
+from podnet import netns
+from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode
+from podnet.dataplane.linux import LinuxDataPlane
+
+UNDERLAY = IPv4Network("198.51.100.0/24")
+EXTERNAL_IP = IPv4Address("198.51.100.100")
+CLUSTER = IPv4Network("10.128.0.0/14")
+SERVICES = IPv4Network("172.30.0.0/16")
+MTU = 1450
+SERVER = """
+import socket, sys
+s = socket.socket(); s.settimeout(15)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+conn, peer = s.accept(); conn.sendall(peer[0].encode()); conn.close()
+"""
+CLIENT = """
+import socket, sys, time
+deadline = time.monotonic() + 8
+while True:
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2); break
+    except OSError:
+        if time.monotonic() > deadline: raise
+        time.sleep(0.1)
+print(c.recv(100).decode())
+"""
+
+
+def sh(ns: str, *argv: str) -> str:
+    """Run ``argv`` in namespace ``ns``; fail the test on error."""
+    done = netns.run(ns, argv, timeout=30)
+    assert done.returncode == 0, f"{argv} in {ns}: {done.stderr}"
+    return done.stdout
+
+
+def ip(ns: str, command: str) -> str:
+    """``ip <command>`` in namespace ``ns`` (words split on spaces)."""
+    return sh(ns, "ip", *command.split())
+
+
+def ping(ns: str, ip: IPv4Address | str, *extra: str, count: int = 3) -> bool:
+    argv = ["ping", "-n", "-q", "-c", str(count), "-W", "1", "-i", "0.2", *extra, str(ip)]
+    return netns.run(ns, argv, timeout=15).returncode == 0
+
+
+@dataclass
+class Lab:
+    """Namespaces of one test and helpers to build nodes and pods in them."""
+
+    run: str
+    created: list[str] = field(default_factory=list)
+    planes: list[LinuxDataPlane] = field(default_factory=list)
+
+    def namespace(self, suffix: str) -> str:
+        name = f"{self.run}-{suffix}"
+        self.created.append(name)  # recorded first: removed even if creation half fails
+        netns.create(name)
+        return name
+
+    @property
+    def underlay(self) -> str:
+        return f"{self.run}-ul"
+
+    def node_ns(self, i: int) -> str:
+        return f"{self.run}-n{i}"
+
+    def node_ip(self, i: int) -> IPv4Address:
+        return UNDERLAY.network_address + 10 + i
+
+    def subnet(self, i: int) -> IPv4Network:
+        return IPv4Network(f"10.128.{2 * (i - 1)}.0/23")
+
+    def plug(self, ns: str, port: str, address: IPv4Interface) -> None:
+        """A veth from the underlay bridge into ``ns`` (eth0 there), born in place."""
+        ip(self.underlay, f"link add {port} type veth peer name eth0 netns {ns}")
+        sh(self.underlay, "ip", "link", "set", port, "master", "ul", "up")
+        sh(ns, "ip", "addr", "add", str(address), "dev", "eth0")
+        sh(ns, "ip", "link", "set", "eth0", "up")
+
+    def build(self, nodes: int = 3) -> None:
+        self.namespace("ul")
+        sh(self.underlay, "ip", "link", "add", "ul", "type", "bridge")
+        sh(self.underlay, "ip", "link", "set", "ul", "up")
+        external = self.namespace("ext")
+        self.plug(external, "u-ext", IPv4Interface(f"{EXTERNAL_IP}/24"))
+        for i in range(1, nodes + 1):
+            self.plug(self.namespace(f"n{i}"), f"u-n{i}", IPv4Interface(f"{self.node_ip(i)}/24"))
+
+    def network(self, i: int, backend: str = "vxlan", **overrides: object) -> NodeNetwork:
+        values: dict[str, object] = {
+            "node_name": f"node-{i}",
+            "node_ip": self.node_ip(i),
+            "subnet": self.subnet(i),
+            "cluster_networks": (CLUSTER,),
+            "service_network": SERVICES,
+            "mtu": MTU,
+            "backend": backend,
+        }
+        values.update(overrides)
+        return NodeNetwork(**values)  # type: ignore[arg-type]
+
+    def remote(self, i: int) -> RemoteNode:
+        return RemoteNode(f"node-{i}", self.node_ip(i), self.subnet(i))
+
+    def plane(self, i: int) -> LinuxDataPlane:
+        with netns.entered(self.node_ns(i)):
+            plane = LinuxDataPlane()
+        self.planes.append(plane)
+        return plane
+
+    def pod(self, node: int, host: int, tag: str) -> tuple[str, PodNetwork]:
+        ns = self.namespace(f"p-{tag}")
+        subnet = self.subnet(node)
+        pod = PodNetwork(
+            container_id=f"{self.run}-{tag}",
+            netns=str(netns.path(ns)),
+            ifname="eth0",
+            address=IPv4Interface(f"{subnet.network_address + host}/{subnet.prefixlen}"),
+            gateway=subnet.network_address + 1,
+            mtu=MTU,
+            routes=(CLUSTER,),
+        )
+        return ns, pod
+
+    async def close(self) -> None:
+        """Close the data planes, then remove every namespace (by exact name)."""
+        try:
+            for plane in self.planes:
+                await plane.close()
+        finally:
+            for name in reversed(self.created):
+                netns.remove(name)
+
+
+async def up(lab: Lab, nodes: list[int], backend: str = "vxlan") -> dict[int, LinuxDataPlane]:
+    """Set the nodes up and give each the others as remotes."""
+    planes = {i: lab.plane(i) for i in nodes}
+    for i, plane in planes.items():
+        await plane.setup_node(lab.network(i, backend))
+    for i, plane in planes.items():
+        remotes = [lab.remote(j) for j in nodes if j != i]
+        await plane.sync_remote_nodes(lab.network(i, backend), remotes)
+    return planes

@@ -1,0 +1,80 @@
+"""Many reachability probes from one network namespace at once, for policy tests.
+
+Run inside a pod's namespace: ``python -m podnet.testing.probe TARGETS_JSON`` where the
+JSON is a list of ``[ip, protocol, port]`` (protocol ``tcp`` or ``udp``); it prints a JSON
+list of booleans in the same order. TCP: the connection opens (a listener answered) and
+the echo comes back. UDP: a datagram sent to an echo server comes back. Every probe is
+bounded in time (``TIMEOUT``, a fixed number of UDP tries), and all run concurrently, so
+a batch takes about one timeout however many targets are denied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+
+TIMEOUT = 1.5
+UDP_TRIES = 3
+PAYLOAD = b"podnet-probe\n"
+
+
+async def tcp(ip: str, port: int, timeout: float = TIMEOUT) -> bool:
+    """Whether a TCP connection to ``ip:port`` opens and echoes within ``timeout``."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(ip, port)
+            try:
+                writer.write(PAYLOAD)
+                await writer.drain()
+                return await reader.readexactly(len(PAYLOAD)) == PAYLOAD
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        return False
+
+
+class _Answer(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.received = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if data == PAYLOAD and not self.received.done():
+            self.received.set_result(True)
+
+
+async def udp(ip: str, port: int, timeout: float = TIMEOUT) -> bool:
+    """Whether a UDP echo from ``ip:port`` answers one of ``UDP_TRIES`` datagrams."""
+    loop = asyncio.get_running_loop()
+    transport, answer = await loop.create_datagram_endpoint(_Answer, remote_addr=(ip, port))
+    try:
+        for _ in range(UDP_TRIES):
+            transport.sendto(PAYLOAD)
+            try:
+                async with asyncio.timeout(timeout / UDP_TRIES):
+                    return await asyncio.shield(answer.received)
+            except TimeoutError:
+                continue
+        return False
+    finally:
+        transport.close()
+
+
+async def probe_all(targets: Sequence[Sequence[object]]) -> list[bool]:
+    """Every ``(ip, protocol, port)`` probed concurrently."""
+    checks = {"tcp": tcp, "udp": udp}
+    jobs = [checks[str(proto).lower()](str(ip), int(str(port))) for ip, proto, port in targets]
+    return list(await asyncio.gather(*jobs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: probe the JSON list in argv[1]; print the results as JSON."""
+    args = sys.argv[1:] if argv is None else argv
+    targets = json.loads(args[0])
+    print(json.dumps(asyncio.run(probe_all(targets))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
