@@ -1,0 +1,459 @@
+"""Isolation and NetworkPolicy on a real local cluster, decided by real traffic.
+
+A 3-node cluster per mode (etcd, master, agents on the linux data plane, pods wired by
+the real CNI plugin), torn down in a finalizer even when a test fails.
+
+- networkpolicy: namespaces x, y, z with pods a, b, c, spread over the 3 nodes (a pod's
+  node is its index within the namespace plus the namespace's, mod 3), each serving TCP
+  and UDP echo on ports 80 and 81 under the names of ``podnet.testing.netpol``. Every
+  case of that table (and a few ipBlock cases written for the real addresses) is
+  applied through the API, with its label changes made to the running pods; once every
+  agent has applied the rule set the API's objects compile to, every ordered pair of
+  pods is probed on TCP and UDP 80 and 81 from inside the pods. The traffic must match
+  the case's expected matrix and ``podnet trace``'s verdict (``evaluate`` on the same
+  compiled rule set) for every pair, port and protocol.
+- multitenant: projects a, b and default; the matrix before and after join, isolate and
+  global, through the real ``podnet adm pod-network`` commands.
+
+Probes are bounded: each batch runs concurrently with a 1.5 s timeout per probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podnet import netns
+from podnet.cluster import lifecycle, nodes, pods
+from podnet.cluster.state import ClusterState
+from podnet.controllers.config import plugin_name
+from podnet.model.kinds import NAMESPACE, NETWORK_POLICY, POD
+from podnet.policy.evaluate import evaluate
+from podnet.policy.model import RuleSet
+from podnet.policy.trace import cluster_rules
+from podnet.testing.cli import run_podnet
+from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
+
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+SERVICES = [("TCP", 80), ("TCP", 81), ("UDP", 80), ("UDP", 81)]
+SYNC_TIMEOUT = 30.0
+Verdicts = dict[tuple[str, str, str, int], bool]
+
+
+# --- the cluster --------------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    plugin: str
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "master" / "admin.kubeconfig"
+
+    def state(self) -> ClusterState:
+        found = ClusterState.load(self.state_dir)
+        assert found is not None
+        return found
+
+    def api(self) -> Any:
+        return pods.admin_api(self.state_dir)
+
+    def rules(self) -> RuleSet:
+        """What ``podnet trace`` computes: the API's objects compiled."""
+        with self.api() as api:
+            return cluster_rules(api)
+
+    def applied(self) -> dict[str, str | None]:
+        """Each node agent's last applied rule set fingerprint."""
+        found: dict[str, str | None] = {}
+        for name in self.state().nodes:
+            path = nodes.node_paths(self.state_dir, name).agent_dir / "policy.json"
+            try:
+                found[name] = json.loads(path.read_text()).get("fingerprint")
+            except (OSError, ValueError):
+                found[name] = None
+        return found
+
+    def converge(self) -> RuleSet:
+        """Wait until every agent has applied the rule set the API compiles to (bounded)."""
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        while True:
+            rules = self.rules()
+            applied = self.applied()
+            if all(f == rules.fingerprint() for f in applied.values()):
+                return rules
+            if time.monotonic() > deadline:
+                pytest.fail(f"agents did not apply {rules.fingerprint()[:12]}: {applied}")
+            time.sleep(0.1)
+
+    def ip(self, key: str) -> IPv4Address:
+        ns, name = key.split("/")
+        pod = pods.find_pod(self.state(), name, ns)
+        assert pod.ip
+        return IPv4Address(pod.ip)
+
+    def probe(self, keys: Sequence[str], services: Sequence[tuple[str, int]]) -> Verdicts:
+        """Every ordered pair of distinct pods on every service, one batch per source."""
+        state = self.state()
+        address = {k: self.ip(k) for k in keys}
+        jobs = {}
+        for src in keys:
+            targets = [
+                (str(address[d]), p.lower(), n) for d in keys if d != src for p, n in services
+            ]
+            ns, name = src.split("/")
+            argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(targets)]
+            pod_ns = pods.find_pod(state, name, ns).netns
+            jobs[src] = subprocess.Popen(
+                netns.command(pod_ns, argv), stdout=subprocess.PIPE, text=True
+            )
+        found: Verdicts = {}
+        for src, job in jobs.items():
+            out, _ = job.communicate(timeout=60)
+            results = iter(json.loads(out))
+            for dst in keys:
+                if dst != src:
+                    for protocol, port in services:
+                        found[(src, dst, protocol, port)] = next(results)
+        return found
+
+    def traced(
+        self, rules: RuleSet, keys: Sequence[str], services: Sequence[tuple[str, int]]
+    ) -> Verdicts:
+        address = {k: self.ip(k) for k in keys}
+        return {
+            (s, d, p, n): evaluate(rules, address[s], address[d], p, n).allowed
+            for s in keys
+            for d in keys
+            if s != d
+            for p, n in services
+        }
+
+
+def disagreements(traffic: Verdicts, trace: Verdicts) -> list[str]:
+    return [
+        f"{src} -> {dst} {proto}/{port}: traffic {'passes' if traffic[k] else 'blocked'}, "
+        f"trace says {'allowed' if trace[k] else 'denied'}"
+        for k in trace
+        for src, dst, proto, port in [k]
+        if traffic[k] != trace[k]
+    ]
+
+
+def up(tmp: Path, plugin: str) -> Cluster:
+    spec = lifecycle.ClusterSpec(nodes=3, plugin=plugin)
+    lifecycle.cluster_up(tmp, spec, say=print)
+    return Cluster(tmp, plugin_name(plugin))
+
+
+def down(state_dir: Path) -> None:
+    state = ClusterState.load(state_dir)
+    lifecycle.cluster_down(state_dir, say=print)
+    if state is not None:
+        left = [n for n in state.namespaces if netns.exists(n)]
+        assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def netpol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """x, y, z with a, b, c each on 3 nodes, serving TCP and UDP 80 and 81 with named ports."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    state_dir = tmp_path_factory.mktemp("pn-netpol")
+    try:
+        cluster = up(state_dir, "networkpolicy")
+        ports = [
+            (p["name"], p["containerPort"], p["protocol"])
+            for c in container_ports()
+            for p in c["ports"]
+        ]
+        for i, ns in enumerate(NAMESPACES):
+            for j, name in enumerate(("a", "b", "c")):
+                node = f"node-{(i + j) % 3 + 1}"
+                pods.run_pod(state_dir, name, ns, node, {"pod": name}, ports=ports)
+        with cluster.api() as api:
+            for ns in NAMESPACES:
+                api.patch(NAMESPACE, ns, {"metadata": {"labels": {"ns": ns}}})
+        yield cluster
+    finally:
+        down(state_dir)
+
+
+# --- networkpolicy ------------------------------------------------------------------------
+
+
+def relabel(cluster: Cluster, case: Case, undo: bool = False) -> None:
+    """The case's pod and namespace labels on the running objects (or back to the usual)."""
+    with cluster.api() as api:
+        for key, labels in case.pod_labels.items():
+            ns, name = key.split("/")
+            usual = {"pod": name}
+            want = usual if undo else labels
+            drop = {k: None for k in (labels if undo else usual) if k not in want}
+            api.patch(POD, name, {"metadata": {"labels": {**drop, **want}}}, namespace=ns)
+        for ns, labels in case.ns_labels.items():
+            usual = {"ns": ns}
+            want = usual if undo else labels
+            drop = {k: None for k in (labels if undo else usual) if k not in want}
+            api.patch(NAMESPACE, ns, {"metadata": {"labels": {**drop, **want}}})
+
+
+def apply_policies(cluster: Cluster, policies: Sequence[dict[str, Any]]) -> None:
+    with cluster.api() as api:
+        for policy in policies:
+            api.create(
+                NETWORK_POLICY,
+                {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", **policy},
+            )
+
+
+def remove_policies(cluster: Cluster, policies: Sequence[dict[str, Any]]) -> None:
+    with cluster.api() as api:
+        for policy in policies:
+            meta = policy["metadata"]
+            api.delete(NETWORK_POLICY, meta["name"], namespace=meta["namespace"])
+
+
+def matrix_of(verdicts: Verdicts, protocol: str, port: int | None) -> str:
+    rows = []
+    for src in KEYS:
+        bits = "".join(
+            "1" if src == dst or verdicts[(src, dst, protocol, port or 0)] else "0" for dst in KEYS
+        )
+        rows.append(f"{src} {bits[0:3]} {bits[3:6]} {bits[6:9]}")
+    return "\n".join(rows)
+
+
+def run_case(
+    cluster: Cluster, name: str, policies: Sequence[dict[str, Any]], case: Case | None
+) -> Verdicts:
+    """Apply, converge, probe, compare with trace (and the case's matrix); then remove."""
+    if case is not None:
+        relabel(cluster, case)
+    apply_policies(cluster, policies)
+    try:
+        rules = cluster.converge()
+        traffic = cluster.probe(KEYS, SERVICES)
+        wrong = disagreements(traffic, cluster.traced(rules, KEYS, SERVICES))
+        assert not wrong, f"{name}:\n" + "\n".join(wrong)
+        if case is not None and case.protocol in ("TCP", "UDP") and case.port in (80, 81):
+            assert matrix_of(traffic, case.protocol, case.port) == case.want, name
+        return traffic
+    finally:
+        remove_policies(cluster, policies)
+        if case is not None:
+            relabel(cluster, case, undo=True)
+
+
+PROBED = [c for c in CASES if not c.uses_addresses and c.protocol in ("TCP", "UDP")]
+
+
+def test_there_are_at_least_thirty_probed_cases() -> None:
+    assert len(PROBED) + len(ADDRESS_CASES) >= 30
+
+
+@pytest.mark.parametrize("case", PROBED, ids=lambda c: c.name)
+def test_policy_case_matches_trace_and_expectation(netpol: Cluster, case: Case) -> None:
+    run_case(netpol, case.name, case.policies, case)
+
+
+def _block_to_xa(cidr: str, excepts: list[str]) -> dict[str, Any]:
+    block: dict[str, Any] = {"cidr": cidr, **({"except": excepts} if excepts else {})}
+    spec = {
+        "podSelector": {"matchLabels": {"pod": "a"}},
+        "ingress": [{"from": [{"ipBlock": block}]}],
+    }
+    return {"metadata": {"namespace": "x", "name": "from-block"}, "spec": spec}
+
+
+def _block_from_xa(cidr: str, excepts: list[str]) -> dict[str, Any]:
+    block: dict[str, Any] = {"cidr": cidr, **({"except": excepts} if excepts else {})}
+    spec = {
+        "podSelector": {"matchLabels": {"pod": "a"}},
+        "policyTypes": ["Egress"],
+        "egress": [
+            {"to": [{"ipBlock": block}], "ports": [{"port": 80}, {"port": 81, "protocol": "UDP"}]}
+        ],
+    }
+    return {"metadata": {"namespace": "x", "name": "to-block"}, "spec": spec}
+
+
+ADDRESS_CASES: list[tuple[str, Callable[[Cluster], dict[str, Any]]]] = [
+    (
+        "ipblock-cluster-except-one-pod",
+        lambda c: _block_to_xa("10.128.0.0/14", [f"{c.ip('y/b')}/32"]),
+    ),
+    ("ipblock-except-a-node-subnet", lambda c: _block_to_xa("10.128.0.0/14", ["10.128.2.0/23"])),
+    ("ipblock-one-pod", lambda c: _block_to_xa(f"{c.ip('z/c')}/32", [])),
+    (
+        "egress-ipblock-except-with-ports",
+        lambda c: _block_from_xa("10.128.0.0/14", [f"{c.ip('x/b')}/32"]),
+    ),
+]
+
+
+@pytest.mark.parametrize("name,make", ADDRESS_CASES, ids=[n for n, _ in ADDRESS_CASES])
+def test_ipblock_case_matches_trace(
+    netpol: Cluster, name: str, make: Callable[[Cluster], dict[str, Any]]
+) -> None:
+    traffic = run_case(netpol, name, [make(netpol)], None)
+    assert not all(traffic.values()), "the ipBlock policy blocked nothing"
+
+
+def test_changes_at_runtime_and_no_stale_rule(netpol: Cluster) -> None:
+    """Add a policy, relabel a pod into and out of it, remove it; the tables end as a
+    fresh agent builds them from the same objects."""
+    allow_b = {
+        "metadata": {"namespace": "x", "name": "allow-b"},
+        "spec": {
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [
+                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "b"}}}]}
+            ],
+        },
+    }
+    apply_policies(netpol, [allow_b])
+    try:
+        netpol.converge()
+        before = netpol.probe(["y/c", "x/a"], [("TCP", 80)])
+        assert not before[("y/c", "x/a", "TCP", 80)]
+        with netpol.api() as api:
+            api.patch(POD, "c", {"metadata": {"labels": {"pod": "b"}}}, namespace="y")
+        netpol.converge()
+        assert netpol.probe(["y/c", "x/a"], [("TCP", 80)])[("y/c", "x/a", "TCP", 80)]
+        with netpol.api() as api:
+            api.patch(POD, "c", {"metadata": {"labels": {"pod": "c"}}}, namespace="y")
+        netpol.converge()
+        assert not netpol.probe(["y/c", "x/a"], [("TCP", 80)])[("y/c", "x/a", "TCP", 80)]
+        deny = {
+            "metadata": {"namespace": "y", "name": "deny"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        }
+        apply_policies(netpol, [deny])
+        netpol.converge()
+        remove_policies(netpol, [deny])
+        netpol.converge()
+        assert_fresh_agent_builds_the_same(netpol)
+    finally:
+        remove_policies(netpol, [allow_b])
+    netpol.converge()
+    assert all(netpol.probe(KEYS, [("TCP", 80)]).values())
+
+
+def policy_listing(node_ns: str) -> dict[str, str] | None:
+    """The policy table as blocks (``set NAME``, ``chain NAME``) → text, order-free."""
+    done = netns.run(node_ns, ["nft", "list", "table", "inet", "podnet_policy"], timeout=30)
+    if done.returncode != 0:
+        return None
+    blocks: dict[str, str] = {}
+    head, lines = "", list[str]()
+    for line in done.stdout.splitlines()[1:]:
+        text = line.strip()
+        if text.endswith("{") and not head:
+            head, lines = text, []
+        elif text == "}" and head:
+            blocks[head], head = "\n".join(lines), ""
+        elif head:
+            lines.append(text)
+    return blocks
+
+
+def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
+    """Each node: the table now, then its agent stopped, the table deleted, the agent
+    started afresh on the same objects; the two tables must be equal."""
+    state = cluster.state()
+    with cluster.api() as api:
+        for name, node in state.nodes.items():
+            before = policy_listing(node.netns)
+            assert before, f"{name} has no policy table"
+            nodes.stop_agent(node)
+            netns.run(node.netns, ["nft", "delete", "table", "inet", "podnet_policy"], timeout=30)
+            nodes.start_agent(state, node, cluster.state_dir)
+            nodes.wait_agent_ready(node, cluster.state_dir, api)
+            cluster.converge()
+            assert policy_listing(node.netns) == before, name
+        state.save(cluster.state_dir)
+
+
+# --- multitenant ---------------------------------------------------------------------------
+
+MT_PODS = ["a/p1", "a/p2", "b/p1", "b/p2", "default/p1"]
+
+
+@pytest.fixture(scope="module")
+def multitenant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    state_dir = tmp_path_factory.mktemp("pn-mt")
+    try:
+        cluster = up(state_dir, "multitenant")
+        for i, key in enumerate(MT_PODS):
+            ns, name = key.split("/")
+            pods.run_pod(
+                state_dir, name, ns, f"node-{i % 3 + 1}", {"app": name}, ports=[(None, 80, "TCP")]
+            )
+        yield cluster
+    finally:
+        down(state_dir)
+
+
+def mt_matrix(cluster: Cluster) -> str:
+    """Probe every pair on TCP 80 (and check trace agrees); rows as in the expectations."""
+    rules = cluster.converge()
+    services = [("TCP", 80)]
+    traffic = cluster.probe(MT_PODS, services)
+    wrong = disagreements(traffic, cluster.traced(rules, MT_PODS, services))
+    assert not wrong, "\n".join(wrong)
+    return "\n".join(
+        f"{s} " + "".join("1" if s == d or traffic[(s, d, "TCP", 80)] else "0" for d in MT_PODS)
+        for s in MT_PODS
+    )
+
+
+def adm(cluster: Cluster, *args: str) -> None:
+    done = run_podnet(cluster.kubeconfig, "adm", "pod-network", *args)
+    assert done.returncode == 0, done.stderr
+
+
+def test_multitenant_join_isolate_global(multitenant: Cluster) -> None:
+    isolated = expected("""
+        a/p1 11001
+        a/p2 11001
+        b/p1 00111
+        b/p2 00111
+        default/p1 11111
+    """)
+    assert mt_matrix(multitenant) == isolated
+    adm(multitenant, "join-projects", "--to", "a", "b")
+    assert mt_matrix(multitenant) == expected("""
+        a/p1 11111
+        a/p2 11111
+        b/p1 11111
+        b/p2 11111
+        default/p1 11111
+    """)
+    adm(multitenant, "isolate-projects", "b")
+    assert mt_matrix(multitenant) == isolated
+    adm(multitenant, "make-projects-global", "b")
+    assert mt_matrix(multitenant) == expected("""
+        a/p1 11111
+        a/p2 11111
+        b/p1 11111
+        b/p2 11111
+        default/p1 11111
+    """)
+    adm(multitenant, "isolate-projects", "b")
+    assert mt_matrix(multitenant) == isolated

@@ -1,0 +1,176 @@
+"""The nftables policy table rendered from a RuleSet, and the transactions between two.
+
+Pure: no kernel here (tests/integration/test_dataplane_policy.py applies these tables and
+sends real traffic through them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podnet.controllers.config import MULTITENANT, NETWORKPOLICY
+from podnet.dataplane.policytable import (
+    BUCKETS,
+    PolicyRenderer,
+    PolicyTable,
+    parse_listing,
+    transaction,
+)
+from podnet.policy.compile import compile_rules
+from podnet.testing.netpol import (
+    ALLOW_B,
+    IPS,
+    KEYS,
+    NAMESPACES,
+    compile_cluster,
+    make_namespace,
+    make_pod,
+    policy,
+    sel,
+)
+
+Obj = dict[str, Any]
+DENY_X = policy("x", "deny", {}, types=["Ingress", "Egress"])
+
+
+def lines(script: str) -> list[str]:
+    return script.splitlines()
+
+
+def test_no_policy_means_no_table() -> None:
+    table = PolicyRenderer("node-1").render(compile_cluster([]))
+    assert table.empty
+    assert transaction(None, table) == ""
+    assert transaction(PolicyRenderer("node-1").render(compile_cluster([DENY_X])), table) == (
+        "delete table inet podnet_policy\n"
+    )
+
+
+def test_each_node_holds_only_its_own_pods_rules() -> None:
+    """make_pod puts every pod a on node-1 and the others on node-2."""
+    rules = compile_cluster([ALLOW_B])  # x/a accepts any pod b: x/a is on node-1
+    on_1 = PolicyRenderer("node-1").render(rules)
+    on_2 = PolicyRenderer("node-2").render(rules)
+    assert on_2.empty
+    assert {"forward_ingress", "output_ingress", "ingress"} <= set(on_1.chains)
+    assert "forward_egress" not in on_1.chains  # nothing isolated for egress
+    isolated = [s for s in on_1.sets.values() if s.elements == (IPS["x/a"],)]
+    assert isolated, "the ingress-isolated set holds x/a alone"
+
+
+def test_rule_count_grows_with_policies_not_pods() -> None:
+    def rules_for(policies: int, pods_per_namespace: int) -> int:
+        pods = [
+            {
+                "metadata": {"namespace": "x", "name": f"p{i}", "labels": {"app": f"a{i % 10}"}},
+                "spec": {"nodeName": "node-1"},
+                "status": {"phase": "Running", "podIP": f"10.128.{i // 200}.{i % 200 + 1}"},
+            }
+            for i in range(pods_per_namespace)
+        ]
+        pols = [
+            policy(
+                "x",
+                f"p{i}",
+                sel(app=f"a{i % 10}"),
+                ingress=[
+                    {
+                        "from": [{"podSelector": sel(app=f"a{(i + 1) % 10}")}],
+                        "ports": [{"port": 80 + i}],
+                    }
+                ],
+            )
+            for i in range(policies)
+        ]
+        rules = compile_rules(NETWORKPOLICY, pods, [make_namespace("x")], [], pols)
+        table = PolicyRenderer("node-1").render(rules)
+        total = table.size()[0]
+        accepts = sum(len(c.rules) for name, c in table.chains.items() if name[-1].isdigit())
+        assert total <= accepts + 2 * BUCKETS + 6  # the frame: hooks and bucket jumps
+        return accepts
+
+    assert rules_for(20, 100) == rules_for(20, 400) == 20  # one accept rule per policy rule
+    assert rules_for(40, 100) == 40
+
+
+def test_a_new_policy_touches_only_its_buckets_and_sets() -> None:
+    renderer = PolicyRenderer("node-1")
+    before = renderer.render(compile_cluster([DENY_X]))
+    after = renderer.render(compile_cluster([DENY_X, ALLOW_B]))
+    script = lines(transaction(before, after))
+    assert not any(line.startswith("delete ") for line in script)
+    flushed = [line for line in script if line.startswith("flush chain")]
+    assert flushed == ["flush chain inet podnet_policy ingress"]  # a jump to a new bucket
+    added_rules = [line for line in script if line.startswith("add rule")]
+    assert any("ingress_" in line and "accept" in line for line in added_rules)
+    assert all(" jump ingress_" in line or "ingress_" in line.split()[4] for line in added_rules)
+
+
+def test_transaction_orders_creation_before_use_and_deletion_after() -> None:
+    renderer = PolicyRenderer("node-1")
+    pods = [make_pod(k) for k in KEYS]
+    namespaces = [make_namespace(n) for n in NAMESPACES]
+
+    def tenants(y_vnid: int) -> PolicyTable:
+        netnamespaces = [
+            {"netname": "x", "netid": 10},
+            {"netname": "y", "netid": y_vnid},
+            {"netname": "z", "netid": 12},
+        ]
+        return renderer.render(compile_rules(MULTITENANT, pods, namespaces, netnamespaces, []))
+
+    first, joined = tenants(11), tenants(10)
+    script = lines(transaction(first, joined))
+    index = {line: i for i, line in enumerate(script)}
+    flush_iso = index["flush chain inet podnet_policy isolation"]
+    delete_map = next(i for line, i in index.items() if line.startswith("delete map"))
+    delete_chain = index["delete chain inet podnet_policy vnid_11"]
+    add_map = next(i for line, i in index.items() if line.startswith("add map"))
+    assert add_map < flush_iso < delete_map < delete_chain
+    assert index["flush chain inet podnet_policy vnid_11"] < delete_chain
+    assert "vnid_11" not in joined.chains and "vnid_10" in joined.chains
+
+
+def test_unchanged_input_renders_the_same_table_and_no_transaction() -> None:
+    renderer = PolicyRenderer("node-1")
+    rules = compile_cluster([DENY_X, ALLOW_B])
+    first = renderer.render(rules)
+    assert transaction(first, renderer.render(rules)) == ""
+    assert (
+        transaction(first, PolicyRenderer("node-1").render(compile_cluster([ALLOW_B, DENY_X])))
+        == ""
+    )
+
+
+def test_a_listing_reads_back_as_the_rendered_table() -> None:
+    """``nft list table`` prints what we render; reading it back needs no change."""
+    table = PolicyRenderer("node-1").render(compile_cluster([DENY_X, ALLOW_B]))
+    listing = ["table inet podnet_policy {"]
+    for s in table.sets.values():
+        listing += [f"\t{s.kind} {s.name} {{", f"\t\ttype {s.type}"]
+        listing += ["\t\tflags interval"] if s.interval else []
+        listing += [f"\t\telements = {{ {', '.join(s.elements)} }}"] if s.elements else []
+        listing += ["\t}", ""]
+    for c in table.chains.values():
+        listing += [
+            f"\tchain {c.name} {{",
+            *([f"\t\t{c.hook}"] if c.hook else []),
+            *(f"\t\t{r}" for r in c.rules),
+            "\t}",
+        ]
+    listing.append("}")
+    back = parse_listing("\n".join(listing))
+    assert back is not None
+    assert transaction(back, table) == ""
+    assert parse_listing("") is None
+
+
+def test_a_changed_hook_rebuilds_the_table() -> None:
+    table = PolicyRenderer("node-1").render(compile_cluster([DENY_X]))
+    chains = dict(table.chains)
+    old = chains["forward_ingress"]
+    chains["forward_ingress"] = type(old)(
+        old.name, "type filter hook forward priority 5; policy accept;", old.rules
+    )
+    script = transaction(PolicyTable(table.sets, chains), table)
+    assert script.startswith("delete table inet podnet_policy\nadd table inet podnet_policy\n")
