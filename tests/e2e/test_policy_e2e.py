@@ -8,7 +8,7 @@ the real CNI plugin), torn down in a finalizer even when a test fails.
   and UDP echo on ports 80 and 81 under the names of ``podnet.testing.netpol``. Every
   case of that table (and a few ipBlock cases written for the real addresses) is
   applied through the API, with its label changes made to the running pods; once every
-  agent has applied the rule set the API's objects compile to, every ordered pair of
+  node's kernel holds the rule set the API's objects compile to, every ordered pair of
   pods is probed on TCP and UDP 80 and 81 from inside the pods. The traffic must match
   the case's expected matrix and ``podnet trace``'s verdict (``evaluate`` on the same
   compiled rule set) for every pair, port and protocol.
@@ -37,10 +37,11 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.controllers.config import plugin_name
+from podnet.dataplane.policytable import TABLE_KEY, PolicyRenderer, parse_listing, transaction
 from podnet.model.kinds import NAMESPACE, NETWORK_POLICY, POD
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
-from podnet.policy.trace import cluster_rules
+from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
 
@@ -74,29 +75,30 @@ class Cluster:
     def rules(self) -> RuleSet:
         """What ``podnet trace`` computes: the API's objects compiled."""
         with self.api() as api:
-            return cluster_rules(api)
+            return fetch_objects(api).ruleset()
 
-    def applied(self) -> dict[str, str | None]:
-        """Each node agent's last applied rule set fingerprint."""
-        found: dict[str, str | None] = {}
-        for name in self.state().nodes:
-            path = nodes.node_paths(self.state_dir, name).agent_dir / "policy.json"
-            try:
-                found[name] = json.loads(path.read_text()).get("fingerprint")
-            except (OSError, ValueError):
-                found[name] = None
-        return found
+    def behind(self, rules: RuleSet) -> list[str]:
+        """The nodes whose policy table in the kernel is not yet ``rules`` rendered for
+        them (read back from the kernel and compared as a transaction: none needed)."""
+        late = []
+        for name, node in self.state().nodes.items():
+            want = PolicyRenderer(name).render(rules)
+            done = netns.run(node.netns, ["nft", "-t", "list", "table", *TABLE_KEY.split()], 30)
+            have = parse_listing(done.stdout) if done.returncode == 0 else None
+            if transaction(have, want):
+                late.append(name)
+        return late
 
     def converge(self) -> RuleSet:
-        """Wait until every agent has applied the rule set the API compiles to (bounded)."""
+        """Wait until every node's kernel holds the rules the API's objects compile to."""
         deadline = time.monotonic() + SYNC_TIMEOUT
         while True:
             rules = self.rules()
-            applied = self.applied()
-            if all(f == rules.fingerprint() for f in applied.values()):
+            late = self.behind(rules)
+            if not late:
                 return rules
             if time.monotonic() > deadline:
-                pytest.fail(f"agents did not apply {rules.fingerprint()[:12]}: {applied}")
+                pytest.fail(f"policy tables of {late} still differ after {SYNC_TIMEOUT} s")
             time.sleep(0.1)
 
     def ip(self, key: str) -> IPv4Address:
@@ -182,7 +184,7 @@ def netpol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ]
         for i, ns in enumerate(NAMESPACES):
             for j, name in enumerate(("a", "b", "c")):
-                node = f"node-{(i + j) % 3 + 1}"
+                node = f"node{(i + j) % 3 + 1}"
                 pods.run_pod(state_dir, name, ns, node, {"pod": name}, ports=ports)
         with cluster.api() as api:
             for ns in NAMESPACES:
@@ -375,10 +377,13 @@ def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
     """Each node: the table now, then its agent stopped, the table deleted, the agent
     started afresh on the same objects; the two tables must be equal."""
     state = cluster.state()
+    tables = {name: policy_listing(node.netns) for name, node in state.nodes.items()}
+    assert any(tables.values()), (
+        "no node holds a policy table"
+    )  # nodes without isolated pods hold none
     with cluster.api() as api:
         for name, node in state.nodes.items():
-            before = policy_listing(node.netns)
-            assert before, f"{name} has no policy table"
+            before = tables[name]
             nodes.stop_agent(node)
             netns.run(node.netns, ["nft", "delete", "table", "inet", "podnet_policy"], timeout=30)
             nodes.start_agent(state, node, cluster.state_dir)
@@ -403,7 +408,7 @@ def multitenant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for i, key in enumerate(MT_PODS):
             ns, name = key.split("/")
             pods.run_pod(
-                state_dir, name, ns, f"node-{i % 3 + 1}", {"app": name}, ports=[(None, 80, "TCP")]
+                state_dir, name, ns, f"node{i % 3 + 1}", {"app": name}, ports=[(None, 80, "TCP")]
             )
         yield cluster
     finally:

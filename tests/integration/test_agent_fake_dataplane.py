@@ -23,9 +23,12 @@ from typing import Any
 import pytest
 
 from podnet.cni.build import install_shim
+from podnet.controllers.config import NETWORKPOLICY
 from podnet.master import node_credentials
+from podnet.policy.compile import compile_rules
+from podnet.policy.model import RuleSet
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import client_for
+from podnet.testing.api import client_for, namespace, pod
 from podnet.testing.processes import MasterProcess, launch_master
 
 NODE = "node-1"
@@ -341,3 +344,67 @@ def test_second_agent_on_the_same_socket_refuses(master: MasterProcess, agent: A
         other.start(timeout=30)
     other.stop()
     assert agent.process is not None and agent.process.poll() is None
+
+
+def _cluster_rules(master: MasterProcess, plugin: str) -> RuleSet:
+    """``compile_rules`` over what the API holds now."""
+    paths = {
+        "pods": "/api/v1/pods",
+        "namespaces": "/api/v1/namespaces",
+        "netnamespaces": "/apis/network.openshift.io/v1/netnamespaces",
+        "policies": "/apis/networking.k8s.io/v1/networkpolicies",
+        "hostsubnets": "/apis/network.openshift.io/v1/hostsubnets",
+    }
+    with client_for(master.kubeconfig) as api:
+        items = {name: api.get(path).json()["items"] for name, path in paths.items()}
+    ips = [hs["hostIP"] for hs in items["hostsubnets"]]
+    return compile_rules(
+        plugin,
+        items["pods"],
+        items["namespaces"],
+        items["netnamespaces"],
+        items["policies"],
+        node_ips=ips,
+    )
+
+
+def test_policy_rules_follow_the_api(etcd: EtcdProcess, tmp_path: Path, prefix: str) -> None:
+    master = launch_master(etcd, tmp_path / "master", prefix, "--network-plugin", "networkpolicy")
+    running = None
+    try:
+        running = _start_agent(master, tmp_path / "agent")
+        with client_for(master.kubeconfig) as api:
+            api.post("/api/v1/namespaces", json=namespace("shop", {"team": "a"})).raise_for_status()
+            for i in range(4):
+                labels = {"app": "web" if i % 2 else "db"}
+                made = api.post(
+                    "/api/v1/namespaces/shop/pods", json=pod(f"p{i}", "shop", NODE, labels)
+                )
+                made.raise_for_status()
+                body = {**made.json(), "status": {"phase": "Running", "podIP": f"10.128.0.{i + 2}"}}
+                api.put(f"/api/v1/namespaces/shop/pods/p{i}/status", json=body).raise_for_status()
+            policy = {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": "db-from-web", "namespace": "shop"},
+                "spec": {
+                    "podSelector": {"matchLabels": {"app": "db"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}],
+                },
+            }
+            path = "/apis/networking.k8s.io/v1/namespaces/shop/networkpolicies"
+            api.post(path, json=policy).raise_for_status()
+
+        def applied() -> bool:
+            want = _cluster_rules(master, NETWORKPOLICY)
+            got = running.fake_state().get("policy_fingerprint") if running else None
+            return bool(want.policies) and got == want.fingerprint()
+
+        _wait(applied, "the compiled policy rules in the fake data plane")
+        assert "policy rules applied (networkpolicy)" in running.log()
+        rules = _cluster_rules(master, NETWORKPOLICY)
+        assert len(rules.endpoints) == 4 and len(rules.ingress_isolated) == 2
+    finally:
+        if running is not None:
+            running.stop()
+        master.stop()

@@ -12,7 +12,8 @@ Start order (each step logs what it does):
    are not touched.
 5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
 6. Serve CNI on the unix socket, then mark the Node ``Ready``.
-7. Watch HostSubnets (remote nodes, coalesced) and ClusterNetwork; resync periodically.
+7. Watch HostSubnets (remote nodes, coalesced) and ClusterNetwork; watch what isolation
+   and NetworkPolicy read (``policies.PolicySync``); resync periodically.
 
 Stopping (SIGTERM/SIGINT) stops serving and exits without tearing anything down: pods
 keep running, and a SIGKILL is just as safe since all state is in the kernel and IPAM.
@@ -55,6 +56,7 @@ from podnet.agent.config import (
     node_network,
 )
 from podnet.agent.pods import PodManager, PodStatusWriter
+from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
 from podnet.ipam.hostlocal import HostLocalStore
@@ -93,11 +95,8 @@ def with_condition(status: Obj, kind: str, value: str, reason: str, message: str
     """``status`` with condition ``kind`` set; unchanged when it already says so."""
     conditions = [dict(c) for c in status.get("conditions") or []]
     old = next((c for c in conditions if c.get("type") == kind), None)
-    if old and (old.get("status"), old.get("reason"), old.get("message")) == (
-        value,
-        reason,
-        message,
-    ):
+    wanted = (value, reason, message)
+    if old and (old.get("status"), old.get("reason"), old.get("message")) == wanted:
         return status
     now = _now()
     changed = old is None or old.get("status") != value
@@ -159,6 +158,8 @@ class NodeAgent:
         self.server: CniServer | None = None
         self.status_writer = PodStatusWriter(api, config.node_name, node_ip)
         self.remote_sync: RemoteNodeSync | None = None
+        self.policy_sync: PolicySync | None = None
+        self.plugin = ""  # ClusterNetwork pluginName, read at start
         self.serving = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._announced: NodeNetwork | None = None
@@ -191,14 +192,16 @@ class NodeAgent:
         )
         node = node_network(self.config, self.node_ip, hostsubnet, network)
         self.node = self._announced = node
+        self.plugin = network_plugin(network)
         self._own_subnet = str(node.subnet)
         log.info(
-            "node %s: subnet %s, gateway %s, mtu %d, %s",
+            "node %s: subnet %s, gateway %s, mtu %d, %s, %s",
             name,
             node.subnet,
             node.gateway,
             node.mtu,
             node.backend,
+            self.plugin,
         )
         await with_retry(
             lambda: self.ensure_dataplane(node),
@@ -324,9 +327,16 @@ class NodeAgent:
         self.serving.set()
 
     def start_watchers(self, node: NodeNetwork) -> None:
-        """HostSubnets -> remote nodes, ClusterNetwork changes, periodic resync."""
-        self.remote_sync = RemoteNodeSync(self.dataplane, node, self.config.resync_period)
+        """HostSubnets -> remote nodes, policy rules, ClusterNetwork changes, resync."""
+        resync = self.config.resync_period
+        self.remote_sync = RemoteNodeSync(self.dataplane, node, resync)
         self._spawn("remote-sync", self.remote_sync.run)
+        note = self.config.state_dir / "policy.json"
+        self.policy_sync = PolicySync(
+            self.api, self.dataplane, node, self.plugin, resync, status_path=note
+        )
+        for name, body in self.policy_sync.tasks():
+            self._spawn(name, body)
         self._spawn("watch-hostsubnets", self._watch_hostsubnets)
         self._spawn("watch-clusternetwork", self._watch_cluster_network)
         self._spawn("resync", self._resync_forever)
@@ -374,14 +384,14 @@ class NodeAgent:
             self._check_cluster_network(networks.get(CLUSTER_NETWORK_NAME))
 
     def _check_cluster_network(self, network: Obj | None) -> None:
-        assert self.node is not None and self._announced is not None
+        assert self.node and self._announced and self.policy_sync
         if network is None:
             log.warning(
                 "ClusterNetwork %s is gone; keeping the current set-up", CLUSTER_NETWORK_NAME
             )
             return
         new = node_network(self.config, self.node_ip, {"subnet": str(self.node.subnet)}, network)
-        changes = network_changes(self._announced, new)
+        changes = network_changes(self._announced, new) + self.policy_sync.plugin_change(network)
         if changes:
             log.warning(
                 "ClusterNetwork changed (%s); this needs a data plane rebuild: restart "
@@ -391,13 +401,14 @@ class NodeAgent:
             self._announced = new
 
     async def _resync_forever(self) -> None:
-        """Repair drift of the node's own set-up; the remote sync repairs remotes."""
-        assert self.node is not None and self.remote_sync is not None
+        """Repair drift of the node's own set-up; the remote and policy syncs repair theirs."""
+        assert self.node is not None and self.remote_sync and self.policy_sync
         while True:
             await asyncio.sleep(self.config.resync_period)
             try:
                 if await self.ensure_dataplane(self.node, quiet=True):
                     self.remote_sync.poke()
+                    self.policy_sync.poke()
             except DataPlaneError as exc:
                 log.error("resync of the node set-up failed: %s", exc)
 

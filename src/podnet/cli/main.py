@@ -38,6 +38,7 @@ COMMANDS = {
     "node-credentials": ("podnet.cli.master_cmd", "node_credentials"),
     "node": ("podnet.cli.node_cmd", "node"),
     "pod": ("podnet.cli.pod_cmd", "pod"),
+    "trace": ("podnet.cli.trace_cmd", "trace"),
 }
 
 

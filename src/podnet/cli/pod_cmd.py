@@ -1,7 +1,8 @@
 """``podnet pod run|exec|delete``: pods of the local cluster, wired by the real CNI plugin.
 
 A pod here is a network namespace with one process (by default a TCP+UDP echo server on
-port 8080), registered as a Pod object on its node, as a kubelet would.
+port 8080, or on each ``--port``), registered as a Pod object on its node, as a kubelet
+would.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import click
 
 from podnet.cli.cluster_cmd import STATE_DIR
-from podnet.cluster.pods import ECHO_COMMAND, PodError
+from podnet.cluster.pods import ECHO_COMMAND, ContainerPort, PodError, check_ports
 
 NAMESPACE = click.option("-n", "--namespace", default="default", show_default=True)
 
@@ -27,6 +28,25 @@ def _labels(values: tuple[str, ...]) -> dict[str, str]:
     return labels
 
 
+def parse_port(value: str) -> ContainerPort:
+    """``[NAME=]PORT[/PROTO]`` as (name or None, port, protocol); BadParameter if malformed."""
+    name, sep, rest = value.rpartition("=")
+    number, slash, protocol = rest.partition("/")
+    if (sep and not name) or (slash and not protocol) or not number.strip().isdigit():
+        raise click.BadParameter(f"{value!r}: expected [NAME=]PORT[/PROTO]", param_hint="--port")
+    try:
+        return check_ports([(name or None, int(number), protocol or "TCP")])[0]
+    except PodError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}", param_hint="--port") from exc
+
+
+def _ports(values: tuple[str, ...]) -> list[ContainerPort]:
+    try:
+        return check_ports([parse_port(value) for value in values])
+    except PodError as exc:
+        raise click.BadParameter(str(exc), param_hint="--port") from exc
+
+
 @click.group("pod")
 def pod() -> None:
     """Run, enter and delete pods of the local cluster."""
@@ -37,6 +57,15 @@ def pod() -> None:
 @NAMESPACE
 @click.option("--node", help="node to run on (default: the one with the fewest pods)")
 @click.option("--label", "-l", "labels", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--port",
+    "-p",
+    "ports",
+    multiple=True,
+    metavar="[NAME=]PORT[/PROTO]",
+    help="a container port (repeatable; PROTO tcp, udp or sctp, default tcp); "
+    "the echo server serves each TCP/UDP one",
+)
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -44,14 +73,19 @@ def run(
     namespace: str,
     node: str | None,
     labels: tuple[str, ...],
+    ports: tuple[str, ...],
     name: str,
     command: tuple[str, ...],
 ) -> None:
     """Create pod NAME and start COMMAND in it (after `--`; default: the echo server)."""
     from podnet.cluster.pods import run_pod
 
+    container_ports = _ports(ports)
+    pod_labels = _labels(labels)
     try:
-        record = run_pod(state_dir, name, namespace, node, _labels(labels), command or ECHO_COMMAND)
+        record = run_pod(
+            state_dir, name, namespace, node, pod_labels, command or ECHO_COMMAND, container_ports
+        )
     except PodError as exc:
         raise click.ClickException(str(exc)) from exc
     pid = record.process.pid if record.process else 0

@@ -1,10 +1,11 @@
 """A tiny TCP and UDP echo server, the default process of a test pod.
 
-``python -m podnet.cluster.echo [--port 8080] [--bind 0.0.0.0]`` answers every TCP
-stream and UDP datagram with the same bytes, and logs one line per TCP connection with
-the peer's address (the NAT test reads it to see whose address arrived). It only
-answers: it never starts traffic. Connections idle for ``IDLE_TIMEOUT`` seconds are
-closed, at most ``MAX_CONNECTIONS`` are served at once, and SIGTERM/SIGINT end it.
+``python -m podnet.cluster.echo [--port 8080]... [--bind 0.0.0.0]`` answers every TCP
+stream and UDP datagram with the same bytes, on each ``--port`` given (8080 when none),
+and logs one line per TCP connection with the peer's address (the NAT test reads it to
+see whose address arrived). It only answers: it never starts traffic. Connections idle
+for ``IDLE_TIMEOUT`` seconds are closed, at most ``MAX_CONNECTIONS`` are served at once,
+and SIGTERM/SIGINT end it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import argparse
 import asyncio
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
+DEFAULT_PORT = 8080
 IDLE_TIMEOUT = 30.0
 MAX_CONNECTIONS = 256
 CHUNK = 65536
@@ -66,31 +68,39 @@ def tcp_handler(slots: asyncio.Semaphore) -> Handler:
     return handle
 
 
-async def serve(bind: str, port: int) -> None:
-    """Serve TCP and UDP echo on ``bind:port`` until SIGTERM or SIGINT."""
+async def serve(bind: str, ports: Sequence[int] = (DEFAULT_PORT,)) -> None:
+    """Serve TCP and UDP echo on ``bind`` and each of ``ports`` until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     handler = tcp_handler(asyncio.Semaphore(MAX_CONNECTIONS))
-    server = await asyncio.start_server(handler, bind, port, reuse_address=True)
-    udp, _ = await loop.create_datagram_endpoint(UdpEcho, local_addr=(bind, port))
-    print(f"echo: serving tcp+udp on {bind}:{port}", flush=True)
+    servers: list[asyncio.Server] = []
+    endpoints: list[asyncio.BaseTransport] = []
     try:
+        for port in dict.fromkeys(ports):
+            servers.append(await asyncio.start_server(handler, bind, port, reuse_address=True))
+            udp, _ = await loop.create_datagram_endpoint(UdpEcho, local_addr=(bind, port))
+            endpoints.append(udp)
+            print(f"echo: serving tcp+udp on {bind}:{port}", flush=True)
         await stop.wait()
     finally:
-        udp.close()
-        server.close()
-        await server.wait_closed()
+        for transport in endpoints:
+            transport.close()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse options and serve."""
     parser = argparse.ArgumentParser(prog="python -m podnet.cluster.echo")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--port", type=int, action="append", help=f"repeatable (default {DEFAULT_PORT})"
+    )
     parser.add_argument("--bind", default="0.0.0.0")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.bind, args.port))
+    asyncio.run(serve(args.bind, args.port or [DEFAULT_PORT]))
     return 0
 
 

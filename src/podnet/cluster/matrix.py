@@ -5,6 +5,10 @@ namespace: one ICMP echo (``ping -c 1 -W 1``) and one TCP connection to the echo
 on port 8080 that sends a line and waits for it to come back. Probes run concurrently in
 a bounded thread pool, each with a timeout. ``render_matrix`` is pure: results in, text
 out.
+
+``udp_probe`` sends a datagram from inside the source pod and waits for the echo (a few
+bounded attempts, since UDP may lose a packet); ``probe`` picks ping, TCP or UDP by
+protocol. SCTP cannot be probed: this kernel has no SCTP sockets (CONFIG_IP_SCTP off).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from podnet import netns
 
 ECHO_PORT = 8080
 TCP_TIMEOUT = 2.0
+UDP_TIMEOUT = 1.0
+UDP_ATTEMPTS = 3
 MAX_WORKERS = 8
 CORNER = "from \\ to"
 _PING_TIME = re.compile(r"time[=<]([\d.]+) ?ms")
@@ -90,10 +96,75 @@ def tcp_probe(source: Endpoint, ip: str, port: int = ECHO_PORT) -> Probe:
                     break
                 received += chunk
     except OSError as exc:
-        return Probe(False, error=type(exc).__name__ if not exc.strerror else exc.strerror)
+        return _failed(exc)
     if received != payload:
         return Probe(False, error="echo mismatch")
     return Probe(True, (time.perf_counter() - start) * 1000)
+
+
+def udp_probe(
+    source: Endpoint, ip: str, port: int = ECHO_PORT, attempts: int = UDP_ATTEMPTS
+) -> Probe:
+    """Send a datagram from inside ``source`` to ``ip:port`` and await the same bytes back.
+
+    Up to ``attempts`` datagrams, each waiting ``UDP_TIMEOUT`` seconds; an ICMP port
+    unreachable (ECONNREFUSED on a connected socket) is a final answer.
+    """
+    with netns.entered(source.netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    payload = f"podnet {source.name} -> {ip} udp\n".encode()
+    with sock:
+        sock.settimeout(UDP_TIMEOUT)
+        try:
+            sock.connect((ip, port))
+        except OSError as exc:
+            return _failed(exc)
+        for _ in range(max(1, attempts)):
+            answer = _udp_exchange(sock, payload)
+            if answer is not None:
+                return answer
+    return Probe(False, error="no answer")
+
+
+def _udp_exchange(sock: socket.socket, payload: bytes) -> Probe | None:
+    """One datagram and its echo; None when nothing came back in time."""
+    start = time.perf_counter()
+    try:
+        sock.send(payload)
+        received = sock.recv(len(payload) + 1)
+    except TimeoutError:
+        return None
+    except OSError as exc:
+        return _failed(exc)
+    if received != payload:
+        return Probe(False, error="echo mismatch")
+    return Probe(True, (time.perf_counter() - start) * 1000)
+
+
+def _failed(exc: OSError) -> Probe:
+    return Probe(False, error=type(exc).__name__ if not exc.strerror else exc.strerror)
+
+
+class ProbeUnsupported(ValueError):
+    """A probe this machine cannot send (SCTP), or one that lacks its port."""
+
+
+def probe(source: Endpoint, dst_ip: str, protocol: str = "ICMP", port: int | None = None) -> Probe:
+    """Probe ``dst_ip`` from inside ``source``: ping for ICMP, else the echo on ``port``."""
+    protocol = protocol.upper()
+    if protocol == "ICMP":
+        return ping_probe(source, dst_ip)
+    if protocol == "SCTP":
+        raise ProbeUnsupported(
+            "SCTP cannot be probed here: this kernel has no SCTP sockets (CONFIG_IP_SCTP is off)"
+        )
+    if protocol not in ("TCP", "UDP"):
+        raise ProbeUnsupported(f"cannot probe protocol {protocol!r}: expected TCP, UDP or ICMP")
+    if port is None:
+        raise ProbeUnsupported(f"a {protocol} probe needs a port")
+    if protocol == "TCP":
+        return tcp_probe(source, dst_ip, port)
+    return udp_probe(source, dst_ip, port)
 
 
 def probe_pair(source: Endpoint, destination: Endpoint) -> PairResult:

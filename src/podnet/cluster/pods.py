@@ -6,6 +6,11 @@ one background process inside it.
 executable for ADD with the runtime's environment, and start the pod's command in the
 namespace (by default the echo server on port 8080). ``delete_pod`` undoes it in reverse.
 Everything is recorded in the cluster state first, so ``cluster down`` removes it too.
+
+Container ports (``(name or None, port, protocol)``) go into the Pod's
+``spec.containers[0].ports``, where NetworkPolicy named ports find them; the default echo
+command then serves TCP and UDP echo on every TCP or UDP port given (SCTP ports are only
+declared: this kernel has no SCTP sockets).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ from podnet import netns
 from podnet.cluster.nodes import node_paths
 from podnet.cluster.state import ClusterState, PodRecord, locked, spawn
 from podnet.cluster.underlay import tcp_listens
+from podnet.model.schemas_names import iana_service_name_problem
 
 Say = Callable[[str], None]
 ECHO_COMMAND = (sys.executable, "-m", "podnet.cluster.echo")
 ECHO_PORT = 8080
+ECHO_PROTOCOLS = ("TCP", "UDP")
+PORT_PROTOCOLS = ("TCP", "UDP", "SCTP")
+ContainerPort = tuple[str | None, int, str]  # (name or None, containerPort, protocol)
 IFNAME = "eth0"
 CNI_TIMEOUT = 90.0
 
@@ -112,16 +121,66 @@ def admin_api(state_dir: Path) -> Any:
     return ApiClient(load_client_config(str(state_dir / "master" / "admin.kubeconfig")))
 
 
-def pod_object(pod: PodRecord, command: Sequence[str]) -> dict[str, Any]:
+def check_ports(ports: Sequence[ContainerPort]) -> list[ContainerPort]:
+    """The ports with protocols upper-cased; PodError for a bad or repeated one."""
+    checked: list[ContainerPort] = []
+    for name, number, protocol in ports:
+        protocol = protocol.upper()
+        if protocol not in PORT_PROTOCOLS:
+            raise PodError(f"port {number}: protocol {protocol!r} is not TCP, UDP or SCTP")
+        if not 1 <= number <= 65535:
+            raise PodError(f"port {number} is not in 1..65535")
+        if name is not None and (why := iana_service_name_problem(name)):
+            raise PodError(f"port name {name!r} {why}")
+        checked.append((name, number, protocol))
+    _check_unique(checked)
+    return checked
+
+
+def _check_unique(ports: Sequence[ContainerPort]) -> None:
+    names = [name for name, _, _ in ports if name is not None]
+    for name in dict.fromkeys(n for n in names if names.count(n) > 1):
+        raise PodError(f"port name {name!r} is used twice")
+    pairs = [(number, protocol) for _, number, protocol in ports]
+    for number, protocol in dict.fromkeys(p for p in pairs if pairs.count(p) > 1):
+        raise PodError(f"port {number}/{protocol} is given twice")
+
+
+def echo_ports(ports: Sequence[ContainerPort]) -> list[int]:
+    """The ports the echo server serves: every TCP or UDP port, else the default 8080."""
+    served = [number for _, number, protocol in ports if protocol.upper() in ECHO_PROTOCOLS]
+    return list(dict.fromkeys(served)) or [ECHO_PORT]
+
+
+def echo_command(ports: Sequence[ContainerPort]) -> tuple[str, ...]:
+    """The default command, serving ``echo_ports(ports)``."""
+    served = echo_ports(ports)
+    if served == [ECHO_PORT]:
+        return ECHO_COMMAND
+    return (*ECHO_COMMAND, *(arg for port in served for arg in ("--port", str(port))))
+
+
+def container_ports(ports: Sequence[ContainerPort]) -> list[dict[str, Any]]:
+    """The ports as ``spec.containers[].ports`` entries."""
+    entries: list[dict[str, Any]] = []
+    for name, number, protocol in ports:
+        entry: dict[str, Any] = {"name": name} if name else {}
+        entries.append({**entry, "containerPort": number, "protocol": protocol.upper()})
+    return entries
+
+
+def pod_object(
+    pod: PodRecord, command: Sequence[str], ports: Sequence[ContainerPort] = ()
+) -> dict[str, Any]:
     """The Pod as the API stores it."""
+    container: dict[str, Any] = {"name": "main", "image": "podnet/local", "command": list(command)}
+    if ports:
+        container["ports"] = container_ports(ports)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
-        "spec": {
-            "nodeName": pod.node,
-            "containers": [{"name": "main", "image": "podnet/local", "command": list(command)}],
-        },
+        "spec": {"nodeName": pod.node, "containers": [container]},
     }
 
 
@@ -150,15 +209,22 @@ def run_pod(
     node: str | None = None,
     labels: Mapping[str, str] | None = None,
     command: Sequence[str] = ECHO_COMMAND,
+    ports: Sequence[ContainerPort] = (),
 ) -> PodRecord:
-    """Create, wire and start one pod; roll back what was done if a step fails."""
+    """Create, wire and start one pod; roll back what was done if a step fails.
+
+    With the default command the echo server serves ``echo_ports(ports)``, and the pod
+    is ready once it listens on each of them.
+    """
+    checked = check_ports(ports)
+    launch = _Launch(tuple(command), checked)
     with locked(state_dir):
         state = _loaded(state_dir)
         pod = _new_pod(state, name, namespace, node, labels)
         state.pods[pod.key] = pod
         state.save(state_dir)
         try:
-            _start_pod(state, state_dir, pod, command)
+            _start_pod(state, state_dir, pod, launch)
         except BaseException:
             _teardown_pod(state, state_dir, pod, lambda _line: None)
             raise
@@ -189,24 +255,34 @@ def _new_pod(
     return PodRecord(name, namespace, node, netns_name, cid, labels=dict(labels or {}))
 
 
-def _start_pod(
-    state: ClusterState, state_dir: Path, pod: PodRecord, command: Sequence[str]
-) -> None:
+class _Launch:
+    """What a pod runs: its command (the echo server serving its ports) and its ports."""
+
+    def __init__(self, command: tuple[str, ...], ports: list[ContainerPort]) -> None:
+        is_echo = command == ECHO_COMMAND
+        self.command = echo_command(ports) if is_echo else command
+        self.ports = ports
+        self.listening = echo_ports(ports) if is_echo else []
+
+
+def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _Launch) -> None:
     with admin_api(state_dir) as api:
         from podnet.model.kinds import POD
 
         ensure_namespace(api, pod.namespace)
-        api.create(POD, pod_object(pod, command), namespace=pod.namespace)
+        obj = pod_object(pod, launch.command, launch.ports)
+        api.create(POD, obj, namespace=pod.namespace)
     state.record_netns(pod.netns, state_dir)
     netns.create(pod.netns)
     pod.ip = result_ip(cni_call(state_dir, pod, "ADD"))
     state.save(state_dir)
+    command = launch.command
     pod.process = spawn(
         netns.command(pod.netns, command), pod_log(state_dir, pod), " ".join(command)
     )
     state.save(state_dir)
-    if tuple(command) == ECHO_COMMAND:
-        wait_listening(pod, ECHO_PORT)
+    for port in launch.listening:
+        wait_listening(pod, port)
 
 
 def wait_listening(pod: PodRecord, port: int, timeout: float = 15.0) -> None:

@@ -10,7 +10,11 @@ what the kernel (or a correct agent) would never allow:
   node's; an empty netns; an interface name the kernel would reject;
 - remote subnets overlapping the local subnet or each other, a remote with this node's
   IP, two remotes with one name;
-- a node MTU outside 576-9000 or that does not fit the underlay, a vxlan port out of range.
+- a node MTU outside 576-9000 or that does not fit the underlay, a vxlan port out of range;
+- a policy ``RuleSet`` a backend could not render as it stands: an unknown plugin,
+  endpoints unsorted or sharing an IP, policies or a VNID map outside their mode, policies
+  unsorted or sharing a key, a rule whose targets are not its policy's, isolation sets
+  that are not the union of the isolating policies' targets.
 
 Every call is recorded in ``calls`` (method names) so tests can assert, for example, that
 ``setup_node`` is not called again after a restart. With ``state_file`` the state and the
@@ -21,14 +25,16 @@ hand-made change that the next resync must repair.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, PLUGINS
 from podnet.dataplane.interface import (
     DataPlaneError,
     DataPlaneStatus,
@@ -39,6 +45,9 @@ from podnet.dataplane.interface import (
     RemoteNode,
 )
 
+if TYPE_CHECKING:
+    from podnet.policy.model import RuleSet
+
 MTU_RANGE = range(576, 9001)
 UNDERLAY_MTU = 1500
 VXLAN_OVERHEAD = 50
@@ -47,11 +56,14 @@ IFNAME_MAX = 15
 
 @dataclass
 class FakeState:
-    """What the fake "kernel" holds: the node's version note, remotes and pods."""
+    """What the fake "kernel" holds: the node's version note, remotes, pods and policy
+    rules (the state file keeps the rule set's fingerprint, not the rule set)."""
 
     version_note: str = ""
     remotes: dict[str, RemoteNode] = field(default_factory=dict)
     pods: dict[tuple[str, str], PodAttachment] = field(default_factory=dict)
+    policy: RuleSet | None = None
+    policy_fingerprint: str = ""
 
 
 def _host_ifname(pod: PodNetwork) -> str:
@@ -73,6 +85,7 @@ class FakeDataPlane:
         self.calls: list[str] = []
         self.history: list[str] = []  # calls of earlier processes, from the state file
         self.remote_changes: list[str] = []  # "add x", "update x", "remove x"
+        self.policy_changes = 0  # sync_policy calls that brought a new rule set
         self.underlay_mtu = underlay_mtu
         self.state_file = state_file
         self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
@@ -152,6 +165,19 @@ class FakeDataPlane:
         """Every pod attached, sorted by address."""
         self._record("attached_pods")
         return sorted(self.state.pods.values(), key=lambda a: a.address)
+
+    async def sync_policy(self, node: NodeNetwork, rules: RuleSet) -> None:
+        """Validate ``rules``, then hold them and their fingerprint (the same object again,
+        a resync, is neither validated nor fingerprinted again)."""
+        self._record("sync_policy")
+        self._fail("sync_policy")
+        self._require_setup()
+        if rules is not self.state.policy:
+            _validate_rules(rules)
+            fingerprint = await asyncio.to_thread(rules.fingerprint)  # ~1 s at 5,000 pods
+            self.state.policy, self.state.policy_fingerprint = rules, fingerprint
+            self.policy_changes += 1
+        self._save()
 
     async def close(self) -> None:
         """Nothing to release; remembered for tests."""
@@ -271,8 +297,44 @@ class FakeDataPlane:
             version_note=data.get("version_note", ""),
             remotes={r["name"]: _remote(r) for r in data.get("remotes", [])},
             pods={(p["container_id"], p["ifname"]): _attachment(p) for p in data.get("pods", [])},
+            policy_fingerprint=data.get("policy_fingerprint", ""),
         )
         self._pod_records = {(p["container_id"], p["ifname"]): p for p in data.get("pods", [])}
+
+
+def _validate_rules(rules: RuleSet) -> None:
+    """Refuse a rule set a backend could not render as it stands (module docstring)."""
+    problems = []
+    if rules.plugin not in PLUGINS:
+        problems.append(f"unknown plugin {rules.plugin!r}")
+    ips = [e.ip for e in rules.endpoints]
+    if ips != sorted(set(ips)):
+        problems.append("endpoints are not sorted by IP, or share an IP")
+    if (rules.isolation is not None) != (rules.plugin == MULTITENANT):
+        problems.append(f"a VNID map must come with {MULTITENANT} and only with it")
+    if rules.policies and rules.plugin != NETWORKPOLICY:
+        problems.append(f"policies outside {NETWORKPOLICY}")
+    problems += _policy_problems(rules)
+    if problems:
+        raise DataPlaneError("policy rule set refused: " + "; ".join(problems))
+
+
+def _policy_problems(rules: RuleSet) -> list[str]:
+    problems = []
+    keys = [p.key for p in rules.policies]
+    if keys != sorted(set(keys)):
+        problems.append("policies are not sorted by key, or share a key")
+    for policy in rules.policies:
+        if any(
+            r.targets is not policy.targets and r.targets != policy.targets for r in policy.rules
+        ):
+            problems.append(f"policy {policy.key} has a rule with other targets")
+    isolated = {"ingress": rules.ingress_isolated, "egress": rules.egress_isolated}
+    for direction, found in isolated.items():
+        targets = {p.targets for p in rules.policies if getattr(p, direction)}
+        if found != frozenset().union(*targets):
+            problems.append(f"{direction}_isolated is not the union of the isolating targets")
+    return problems
 
 
 def _pod_record(attachment: PodAttachment) -> dict[str, Any]:
@@ -285,6 +347,7 @@ def _dump(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -> dic
         "remotes": [{k: str(v) for k, v in asdict(r).items()} for r in state.remotes.values()],
         "pods": pods,
         "calls": calls,
+        "policy_fingerprint": state.policy_fingerprint,
     }
 
 

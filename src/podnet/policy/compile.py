@@ -4,6 +4,8 @@ Pure: API objects (plain dicts) in, a ``RuleSet`` out. The whole cluster compile
 scratch on every change, which is cheap (pods are indexed by namespace and label, see
 ``selection``), and it means an incremental update cannot leave a stale rule behind:
 the result equals a fresh build by construction, and ``RuleSet.fingerprint`` proves it.
+The node agent uses ``incremental.PolicyCompiler``, which keeps the index and the compiled
+policies between changes and is tested to give the same fingerprint as this function.
 
 Kubernetes semantics applied here (networking.k8s.io/v1):
 
@@ -63,43 +65,45 @@ def compile_rules(
     """The rule set for ``plugin`` over the whole cluster (``node_ips``: known host IPs)."""
     if plugin not in PLUGINS:
         raise ValueError(f"unknown network plugin {plugin!r}")
-    pod_list = sorted(pods, key=_object_key)
-    records = pod_records(pod_list, _vnid_lookup(plugin, netnamespaces))
+    records, hosts = pods_and_hosts(plugin, pods, netnamespaces, node_ips)
     endpoints = tuple(r.endpoint for r in records)
-    hosts = frozenset(_host_ips(pod_list, node_ips))
     if plugin == SUBNET:
         return RuleSet(plugin, endpoints, hosts)
     if plugin == MULTITENANT:
         return RuleSet(plugin, endpoints, hosts, isolation=vnid_isolation(endpoints))
     assert plugin == NETWORKPOLICY
     index = ClusterIndex(records, namespace_labels(namespaces, records))
-    return _policy_rule_set(plugin, endpoints, hosts, index, policies)
-
-
-def _policy_rule_set(
-    plugin: str,
-    endpoints: tuple[Endpoint, ...],
-    hosts: frozenset[IPv4Address],
-    index: ClusterIndex,
-    policies: Iterable[Obj],
-) -> RuleSet:
     compiled = sorted((compile_policy(index, p) for p in policies), key=lambda p: p.key)
-    ingress = [p.targets for p in compiled if p.ingress]
-    egress = [p.targets for p in compiled if p.egress]
     return RuleSet(
         plugin,
         endpoints,
         hosts,
         policies=tuple(compiled),
-        ingress_isolated=EMPTY.union(*ingress),
-        egress_isolated=EMPTY.union(*egress),
+        ingress_isolated=isolated_pods(compiled, INGRESS),
+        egress_isolated=isolated_pods(compiled, EGRESS),
     )
+
+
+def pods_and_hosts(
+    plugin: str, pods: Iterable[Obj], netnamespaces: Iterable[Obj], node_ips: Iterable[str] = ()
+) -> tuple[list[PodRecord], frozenset[IPv4Address]]:
+    """The pod records (sorted by IP) and the host IPs: ``node_ips`` and hostNetwork pods."""
+    pod_list = sorted(pods, key=object_key)  # the first pod by key wins a duplicate IP
+    records = pod_records(pod_list, _vnid_lookup(plugin, netnamespaces))
+    return records, frozenset(_host_ips(pod_list, node_ips))
+
+
+def isolated_pods(policies: Iterable[CompiledPolicy], direction: str) -> PodSet:
+    """The pods some policy isolates for ``direction``: the union of their targets."""
+    targets = {p.targets for p in policies if (p.ingress if direction == INGRESS else p.egress)}
+    return EMPTY.union(*targets)
 
 
 # --- pods, namespaces, VNIDs --------------------------------------------------------------
 
 
-def _object_key(obj: Obj) -> tuple[str, str]:
+def object_key(obj: Obj) -> tuple[str, str]:
+    """(namespace, name) of an API object ("" when absent)."""
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
@@ -116,11 +120,19 @@ def _vnid_lookup(plugin: str, netnamespaces: Iterable[Obj]) -> Mapping[str, int]
     return found
 
 
-def _pod_ip(pod: Obj) -> IPv4Address | None:
+def pod_address(value: Any) -> IPv4Address | None:
+    """A ``status.podIP`` as an IPv4 address; None when absent, IPv6 or unreadable. An
+    ``IPv4Address`` is returned as it is (the incremental compiler keeps one per pod)."""
+    if isinstance(value, IPv4Address):
+        return value
     try:
-        return IPv4Address(str((pod.get("status") or {}).get("podIP") or ""))
+        return IPv4Address(str(value or ""))
     except ValueError:
         return None
+
+
+def _pod_ip(pod: Obj) -> IPv4Address | None:
+    return pod_address((pod.get("status") or {}).get("podIP"))
 
 
 def _is_host_network(pod: Obj) -> bool:
@@ -129,6 +141,12 @@ def _is_host_network(pod: Obj) -> bool:
 
 def _is_running(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def contributes(pod: Obj) -> bool:
+    """Whether compile reads anything from ``pod``: an IPv4 address, and running or
+    hostNetwork. Any other pod can be left out without changing the rule set."""
+    return _pod_ip(pod) is not None and (_is_host_network(pod) or _is_running(pod))
 
 
 def _host_ips(pods: Sequence[Obj], node_ips: Iterable[str]) -> Iterator[IPv4Address]:
@@ -151,7 +169,7 @@ def pod_records(pods: Sequence[Obj], vnids: Mapping[str, int] | None) -> list[Po
 
 
 def _pod_record(pod: Obj, ip: IPv4Address, vnids: Mapping[str, int] | None) -> PodRecord:
-    namespace, name = _object_key(pod)
+    namespace, name = object_key(pod)
     node = str((pod.get("spec") or {}).get("nodeName") or "")
     vnid = GLOBAL_VNID if vnids is None else vnids.get(namespace)
     labels = dict((pod.get("metadata") or {}).get("labels") or {})
@@ -200,7 +218,7 @@ def policy_types(spec: Obj) -> tuple[bool, bool]:
 
 def compile_policy(index: ClusterIndex, policy: Obj) -> CompiledPolicy:
     """One NetworkPolicy: its selected pods, the directions it isolates, its rules."""
-    namespace, name = _object_key(policy)
+    namespace, name = object_key(policy)
     spec = policy.get("spec") or {}
     selector = label_selector_from_spec(spec.get("podSelector") or {})
     targets = index.select(selector, frozenset([namespace]))

@@ -1,0 +1,249 @@
+"""``podnet trace``: would this packet pass, and why; with ``--probe``, does it really.
+
+The verdict comes from the rule set the data plane compiles (``podnet.policy``), built
+from the API's objects. ``--probe`` then sends a real packet from the source pod of the
+local cluster (``--state-dir``) and reports whether the data plane agrees; any
+disagreement is a data plane bug, printed as ``DISAGREEMENT`` with exit code 3.
+``--matrix`` does the same for every pair of the selected pods. Errors (unknown pod, bad
+address, bad option, an SCTP probe) are one line and exit code 1, before anything is
+sent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from podnet.cli.cluster_cmd import STATE_DIR
+from podnet.cli.main import CliError, CliState, pass_state
+from podnet.policy.evaluate import evaluate, reachability
+from podnet.policy.explain import render_matrix, render_verdict
+from podnet.policy.model import RuleSet
+from podnet.policy.trace import (
+    Comparison,
+    Target,
+    TraceError,
+    compare,
+    fetch_objects,
+    matrix_legend,
+    packet_kind,
+    probe_problem,
+    render_probed_matrix,
+    resolve,
+    select_endpoints,
+)
+
+if TYPE_CHECKING:
+    from podnet.cluster.matrix import Endpoint as ProbeSource
+
+DISAGREEMENT_EXIT = 3
+PROBE_WORKERS = 8
+Pair = tuple[str, str]
+
+
+@click.command("trace")
+@click.argument("src", required=False)
+@click.argument("dst", required=False)
+@click.option("--port", type=click.IntRange(1, 65535), help="destination port")
+@click.option(
+    "--protocol",
+    type=click.Choice(["tcp", "udp", "sctp", "icmp"], case_sensitive=False),
+    help="default: tcp with --port, icmp (ping) without",
+)
+@click.option(
+    "--probe",
+    is_flag=True,
+    help="also send real traffic from the source pod of the local cluster and compare "
+    "(without --kubeconfig or $KUBECONFIG: that cluster's admin kubeconfig)",
+)
+@click.option("--matrix", "as_matrix", is_flag=True, help="every pair of the selected pods")
+@click.option(
+    "-n", "--namespace", "namespaces", multiple=True, help="with --matrix: only these namespaces"
+)
+@STATE_DIR
+@pass_state
+def trace(
+    state: CliState,
+    src: str | None,
+    dst: str | None,
+    port: int | None,
+    protocol: str | None,
+    probe: bool,
+    as_matrix: bool,
+    namespaces: tuple[str, ...],
+    state_dir: Path,
+) -> None:
+    """Explain whether SRC may reach DST (pods as namespace/name, or IPv4 addresses).
+
+    \b
+    podnet trace frontend/web backend/db --port 5432
+    podnet trace default/client 10.128.2.7 --port 53 --protocol udp --probe
+    podnet trace --matrix -n frontend -n backend --port 8080 --probe
+    """
+    _check_arguments(src, dst, as_matrix, namespaces)
+    if probe:
+        _default_kubeconfig(state, state_dir)
+    try:
+        kind = _packet(protocol, port, probe)
+        if as_matrix:
+            code = _trace_matrix(state, kind, namespaces, state_dir if probe else None)
+        else:
+            assert src is not None and dst is not None
+            code = _trace_pair(state, (src, dst), kind, state_dir if probe else None)
+    except TraceError as exc:
+        raise CliError(str(exc)) from exc
+    click.get_current_context().exit(code)
+
+
+def _check_arguments(
+    src: str | None, dst: str | None, as_matrix: bool, namespaces: Sequence[str]
+) -> None:
+    if as_matrix and (src or dst):
+        raise click.UsageError("--matrix takes no SRC or DST (select pods with -n)")
+    if not as_matrix and namespaces:
+        raise click.UsageError("-n/--namespace applies to --matrix only")
+    if not as_matrix and not (src and dst):
+        raise click.UsageError("trace needs SRC and DST (or --matrix)")
+
+
+def _default_kubeconfig(state: CliState, state_dir: Path) -> None:
+    """Probing is about the local cluster: talk to its master unless told otherwise."""
+    admin = state_dir / "master" / "admin.kubeconfig"
+    if state.kubeconfig is None and not os.environ.get("KUBECONFIG") and admin.exists():
+        state.kubeconfig = str(admin)
+
+
+def _packet(protocol: str | None, port: int | None, probe: bool) -> tuple[str, int | None]:
+    kind = packet_kind(protocol, port)
+    problem = probe_problem(*kind) if probe else None
+    if problem:
+        raise TraceError(problem)
+    return kind
+
+
+# --- one pair -----------------------------------------------------------------------------
+
+
+def _trace_pair(
+    state: CliState, ends: Pair, kind: tuple[str, int | None], state_dir: Path | None
+) -> int:
+    """Print the verdict (and the probe's line); the exit code."""
+    objects = fetch_objects(state.client())
+    src, dst = (resolve(end, objects.pods) for end in ends)
+    source = _probe_source(state_dir, src) if state_dir is not None else None
+    verdict = evaluate(objects.ruleset(), src.ip, dst.ip, *kind)
+    click.echo(render_verdict(verdict))
+    if source is None:
+        return 0
+    comparison = _probe(source, dst.ip, kind, verdict.allowed)
+    click.echo(comparison.line())
+    return 0 if comparison.agrees else DISAGREEMENT_EXIT
+
+
+def _probe(
+    source: ProbeSource, dst: IPv4Address, kind: tuple[str, int | None], allowed: bool
+) -> Comparison:
+    from podnet.cluster import matrix
+
+    return compare(allowed, matrix.probe(source, str(dst), *kind))
+
+
+def _probe_source(
+    state_dir: Path, src: Target, sources: Mapping[str, ProbeSource] | None = None
+) -> ProbeSource:
+    """The local cluster's pod to probe from; TraceError when SRC is not one of them."""
+    sources = _local_pods(state_dir) if sources is None else sources
+    found = sources.get(src.pod) if src.pod else _by_ip(sources, src.ip)
+    if found is None:
+        raise TraceError(
+            f"--probe: the source {src.pod or src.ip} is not a pod of the local cluster at "
+            f"{state_dir}"
+        )
+    if found.ip != str(src.ip):
+        raise TraceError(
+            f"--probe: the API gives {found.name} the IP {src.ip} but the local cluster at "
+            f"{state_dir} has {found.ip}: is the kubeconfig this cluster's?"
+        )
+    return found
+
+
+def _local_pods(state_dir: Path) -> dict[str, ProbeSource]:
+    """``namespace/name`` → probe endpoint, for every wired pod of the local cluster."""
+    from podnet.cluster.matrix import Endpoint
+    from podnet.cluster.state import ClusterState
+
+    cluster = ClusterState.load(state_dir)
+    if cluster is None or not cluster.cluster_id:
+        raise TraceError(f"--probe needs the local cluster, and there is none at {state_dir}")
+    return {
+        key: Endpoint(key, pod.node, pod.ip, pod.netns)
+        for key, pod in cluster.pods.items()
+        if pod.ip
+    }
+
+
+def _by_ip(sources: Mapping[str, ProbeSource], ip: IPv4Address) -> ProbeSource | None:
+    return next((s for s in sources.values() if s.ip == str(ip)), None)
+
+
+# --- the matrix ---------------------------------------------------------------------------
+
+
+def _trace_matrix(
+    state: CliState,
+    kind: tuple[str, int | None],
+    namespaces: Sequence[str],
+    state_dir: Path | None,
+) -> int:
+    """Print the grid (probed, with disagreements marked, when ``state_dir``); exit code."""
+    ruleset = fetch_objects(state.client()).ruleset()
+    endpoints = select_endpoints(ruleset, namespaces)
+    names = [e.key for e in endpoints]
+    allowed = reachability(ruleset, *kind, endpoints=endpoints)
+    if state_dir is None:
+        click.echo(render_matrix(names, allowed))
+        click.echo(matrix_legend(ruleset, *kind))
+        return 0
+    probed = _probe_matrix(ruleset, names, allowed, kind, state_dir)
+    click.echo(render_probed_matrix(names, allowed, probed))
+    click.echo(matrix_legend(ruleset, *kind))
+    return 0 if all(c.agrees for c in probed.values()) else DISAGREEMENT_EXIT
+
+
+def _probe_matrix(
+    ruleset: RuleSet,
+    names: Sequence[str],
+    allowed: Mapping[Pair, bool],
+    kind: tuple[str, int | None],
+    state_dir: Path,
+) -> dict[Pair, Comparison]:
+    """Probe every ordered pair of distinct pods, ``PROBE_WORKERS`` at a time."""
+    ips = {e.key: e.ip for e in ruleset.endpoints}
+    sources = _matrix_sources(state_dir, names, ips)
+    pairs = [(s, d) for s in names for d in names if s != d]
+
+    def run(pair: Pair) -> Comparison:
+        return _probe(sources[pair[0]], ips[pair[1]], kind, allowed[pair])
+
+    with ThreadPoolExecutor(max_workers=PROBE_WORKERS) as pool:
+        return dict(zip(pairs, pool.map(run, pairs), strict=True))
+
+
+def _matrix_sources(
+    state_dir: Path, names: Sequence[str], ips: Mapping[str, IPv4Address]
+) -> dict[str, ProbeSource]:
+    """The local cluster's pod for each name; TraceError unless every one is there."""
+    sources = _local_pods(state_dir)
+    missing = [name for name in names if name not in sources]
+    if missing:
+        raise TraceError(
+            f"--probe: {', '.join(missing)} are not pods of the local cluster at {state_dir} "
+            "(select the cluster's pods with -n)"
+        )
+    return {name: _probe_source(state_dir, Target(ips[name], name), sources) for name in names}
