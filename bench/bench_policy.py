@@ -95,7 +95,7 @@ def policy_object(j: int, port: int, namespace: str | None = None) -> dict[str, 
             {
                 "from": [
                     {
-                        "namespaceSelector": {"matchLabels": {"team": f"t{j % TEAMS}"}},
+                        "namespaceSelector": {"matchLabels": {"team": f"t{(j + 1) % TEAMS}"}},
                         "podSelector": {"matchLabels": {"app": f"a{(j + 1) % APPS}"}},
                     }
                 ],
@@ -156,10 +156,11 @@ def load_pods(state_dir: Path, kubeconfig: Path, count: int, node_count: int) ->
         for k in range(NAMESPACES)
     ]
     asyncio.run(post_all(kubeconfig, namespaces))
+    local_ips = iter(local)
     for i in range(count):
-        node = i % node_count + 1
+        node = (i // NAMESPACES) % node_count + 1  # node1: every namespace and app
         ip = (
-            str(local[i // node_count])
+            str(next(local_ips))
             if node == 1
             else f"10.{129 + (i // 60000)}.{(i // 250) % 240}.{i % 250 + 2}"
         )
@@ -174,7 +175,7 @@ def load_policies(kubeconfig: Path, first: int, last: int) -> None:
     items = [
         (
             f"/apis/networking.k8s.io/v1/namespaces/ns{j % NAMESPACES}/networkpolicies",
-            policy_object(j, 8000 + j % 100),
+            policy_object(j, 8000 + j),
         )
         for j in range(first, last)
     ]
@@ -226,7 +227,7 @@ class Monitor:
     """``nft monitor rules`` in the node namespace; the time of each added rule."""
 
     def __init__(self, node_ns: str) -> None:
-        argv = netns.command(node_ns, ["nft", "monitor", "rules"])
+        argv = netns.command(node_ns, ["stdbuf", "-oL", "nft", "monitor", "rules"])
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.added: list[float] = []
         self.lock = threading.Lock()
@@ -255,11 +256,14 @@ class Monitor:
         self.process.wait(5)
 
 
-def change_latencies(state_dir: Path, kubeconfig: Path, node_ns: str, count: int) -> list[float]:
-    """ms from a policy create (request sent) to its rule in the kernel."""
+def change_latencies(
+    state_dir: Path, kubeconfig: Path, node_ns: str, count: int
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """ms from a policy create (request sent) to its rule in the kernel, and the agent's
+    note of each change (its compile and apply times)."""
     monitor = Monitor(node_ns)
     time.sleep(0.5)
-    found = []
+    found, notes = [], []
     try:
         with pods.admin_api(state_dir) as api:
             for k in range(count):
@@ -269,9 +273,10 @@ def change_latencies(state_dir: Path, kubeconfig: Path, node_ns: str, count: int
                 api.create(NETWORK_POLICY, body)
                 found.append((monitor.first_after(start) - start) * 1000)
                 time.sleep(0.2)  # let the agent settle before the next one
+                notes.append(policy_state(state_dir))
     finally:
         monitor.stop()
-    return found
+    return found, notes
 
 
 def nft_floor(node_ns: str, runs: int = 10) -> float:
@@ -343,13 +348,19 @@ def scale(args: argparse.Namespace) -> None:
                 f"apply {record.get('apply_ms', 0):.0f} ms for the last change"
             )
             floor = nft_floor(node_ns)
-            latencies = change_latencies(state_dir, kubeconfig, node_ns, args.changes)
+            latencies, notes = change_latencies(state_dir, kubeconfig, node_ns, args.changes)
             p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
             print(f"== policy create -> rule in the kernel ({args.changes} creates)")
             print(
                 f"  p50 {p50:.1f} ms, "
                 f"p99 {p99:.1f} ms (goal p99 < 100 ms); "
                 f"bare nft -f floor {floor:.1f} ms, p50/floor {p50 / floor:.2f}"
+            )
+            compile_ms = statistics.median(n.get("compile_ms", 0) for n in notes)
+            apply_ms = statistics.median(n.get("apply_ms", 0) for n in notes)
+            print(
+                f"  in the agent (median): compile {compile_ms:.1f} ms, "
+                f"render+nft {apply_ms:.1f} ms"
             )
             wait_settled(state_dir)
             for label, delete in (("table in place", False), ("table deleted", True)):
@@ -366,6 +377,10 @@ def scale(args: argparse.Namespace) -> None:
                 f"== agent RSS {rss_mb(agent_pid(state_dir)):.0f} MB with {args.pods} pods, "
                 f"{args.policies + args.changes} policies"
             )
+        except BaseException:
+            log = nodes.node_paths(state_dir, "node1").agent_log
+            print("agent log (tail):\n" + nodes.log_tail(log, 40))
+            raise
         finally:
             lifecycle.cluster_down(state_dir, say=lambda _: None)
 

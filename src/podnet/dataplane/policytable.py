@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.policy.model import EGRESS, GLOBAL_VNID, PolicyRule, PortRange, RuleSet
+from podnet.policy.model import (
+    EGRESS,
+    GLOBAL_VNID,
+    CompiledPolicy,
+    PolicyRule,
+    PortRange,
+    RuleSet,
+)
 
 POLICY_TABLE = "podnet_policy"
 TABLE_KEY = f"inet {POLICY_TABLE}"
@@ -135,6 +142,8 @@ class PolicyRenderer:
         self._used: dict[tuple[int, str], tuple[Any, Any]] = {}
         self._sets: dict[str, NftSet] = {}
         self._local_pods: frozenset[IPv4Address] = frozenset()
+        self._collecting: list[NftSet] | None = None  # sets used by the rule being rendered
+        self._texts_kind = ""
 
     def render(self, rules: RuleSet) -> PolicyTable:
         """The table enforcing ``rules`` on this node (empty when nothing is isolated)."""
@@ -171,6 +180,8 @@ class PolicyRenderer:
 
         made: NftSet = self._memo(members, type_, make)
         self._sets[made.name] = made
+        if self._collecting is not None:
+            self._collecting.append(made)
         return made.name
 
     def _local(self, members: frozenset[IPv4Address], local: frozenset[IPv4Address]) -> Any:
@@ -215,6 +226,11 @@ class PolicyRenderer:
         if local != self._local_pods:
             self._local_pods = local
         local = self._local_pods  # the same object while unchanged: _local remembers by it
+        self._texts_kind = f"texts {id(local)}"
+        buckets: dict[str, dict[int, set[str]]] = {"egress": {}, "ingress": {}}
+        for policy in rules.policies:
+            for direction, where, text in self._policy_texts(policy, local):
+                buckets[direction].setdefault(where, set()).add(text)
         chains: list[Chain] = []
         for direction, isolated_all, hooks in (
             (
@@ -229,36 +245,34 @@ class PolicyRenderer:
             ),
         ):
             isolated = isolated_all & local
-            if not isolated:
-                continue
-            texts = {
-                text
-                for rule in rules.rules
-                if (rule.direction == EGRESS) == (direction == "egress")
-                for text in self._rule_texts(rule, local)
-            }
-            chains += self._direction_chains(
-                direction, texts, self._set(isolated, IPV4, False), hooks
-            )
+            if isolated:
+                name = self._set(isolated, IPV4, False)
+                chains += _direction_chains(direction, buckets[direction], name, hooks)
         return chains
 
-    def _direction_chains(
-        self, direction: str, texts: set[str], isolated: str, hooks: tuple[tuple[str, str], ...]
-    ) -> list[Chain]:
-        buckets: dict[int, list[str]] = {}
-        for text in texts:
-            buckets.setdefault(bucket(text), []).append(text)
-        parts = [
-            Chain(f"{direction}_{i}", None, tuple(sorted(b))) for i, b in sorted(buckets.items())
-        ]
-        dispatch = Chain(direction, None, tuple(f"jump {c.name}" for c in parts))
-        subject = "ip saddr" if direction == "egress" else "ip daddr"
-        base = (
-            ESTABLISHED,
-            f"{subject} @{isolated} jump {direction}",
-            f"{subject} @{isolated} drop",
-        )
-        return [*(Chain(name, hook, base) for name, hook in hooks), dispatch, *parts]
+    def _policy_texts(
+        self, policy: CompiledPolicy, local: frozenset[IPv4Address]
+    ) -> tuple[tuple[str, int, str], ...]:
+        """(direction, bucket, rule text) of a policy's rules on this node, remembered by
+        the policy's identity (the compiler hands an unchanged policy back as the same
+        object), with the sets they use registered again on every render."""
+
+        def make() -> tuple[tuple[tuple[str, int, str], ...], tuple[NftSet, ...]]:
+            self._collecting = []
+            try:
+                found = tuple(
+                    ("egress" if rule.direction == EGRESS else "ingress", bucket(text), text)
+                    for rule in policy.rules
+                    for text in self._rule_texts(rule, local)
+                )
+                return found, tuple(self._collecting)
+            finally:
+                self._collecting = None
+
+        found, used = self._memo(policy, self._texts_kind, make)
+        for made in used:
+            self._sets[made.name] = made
+        return found
 
     def _rule_texts(self, rule: PolicyRule, local: frozenset[IPv4Address]) -> list[str]:
         """The accept rules of one compiled rule on this node (none if no target is here)."""
@@ -300,6 +314,24 @@ class PolicyRenderer:
             named = self._set(ports.named_keys, NAMED_PORTS, False, _named_element)
             found.append(f"ip daddr . meta l4proto . th dport @{named}")
         return found
+
+
+def _direction_chains(
+    direction: str,
+    buckets: Mapping[int, set[str]],
+    isolated: str,
+    hooks: tuple[tuple[str, str], ...],
+) -> list[Chain]:
+    """The base chains of one direction, its dispatch chain and its bucket chains."""
+    parts = [Chain(f"{direction}_{i}", None, tuple(sorted(b))) for i, b in sorted(buckets.items())]
+    dispatch = Chain(direction, None, tuple(f"jump {c.name}" for c in parts))
+    subject = "ip saddr" if direction == "egress" else "ip daddr"
+    base = (
+        ESTABLISHED,
+        f"{subject} @{isolated} jump {direction}",
+        f"{subject} @{isolated} drop",
+    )
+    return [*(Chain(name, hook, base) for name, hook in hooks), dispatch, *parts]
 
 
 def vnid_chain(vnid: int) -> str:
