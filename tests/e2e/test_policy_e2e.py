@@ -462,3 +462,45 @@ def test_multitenant_join_isolate_global(multitenant: Cluster) -> None:
     """)
     adm(multitenant, "isolate-projects", "b")
     assert mt_matrix(multitenant) == isolated
+
+
+def test_trace_cli_probes_agree_with_the_data_plane(netpol: Cluster) -> None:
+    """The real `podnet trace --probe`, one pair and the whole matrix, on the cluster."""
+    to_xa = {
+        "metadata": {"namespace": "x", "name": "to-xa"},
+        "spec": {
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}],
+        },
+    }
+    apply_policies(netpol, [to_xa])
+    try:
+        netpol.converge()
+        state = ("--state-dir", str(netpol.state_dir))
+        allowed = run_podnet(
+            netpol.kubeconfig, "trace", "x/b", "x/a", "--port", "80", "--probe", *state
+        )
+        assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+        assert "ALLOWED" in allowed.stdout and "x/to-xa/ingress/0" in allowed.stdout
+        assert "probe: connected (data plane agrees)" in allowed.stdout
+        denied = run_podnet(
+            netpol.kubeconfig,
+            "trace",
+            "y/b",
+            "x/a",
+            "--port",
+            "81",
+            "--protocol",
+            "udp",
+            "--probe",
+            *state,
+        )
+        assert denied.returncode == 0, denied.stdout + denied.stderr
+        assert "DENIED" in denied.stdout and "probe: no answer (data plane agrees)" in denied.stdout
+        matrix = ("--matrix", "-n", "x", "-n", "y", "--port", "80", "--probe")
+        grid = run_podnet(netpol.kubeconfig, "trace", *matrix, *state, timeout=180)
+        assert grid.returncode == 0, grid.stdout + grid.stderr
+        assert "probed 30 pairs: 30 agree, 0 disagree" in grid.stdout, grid.stdout
+        assert "✗" in grid.stdout  # the policy does deny some pairs
+    finally:
+        remove_policies(netpol, [to_xa])

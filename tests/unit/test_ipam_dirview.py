@@ -60,6 +60,20 @@ def test_what_another_writer_changed_is_read_and_nothing_else(
     assert store.find("other", "eth0") == [IPv4Address("10.2.0.5")]
 
 
+def test_add_reads_a_name_another_writer_freed_and_reused_and_nothing_else(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    store = HostLocalStore(tmp_path, "net")
+    fill(store, 50)
+    other = HostLocalStore(tmp_path, "net")
+    assert other.release("c3", "eth0") == [IPv4Address("10.2.0.5")]
+    other.allocate("new", "eth0", WIDE, requested=[IPv4Address("10.2.0.5")])  # same name
+    reads.clear()
+    (alloc,) = store.allocate("new", "eth0", WIDE)
+    assert alloc.address.ip == IPv4Address("10.2.0.5")  # the pair's own, not a second one
+    assert set(reads) == {"10.2.0.5"}
+
+
 def test_without_inotify_every_file_is_read(
     tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

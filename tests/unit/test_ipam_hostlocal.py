@@ -243,12 +243,37 @@ def test_a_stale_view_never_returns_someone_elses_address(store: HostLocalStore)
     assert store.find("other", "eth0") == [V4("10.1.2.2")]
 
 
-def test_release_is_exact_even_when_the_view_is_stale(store: HostLocalStore) -> None:
+@pytest.fixture(params=[True, False], ids=["inotify", "no-inotify"])
+def inotify(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run with the inotify view, or as a store does when it gets no inotify instance."""
+    if not request.param:
+
+        def unavailable(path: Path) -> Any:
+            raise OSError(24, "no inotify instance left")
+
+        monkeypatch.setattr(hostlocal, "DirWatch", unavailable)
+    return bool(request.param)
+
+
+def test_re_add_sees_a_reservation_rewritten_in_place(tmp_path: Path, inotify: bool) -> None:
+    store = HostLocalStore(tmp_path, "net")
     one(store, "a")
     (store.path / "10.1.2.2").write_bytes(b"c\r\neth0")  # same inode, now c's
-    assert one(store, "c") == "10.1.2.3"  # documented: the view missed it, c gets a second
-    assert store.release("c", "eth0") == [V4("10.1.2.2"), V4("10.1.2.3")]
+    assert one(store, "c") == "10.1.2.2"  # c's own address, not a second one
+    assert store.release("c", "eth0") == [V4("10.1.2.2")]
     assert on_disk(store) == {}
+
+
+def test_re_add_sees_a_name_another_store_freed_and_reused(tmp_path: Path, inotify: bool) -> None:
+    ours, theirs = HostLocalStore(tmp_path, "net"), HostLocalStore(tmp_path, "net")
+    for i in range(5):
+        one(ours, f"c{i}")  # .2-.6: full, and ours has seen .2 as c0's
+    assert theirs.release("c0", "eth0") == [V4("10.1.2.2")]
+    assert one(theirs, "x", requested=[V4("10.1.2.2")]) == "10.1.2.2"  # same name, now x's
+    assert one(ours, "x") == "10.1.2.2"  # x's own address: not exhausted, not a second one
+    with pytest.raises(IpamExhausted):
+        ours.allocate("c0", "eth0", SMALL)  # c0 holds nothing any more
+    assert ours.find("x", "eth0") == [V4("10.1.2.2")]
 
 
 # --- release, find, allocations ------------------------------------------------------
@@ -551,7 +576,7 @@ class StoreMachine(RuleBasedStateMachine):
         )
 
 
-def test_state_machine(tmp_path: Path) -> None:
+def test_state_machine(tmp_path: Path, inotify: bool) -> None:
     counter = itertools.count()
 
     class Machine(StoreMachine):

@@ -85,21 +85,12 @@ def _events(data: bytes) -> Iterator[tuple[int, str]]:
         offset = start + length
 
 
-def _exists(dfd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 class DirIndex:
     """A store's view of its directory: reservation file name <-> owner text."""
 
     def __init__(self) -> None:
         self.owner_of: dict[str, str] = {}
         self._names_of: dict[str, set[str]] = {}
-        self._other: set[str] = set()  # lock and cursors: listed, never reservations
 
     def put(self, name: str, text: str) -> None:
         """Record that ``name`` holds ``text``."""
@@ -116,37 +107,25 @@ class DirIndex:
             if not names:
                 del self._names_of[text]
 
-    def refresh(self, dfd: int, read: Reader, *, reread: bool = False) -> None:
-        """Re-list the directory; read only names not seen before (every file if
-        ``reread``)."""
-        if reread:
-            self.owner_of, self._names_of = {}, {}
-        listed = set(os.listdir(dfd))
-        for name in self.owner_of.keys() - listed:
-            self.drop(name)
-        for name in listed - self.owner_of.keys() - self._other:
-            if not is_reservation(name):
-                self._other.add(name)
-            elif (text := read(dfd, name)) is not None:
+    def rebuild(self, dfd: int, read: Reader) -> None:
+        """Forget everything; list the directory and read every reservation file."""
+        self.owner_of, self._names_of = {}, {}
+        for name in os.listdir(dfd):
+            if is_reservation(name) and (text := read(dfd, name)) is not None:
                 self.put(name, text)
 
-    def update(self, dfd: int, read: Reader, names: Iterable[str], *, exact: bool) -> set[str]:
-        """Re-read ``names`` (changed ones): gone or unreadable ones are forgotten. Not
-        ``exact``, do what a new listing would: read only names not in the view and drop
-        those gone; return the others (changed in place, or freed and reused), unread."""
-        deferred = set()
+    def update(self, dfd: int, read: Reader, names: Iterable[str]) -> None:
+        """Re-read ``names`` (the changed ones, whatever the change): gone or unreadable
+        ones are forgotten. A name still in the view may have been rewritten in place, or
+        freed and reused for another owner, so every one is read again."""
         for name in sorted(names):
             if not is_reservation(name):
-                continue
-            if not exact and name in self.owner_of and _exists(dfd, name):
-                deferred.add(name)
                 continue
             text = read(dfd, name)
             if text is None:
                 self.drop(name)
             else:
                 self.put(name, text)
-        return deferred
 
     def match(self, cid: str, ifname: str) -> list[str]:
         """Files of (trimmed container ID, ifname); legacy (ID-only) files only if none

@@ -12,11 +12,12 @@ final arbiter: an address is never handed out twice, whatever the in-memory view
 
 Speed: allocation starts after the cursor and usually succeeds at the first O_EXCL. A
 store keeps a view (name <-> owner, ``podnet.ipam.dirview``) that inotify keeps exact:
-each operation re-reads only the files changed since its last one (by anyone), so
-``release``, ``find`` and ``allocations`` are exact without reading every file as the
-reference's DEL does, even if a name was freed and reused, or rewritten in place, behind
-the view's back. Without inotify (or when it loses track) the view is rebuilt by reading
-every file for those three, and ADD reads the names it has not seen.
+each operation, ADD included, re-reads only the files changed since its last one (by
+anyone), so every operation is exact without reading every file as the reference's ADD
+and DEL do, even if a name was freed and reused, or rewritten in place, behind the view's
+back. ADD must be exact too: a pair's reservation that the view attributes to someone
+else would get the pair a second address instead of its own. Without inotify (or when
+it loses track) the view is rebuilt by reading every file, as the reference does.
 
 Deliberate deviations from the reference:
 
@@ -171,7 +172,6 @@ class HostLocalStore:
         self._mutex = threading.Lock()
         self._index = DirIndex()
         self._watch: DirWatch | None = None  # keeps the view exact (see dirview)
-        self._built = False  # the view was built by reading every file at least once
         self._pending: set[str] = set()  # changed by others, seen after our own change
         self._touched: set[str] = set()  # changed by the current operation
         _STORES.add(self)
@@ -194,7 +194,7 @@ class HostLocalStore:
         owner = owner_line(container_id, ifname)
         sets = ipv4_sets(range_sets)
         wanted = assign_requested(sets, requested)
-        with self._locked(exact=False) as dfd:
+        with self._locked() as dfd:
             claim = _Claim(owner, self._held(dfd, container_id, ifname))
             try:
                 return [
@@ -213,7 +213,7 @@ class HostLocalStore:
         the container's legacy ID-only files (``allocations`` reports them that way).
         """
         _checked_id(container_id, ifname, legacy=True)
-        with self._locked(exact=True) as dfd:
+        with self._locked() as dfd:
             names = self._match(container_id, ifname)
             for name in names:
                 self._remove(dfd, name)
@@ -222,19 +222,19 @@ class HostLocalStore:
     def find(self, container_id: str, ifname: str) -> list[IPv4Address]:
         """The IPv4 addresses the pair holds (what ``release`` would free)."""
         _checked_id(container_id, ifname, legacy=True)
-        with self._locked(exact=True):
+        with self._locked():
             return _ipv4s(self._match(container_id, ifname))
 
     def allocations(self) -> list[tuple[IPv4Address, str, str]]:
         """Every IPv4 reservation as (ip, container ID, ifname), sorted by address."""
-        with self._locked(exact=True):
+        with self._locked():
             texts = dict(self._index.owner_of)
         return [(ip, *parse_owner(texts[str(ip)])) for ip in _ipv4s(texts)]
 
     @contextmanager
-    def _locked(self, *, exact: bool) -> Iterator[int]:
-        """Hold the thread mutex and the directory flock, bring the view up to date
-        (``exact``: as exact as reading every file); yield the directory's fd."""
+    def _locked(self) -> Iterator[int]:
+        """Hold the thread mutex and the directory flock, bring the view up to date (as
+        exact as reading every file); yield the directory's fd."""
         deadline = time.monotonic() + self.lock_timeout
         if not self._mutex.acquire(timeout=self.lock_timeout):
             raise IpamLockTimeout(f"timed out waiting for another thread using {self.path}")
@@ -247,27 +247,20 @@ class HostLocalStore:
             )
             stack.callback(os.close, lock_fd)  # closing drops the flock
             _flock(lock_fd, deadline, self.path / LOCK_NAME)
-            self._sync(dfd, exact)
+            self._sync(dfd)
             yield dfd
             self._settle()
 
-    def _sync(self, dfd: int, exact: bool) -> None:
-        """Re-read what changed since our last operation; rebuild the view when that is
-        unknown (the first time, inotify lost track) and ``exact`` or a watch is wanted.
-        An ADD (not ``exact``) reads only the names it has not seen, as a listing would
-        tell, and keeps the other changes for the next exact operation."""
+    def _sync(self, dfd: int) -> None:
+        """Re-read what changed since our last operation, or rebuild the view by reading
+        every file when that is unknown (the first time, no inotify, inotify lost track)."""
         changes = self._watch.changes() if self._watch is not None else None
-        if changes is not None:
-            changed = changes | self._pending
-            self._pending = self._index.update(dfd, _read_at, changed, exact=exact)
-        elif exact or self._watch is not None or not self._built:
-            self._rewatch()  # before reading: nothing changed from here on is missed
-            self._index.refresh(dfd, _read_at, reread=True)
-            self._built = True
-        else:
-            self._index.refresh(dfd, _read_at)
         if changes is None:
-            self._pending = set()
+            self._rewatch()  # before reading: nothing changed from here on is missed
+            self._index.rebuild(dfd, _read_at)
+        else:
+            self._index.update(dfd, _read_at, changes | self._pending)
+        self._pending = set()
         self._touched = set()
 
     def _settle(self) -> None:
@@ -396,7 +389,7 @@ def _reset_after_fork() -> None:
     # A thread of the parent may have held a mutex at fork time; it does not exist here.
     for store in list(_STORES):
         store._mutex, store._index = threading.Lock(), DirIndex()
-        store._watch, store._built, store._pending = None, False, set()
+        store._watch, store._pending = None, set()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
