@@ -52,8 +52,10 @@ def test_each_node_holds_only_its_own_pods_rules() -> None:
     on_1 = PolicyRenderer("node-1").render(rules)
     on_2 = PolicyRenderer("node-2").render(rules)
     assert on_2.empty
-    assert {"forward_ingress", "output_ingress", "ingress"} <= set(on_1.chains)
-    assert "forward_egress" not in on_1.chains  # nothing isolated for egress
+    assert {"forward", "output", "ingress", "ingress_gate"} <= set(on_1.chains)
+    assert "input" not in on_1.chains and "egress" not in on_1.chains  # no egress isolation
+    forward = on_1.chains["forward"].rules
+    assert forward[0] == "ct state established,related accept" and len(forward) == 3
     isolated = [s for s in on_1.sets.values() if s.elements == (IPS["x/a"],)]
     assert isolated, "the ingress-isolated set holds x/a alone"
 
@@ -104,6 +106,32 @@ def test_a_new_policy_touches_only_its_buckets_and_sets() -> None:
     added_rules = [line for line in script if line.startswith("add rule")]
     assert any("ingress_" in line and "accept" in line for line in added_rules)
     assert all(" jump ingress_" in line or "ingress_" in line.split()[4] for line in added_rules)
+
+
+def test_egress_allows_go_on_to_the_ingress_check() -> None:
+    """An egress rule ends in ``goto ingress_gate``: passing egress never skips ingress."""
+    table = PolicyRenderer("node-1").render(compile_cluster([DENY_X]))
+    assert table.chains["forward"].rules == (
+        "ct state established,related accept",
+        *(f"ip saddr @{s} {v}" for s in [_isolated(table)] for v in ("jump egress", "drop")),
+        *(f"ip daddr @{s} {v}" for s in [_isolated(table)] for v in ("jump ingress", "drop")),
+    )
+    assert table.chains["ingress_gate"].rules[-1] == "accept"
+    assert table.chains["input"].rules[0] == 'iifname != "br0" accept'
+    assert table.chains["output"].rules[0] == 'oifname != "br0" accept'
+    egress = compile_cluster(
+        [policy("x", "out", {}, types=["Egress"], egress=[{"ports": [{"port": 80}]}])]
+    )
+    rendered = PolicyRenderer("node-1").render(egress)
+    bucket_rules = [
+        r for n, c in rendered.chains.items() if n.startswith("egress_") for r in c.rules
+    ]
+    assert bucket_rules and all(r.endswith("goto ingress_gate") for r in bucket_rules)
+
+
+def _isolated(table: PolicyTable) -> str:
+    """The set holding x/a alone (x's pod on node-1), isolated both ways by DENY_X."""
+    return next(name for name, s in table.sets.items() if s.elements == (IPS["x/a"],))
 
 
 def test_transaction_orders_creation_before_use_and_deletion_after() -> None:
@@ -168,8 +196,8 @@ def test_a_listing_reads_back_as_the_rendered_table() -> None:
 def test_a_changed_hook_rebuilds_the_table() -> None:
     table = PolicyRenderer("node-1").render(compile_cluster([DENY_X]))
     chains = dict(table.chains)
-    old = chains["forward_ingress"]
-    chains["forward_ingress"] = type(old)(
+    old = chains["forward"]
+    chains["forward"] = type(old)(
         old.name, "type filter hook forward priority 5; policy accept;", old.rules
     )
     script = transaction(PolicyTable(table.sets, chains), table)

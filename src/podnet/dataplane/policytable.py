@@ -12,16 +12,16 @@ from ``nft -t list table``. The linux backend only runs the script.
   jumps, through a verdict map keyed by the source IP, to the chain of the source's VNID,
   which accepts destinations of that VNID. The rest is dropped. Stateless, so a join or
   an isolate applies to open connections too, and replies pass by the same rule.
-- networkpolicy: base chains on forward (egress, then ingress, at a lower priority so
-  both run), input (egress of a pod to this node) and output (ingress from this node).
-  Each accepts ``ct state established,related`` (replies of allowed connections), jumps to
-  ``egress`` (or ``ingress``) for the isolated pods of this node, and drops them when
-  nothing accepted. Each compiled rule is one ``accept`` rule (more when it has both pod
-  and ipBlock peers, or both port ranges and named ports) matching sets. A node checks
-  egress only for its own source pods and ingress only for its own destination pods, so
-  a packet between two nodes is checked once per direction and each node holds the rules
-  of its own pods. Bridged pod-to-pod frames reach these hooks through br_netfilter
-  (``NodeNetwork.isolation``).
+- networkpolicy: one base chain per hook (see ``_Gates``): forward checks egress, then
+  ingress; input (a pod to this node) egress; output (this node to a pod) ingress. Each
+  accepts ``ct state established,related`` first (replies of allowed connections, and
+  every later packet of one), jumps to ``egress`` (or ``ingress``) for the isolated pods
+  of this node, and drops them when nothing allowed. Each compiled rule is one rule (more
+  when it has both pod and ipBlock peers, or both port ranges and named ports) matching
+  sets. A node checks egress only for its own source pods and ingress only for its own
+  destination pods, so a packet between two nodes is checked once per direction and each
+  node holds the rules of its own pods. Bridged pod-to-pod frames reach these hooks
+  through br_netfilter (``NodeNetwork.isolation``).
 
 Two choices keep a change cheap at thousands of pods and policies:
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Any
 
+from podnet.dataplane.desired import BRIDGE
 from podnet.policy.model import (
     EGRESS,
     GLOBAL_VNID,
@@ -54,11 +55,13 @@ from podnet.policy.model import (
 POLICY_TABLE = "podnet_policy"
 TABLE_KEY = f"inet {POLICY_TABLE}"
 BUCKETS = 32
-FORWARD_EGRESS = "type filter hook forward priority filter - 1; policy accept;"
 FORWARD_FILTER = "type filter hook forward priority filter; policy accept;"
 INPUT_FILTER = "type filter hook input priority filter; policy accept;"
 OUTPUT_FILTER = "type filter hook output priority filter; policy accept;"
 ESTABLISHED = "ct state established,related accept"
+EGRESS_CHAIN, INGRESS_CHAIN, INGRESS_GATE = "egress", "ingress", "ingress_gate"
+FROM_PODS = f'iifname != "{BRIDGE}" accept'
+TO_PODS = f'oifname != "{BRIDGE}" accept'
 IPV4 = "ipv4_addr"
 PORTS = "inet_proto . inet_service"
 NAMED_PORTS = "ipv4_addr . inet_proto . inet_service"
@@ -231,24 +234,15 @@ class PolicyRenderer:
         for policy in rules.policies:
             for direction, where, text in self._policy_texts(policy, local):
                 buckets[direction].setdefault(where, set()).add(text)
-        chains: list[Chain] = []
-        for direction, isolated_all, hooks in (
-            (
-                "egress",
-                rules.egress_isolated,
-                (("forward_egress", FORWARD_EGRESS), ("input_egress", INPUT_FILTER)),
-            ),
-            (
-                "ingress",
-                rules.ingress_isolated,
-                (("forward_ingress", FORWARD_FILTER), ("output_ingress", OUTPUT_FILTER)),
-            ),
-        ):
-            isolated = isolated_all & local
-            if isolated:
-                name = self._set(isolated, IPV4, False)
-                chains += _direction_chains(direction, buckets[direction], name, hooks)
-        return chains
+        egress = rules.egress_isolated & local
+        ingress = rules.ingress_isolated & local
+        if not (egress or ingress):
+            return []
+        gates = _Gates(
+            self._set(egress, IPV4, False) if egress else None,
+            self._set(ingress, IPV4, False) if ingress else None,
+        )
+        return gates.chains(buckets)
 
     def _policy_texts(
         self, policy: CompiledPolicy, local: frozenset[IPv4Address]
@@ -284,8 +278,9 @@ class PolicyRenderer:
         peers = self._peer_matches(rule, other)
         ports = self._port_matches(rule)
         head = f"{subject} @{self._set(targets, IPV4, False)}"
+        verdict = f"goto {INGRESS_GATE}" if egress else "accept"
         return [
-            " ".join(p for p in (head, peer, port, "accept") if p)
+            " ".join(p for p in (head, peer, port, verdict) if p)
             for peer in peers
             for port in ports
         ]
@@ -316,22 +311,49 @@ class PolicyRenderer:
         return found
 
 
-def _direction_chains(
-    direction: str,
-    buckets: Mapping[int, set[str]],
-    isolated: str,
-    hooks: tuple[tuple[str, str], ...],
-) -> list[Chain]:
-    """The base chains of one direction, its dispatch chain and its bucket chains."""
+@dataclass(frozen=True)
+class _Gates:
+    """The NetworkPolicy chains around the rule buckets, given the names of the sets of
+    this node's egress- and ingress-isolated pods (None: no such pod).
+
+    One base chain per hook, so a packet of an open connection costs one conntrack test
+    per hook: ``forward`` checks egress then ingress; ``input`` (a pod to this node)
+    egress only; ``output`` (this node to a pod) ingress only. Input and output let
+    everything not on the pods' bridge pass first (the tunnel, the underlay). An egress
+    rule that allows goes on to ``ingress_gate`` (``goto``: it ends there, accepted or
+    dropped), so that passing egress never skips the ingress check; ingress rules accept.
+    """
+
+    egress: str | None
+    ingress: str | None
+
+    def chains(self, buckets: Mapping[str, Mapping[int, set[str]]]) -> list[Chain]:
+        egress_check = self._check("ip saddr", self.egress, EGRESS_CHAIN)
+        ingress_check = self._check("ip daddr", self.ingress, INGRESS_CHAIN)
+        found = [
+            Chain("forward", FORWARD_FILTER, (ESTABLISHED, *egress_check, *ingress_check)),
+            Chain(INGRESS_GATE, None, (*ingress_check, "accept")),
+        ]
+        if self.egress:
+            found.append(Chain("input", INPUT_FILTER, (FROM_PODS, ESTABLISHED, *egress_check)))
+        if self.ingress:
+            found.append(Chain("output", OUTPUT_FILTER, (TO_PODS, ESTABLISHED, *ingress_check)))
+        for direction, present in ((EGRESS_CHAIN, self.egress), (INGRESS_CHAIN, self.ingress)):
+            if present:
+                found += _bucket_chains(direction, buckets[direction])
+        return found
+
+    @staticmethod
+    def _check(subject: str, isolated: str | None, chain: str) -> tuple[str, ...]:
+        if isolated is None:
+            return ()
+        return (f"{subject} @{isolated} jump {chain}", f"{subject} @{isolated} drop")
+
+
+def _bucket_chains(direction: str, buckets: Mapping[int, set[str]]) -> list[Chain]:
+    """A direction's dispatch chain and its bucket chains."""
     parts = [Chain(f"{direction}_{i}", None, tuple(sorted(b))) for i, b in sorted(buckets.items())]
-    dispatch = Chain(direction, None, tuple(f"jump {c.name}" for c in parts))
-    subject = "ip saddr" if direction == "egress" else "ip daddr"
-    base = (
-        ESTABLISHED,
-        f"{subject} @{isolated} jump {direction}",
-        f"{subject} @{isolated} drop",
-    )
-    return [*(Chain(name, hook, base) for name, hook in hooks), dispatch, *parts]
+    return [Chain(direction, None, tuple(f"jump {c.name}" for c in parts)), *parts]
 
 
 def vnid_chain(vnid: int) -> str:
