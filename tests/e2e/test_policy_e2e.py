@@ -345,7 +345,8 @@ def test_changes_at_runtime_and_no_stale_rule(netpol: Cluster) -> None:
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
         }
         apply_policies(netpol, [deny])
-        netpol.converge()
+        rules = netpol.converge()
+        assert_own_node_reaches_its_pod_and_others_do_not(netpol, rules, "y/a")
         remove_policies(netpol, [deny])
         netpol.converge()
         assert_fresh_agent_builds_the_same(netpol)
@@ -353,6 +354,22 @@ def test_changes_at_runtime_and_no_stale_rule(netpol: Cluster) -> None:
         remove_policies(netpol, [allow_b])
     netpol.converge()
     assert all(netpol.probe(KEYS, [("TCP", 80)]).values())
+
+
+def assert_own_node_reaches_its_pod_and_others_do_not(
+    cluster: Cluster, rules: RuleSet, key: str
+) -> None:
+    """``key`` is isolated both ways: its own node still reaches it (Kubernetes never
+    blocks that), the other nodes do not; trace says the same from the node addresses."""
+    state = cluster.state()
+    ns, name = key.split("/")
+    home = pods.find_pod(state, name, ns).node
+    target = str(cluster.ip(key))
+    for node_name, node in state.nodes.items():
+        argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps([[target, "tcp", 80]])]
+        passed = json.loads(netns.run(node.netns, argv, timeout=30).stdout) == [True]
+        assert passed == (node_name == home), f"{node_name} -> {key}: {passed}"
+        assert evaluate(rules, node.ip, target, "TCP", 80).allowed == (node_name == home)
 
 
 def policy_listing(node_ns: str) -> dict[str, str] | None:

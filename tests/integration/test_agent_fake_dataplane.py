@@ -25,7 +25,7 @@ import pytest
 from podnet.cni.build import install_shim
 from podnet.controllers.config import NETWORKPOLICY
 from podnet.master import node_credentials
-from podnet.policy.compile import compile_rules
+from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.model import RuleSet
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace, pod
@@ -365,6 +365,7 @@ def _cluster_rules(master: MasterProcess, plugin: str) -> RuleSet:
         items["netnamespaces"],
         items["policies"],
         node_ips=ips,
+        node_addresses=[pair for hs in items["hostsubnets"] for pair in hostsubnet_addresses(hs)],
     )
 
 

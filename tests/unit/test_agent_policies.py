@@ -25,7 +25,7 @@ from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
 from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY, POD, Kind
-from podnet.policy.compile import compile_rules
+from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.incremental import PODS
 from podnet.policy.model import RuleSet
 
@@ -95,8 +95,18 @@ class FakeApi:
         pods, namespaces, netnamespaces, policies = (
             self.objects[k.plural].values() for k in (POD, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY)
         )
-        ips = [hs["hostIP"] for hs in self.objects[HOST_SUBNET.plural].values()]
-        return compile_rules(plugin, pods, namespaces, netnamespaces, policies, node_ips=ips)
+        hostsubnets = list(self.objects[HOST_SUBNET.plural].values())
+        ips = [hs["hostIP"] for hs in hostsubnets]
+        addresses = [pair for hs in hostsubnets for pair in hostsubnet_addresses(hs)]
+        return compile_rules(
+            plugin,
+            pods,
+            namespaces,
+            netnamespaces,
+            policies,
+            node_ips=ips,
+            node_addresses=addresses,
+        )
 
 
 def _key(obj: Obj) -> str:

@@ -52,8 +52,8 @@ def test_each_node_holds_only_its_own_pods_rules() -> None:
     on_1 = PolicyRenderer("node-1").render(rules)
     on_2 = PolicyRenderer("node-2").render(rules)
     assert on_2.empty
-    assert {"forward", "output", "ingress", "ingress_gate"} <= set(on_1.chains)
-    assert "input" not in on_1.chains and "egress" not in on_1.chains  # no egress isolation
+    assert {"forward", "ingress", "ingress_gate"} <= set(on_1.chains)
+    assert "egress" not in on_1.chains  # no egress isolation
     forward = on_1.chains["forward"].rules
     assert forward[0] == "ct state established,related accept" and len(forward) == 3
     isolated = [s for s in on_1.sets.values() if s.elements == (IPS["x/a"],)]
@@ -117,8 +117,7 @@ def test_egress_allows_go_on_to_the_ingress_check() -> None:
         *(f"ip daddr @{s} {v}" for s in [_isolated(table)] for v in ("jump ingress", "drop")),
     )
     assert table.chains["ingress_gate"].rules[-1] == "accept"
-    assert table.chains["input"].rules[0] == 'iifname != "br0" accept'
-    assert table.chains["output"].rules[0] == 'oifname != "br0" accept'
+    assert not {"input", "output"} & set(table.chains)  # a pod and its node: never checked
     egress = compile_cluster(
         [policy("x", "out", {}, types=["Egress"], egress=[{"ports": [{"port": 80}]}])]
     )
@@ -202,3 +201,26 @@ def test_a_changed_hook_rebuilds_the_table() -> None:
     )
     script = transaction(PolicyTable(table.sets, chains), table)
     assert script.startswith("delete table inet podnet_policy\nadd table inet podnet_policy\n")
+
+
+def test_a_pod_and_its_own_node_always_reach_each_other() -> None:
+    """Kubernetes never blocks a pod's own node; other nodes meet the policy."""
+    from podnet.policy.compile import hostsubnet_addresses
+    from podnet.policy.evaluate import evaluate
+
+    node_1 = {"metadata": {"name": "node-1"}, "hostIP": "192.0.2.1", "subnet": "10.128.0.0/23"}
+    node_2 = {"metadata": {"name": "node-2"}, "hostIP": "192.0.2.2", "subnet": "10.128.2.0/23"}
+    pods = [make_pod(k) for k in KEYS]
+    addresses = [pair for hs in (node_1, node_2) for pair in hostsubnet_addresses(hs)]
+    rules = compile_rules(
+        NETWORKPOLICY, pods, [make_namespace(n) for n in NAMESPACES], [], [DENY_X],
+        node_addresses=addresses,
+    )  # fmt: skip
+    x_a = IPS["x/a"]  # on node-1
+    for own in ("192.0.2.1", "10.128.0.1"):
+        assert evaluate(rules, own, x_a, "TCP", 80).allowed
+        assert evaluate(rules, x_a, own, "TCP", 80).allowed
+    for other in ("192.0.2.2", "10.128.2.1"):
+        assert not evaluate(rules, other, x_a, "TCP", 80).allowed
+        assert not evaluate(rules, x_a, other, "TCP", 80).allowed
+    assert "own node" in " ".join(evaluate(rules, "192.0.2.1", x_a, "TCP", 80).reasons)

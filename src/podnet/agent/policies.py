@@ -37,6 +37,7 @@ from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET, plugin
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork
 from podnet.files import write_atomic
 from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY, POD, Kind
+from podnet.policy.compile import hostsubnet_addresses
 from podnet.policy.incremental import (
     NAMESPACES,
     NETNAMESPACES,
@@ -136,6 +137,7 @@ class PolicySync:
         self._pending: list[Change] = []
         self._first_change: float | None = None  # when the oldest pending change came
         self._node_ips: dict[str, str] = {}  # HostSubnet name -> hostIP
+        self._node_addresses: dict[str, list[tuple[str, str]]] = {}  # name -> (node, address)
         self._announced_plugin = plugin
         self._changed = asyncio.Event()
         self._changed.set()  # the first apply is due (in subnet mode, right away)
@@ -189,6 +191,7 @@ class PolicySync:
         if event.type == LISTED:
             found = ((_name(hs), host_ip(hs)) for hs in event.items)
             self._node_ips = {name: ip for name, ip in found if ip is not None}
+            self._node_addresses = {_name(hs): hostsubnet_addresses(hs) for hs in event.items}
             return
         assert event.object is not None
         name, ip = _name(event.object), host_ip(event.object)
@@ -196,6 +199,10 @@ class PolicySync:
             self._node_ips.pop(name, None)
         else:
             self._node_ips[name] = ip
+        if event.type == DELETED:
+            self._node_addresses.pop(name, None)
+        else:
+            self._node_addresses[name] = hostsubnet_addresses(event.object)
 
     # ---- the sync loop -------------------------------------------------------------------
 
@@ -221,8 +228,9 @@ class PolicySync:
         pending, self._pending = self._pending, []
         first, self._first_change = self._first_change, None
         node_ips = sorted(set(self._node_ips.values()))
+        addresses = [pair for pairs in self._node_addresses.values() for pair in pairs]
         started = time.monotonic()
-        rules = await asyncio.to_thread(self._compile, pending, node_ips)
+        rules = await asyncio.to_thread(self._compile, pending, node_ips, addresses)
         compiled = time.monotonic()
         try:
             async with asyncio.timeout(SYNC_TIMEOUT):
@@ -243,7 +251,9 @@ class PolicySync:
         self.synced.set()
         return True
 
-    def _compile(self, changes: list[Change], node_ips: list[str]) -> RuleSet:
+    def _compile(
+        self, changes: list[Change], node_ips: list[str], addresses: list[tuple[str, str]]
+    ) -> RuleSet:
         """Runs in a worker thread, one at a time: the compiler is not shared."""
         compiler = self.compiler
         for verb, collection, payload in changes:
@@ -254,6 +264,7 @@ class PolicySync:
             else:
                 compiler.put(collection, payload)
         compiler.set_node_ips(node_ips)
+        compiler.set_node_addresses(addresses)
         return compiler.rules()
 
     def _log_applied(self, rules: RuleSet, since: float, compile_seconds: float) -> None:

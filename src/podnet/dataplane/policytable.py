@@ -12,11 +12,12 @@ from ``nft -t list table``. The linux backend only runs the script.
   jumps, through a verdict map keyed by the source IP, to the chain of the source's VNID,
   which accepts destinations of that VNID. The rest is dropped. Stateless, so a join or
   an isolate applies to open connections too, and replies pass by the same rule.
-- networkpolicy: one base chain per hook (see ``_Gates``): forward checks egress, then
-  ingress; input (a pod to this node) egress; output (this node to a pod) ingress. Each
-  accepts ``ct state established,related`` first (replies of allowed connections, and
-  every later packet of one), jumps to ``egress`` (or ``ingress``) for the isolated pods
-  of this node, and drops them when nothing allowed. Each compiled rule is one rule (more
+- networkpolicy: one base chain, on the forward hook (see ``_Gates``), checks egress
+  then ingress. It accepts ``ct state established,related`` first (replies of allowed
+  connections, and every later packet of one), jumps to ``egress`` (or ``ingress``) for
+  the isolated pods of this node, and drops them when nothing allowed. Traffic between
+  a pod and its own node (input and output hooks) is never checked: Kubernetes always
+  allows it, and ``evaluate`` says so too. Each compiled rule is one rule (more
   when it has both pod and ipBlock peers, or both port ranges and named ports) matching
   sets. A node checks egress only for its own source pods and ingress only for its own
   destination pods, so a packet between two nodes is checked once per direction and each
@@ -42,7 +43,6 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.dataplane.desired import BRIDGE
 from podnet.policy.model import (
     EGRESS,
     GLOBAL_VNID,
@@ -56,12 +56,8 @@ POLICY_TABLE = "podnet_policy"
 TABLE_KEY = f"inet {POLICY_TABLE}"
 BUCKETS = 32
 FORWARD_FILTER = "type filter hook forward priority filter; policy accept;"
-INPUT_FILTER = "type filter hook input priority filter; policy accept;"
-OUTPUT_FILTER = "type filter hook output priority filter; policy accept;"
 ESTABLISHED = "ct state established,related accept"
 EGRESS_CHAIN, INGRESS_CHAIN, INGRESS_GATE = "egress", "ingress", "ingress_gate"
-FROM_PODS = f'iifname != "{BRIDGE}" accept'
-TO_PODS = f'oifname != "{BRIDGE}" accept'
 IPV4 = "ipv4_addr"
 PORTS = "inet_proto . inet_service"
 NAMED_PORTS = "ipv4_addr . inet_proto . inet_service"
@@ -316,12 +312,11 @@ class _Gates:
     """The NetworkPolicy chains around the rule buckets, given the names of the sets of
     this node's egress- and ingress-isolated pods (None: no such pod).
 
-    One base chain per hook, so a packet of an open connection costs one conntrack test
-    per hook: ``forward`` checks egress then ingress; ``input`` (a pod to this node)
-    egress only; ``output`` (this node to a pod) ingress only. Input and output let
-    everything not on the pods' bridge pass first (the tunnel, the underlay). An egress
-    rule that allows goes on to ``ingress_gate`` (``goto``: it ends there, accepted or
-    dropped), so that passing egress never skips the ingress check; ingress rules accept.
+    One base chain, ``forward``, checking egress then ingress, so a packet of an open
+    connection costs one conntrack test, and nothing else is hooked (the tunnel's own
+    packets on input and output meet no podnet rule). An egress rule that allows goes on
+    to ``ingress_gate`` (``goto``: it ends there, accepted or dropped), so that passing
+    egress never skips the ingress check; ingress rules accept.
     """
 
     egress: str | None
@@ -334,10 +329,6 @@ class _Gates:
             Chain("forward", FORWARD_FILTER, (ESTABLISHED, *egress_check, *ingress_check)),
             Chain(INGRESS_GATE, None, (*ingress_check, "accept")),
         ]
-        if self.egress:
-            found.append(Chain("input", INPUT_FILTER, (FROM_PODS, ESTABLISHED, *egress_check)))
-        if self.ingress:
-            found.append(Chain("output", OUTPUT_FILTER, (TO_PODS, ESTABLISHED, *ingress_check)))
         for direction, present in ((EGRESS_CHAIN, self.egress), (INGRESS_CHAIN, self.ingress)):
             if present:
                 found += _bucket_chains(direction, buckets[direction])

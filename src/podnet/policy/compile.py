@@ -24,8 +24,10 @@ Kubernetes semantics applied here (networking.k8s.io/v1):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from ipaddress import IPv4Address
+from dataclasses import replace
+from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
@@ -61,8 +63,44 @@ def compile_rules(
     policies: Iterable[Obj],
     *,
     node_ips: Iterable[str] = (),
+    node_addresses: Iterable[tuple[str, str]] = (),
 ) -> RuleSet:
-    """The rule set for ``plugin`` over the whole cluster (``node_ips``: known host IPs)."""
+    """The rule set for ``plugin`` over the whole cluster (``node_ips``: known host IPs;
+    ``node_addresses``: (node, address) pairs, each node's IP and gateway, which are host
+    IPs too and always reach that node's own pods)."""
+    ruleset = _compile(plugin, pods, namespaces, netnamespaces, policies, node_ips)
+    return with_node_addresses(ruleset, node_addresses)
+
+
+def with_node_addresses(ruleset: RuleSet, pairs: Iterable[tuple[str, str]]) -> RuleSet:
+    """``ruleset`` knowing each node's addresses (sorted; added to the host IPs)."""
+    parsed = tuple(sorted({(node, IPv4Address(ip)) for node, ip in pairs}))
+    if not parsed:
+        return ruleset
+    hosts = ruleset.host_ips | {ip for _, ip in parsed}
+    return replace(ruleset, host_ips=hosts, node_addresses=parsed)
+
+
+def hostsubnet_addresses(hostsubnet: Obj) -> list[tuple[str, str]]:
+    """(node, address) for a HostSubnet: its ``hostIP`` and its subnet's gateway (.1)."""
+    node = str((hostsubnet.get("metadata") or {}).get("name") or hostsubnet.get("host") or "")
+    found = []
+    with contextlib.suppress(ValueError):
+        found.append((node, str(IPv4Address(str(hostsubnet.get("hostIP") or "")))))
+    with contextlib.suppress(ValueError):
+        gateway = IPv4Network(str(hostsubnet.get("subnet"))).network_address + 1
+        found.append((node, str(gateway)))
+    return found if node else []
+
+
+def _compile(
+    plugin: str,
+    pods: Iterable[Obj],
+    namespaces: Iterable[Obj],
+    netnamespaces: Iterable[Obj],
+    policies: Iterable[Obj],
+    node_ips: Iterable[str],
+) -> RuleSet:
     if plugin not in PLUGINS:
         raise ValueError(f"unknown network plugin {plugin!r}")
     records, hosts = pods_and_hosts(plugin, pods, netnamespaces, node_ips)

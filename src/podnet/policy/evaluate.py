@@ -186,6 +186,9 @@ def _check(ruleset: RuleSet, packet: Packet, direction: str) -> _Side:
     endpoint = ruleset.by_ip.get(subject)
     if endpoint is None:
         return _Side(True, [f"{direction}: {subject} is not a pod: no policy applies"])
+    if peer in ruleset.resident(endpoint.node):
+        why = f"{direction}: {peer} is {endpoint.key}'s own node, which policy never blocks"
+        return _Side(True, [why])
     isolated = ruleset.ingress_isolated if direction == INGRESS else ruleset.egress_isolated
     if subject not in isolated:
         why = f"{direction}: {endpoint.key} is selected by no {direction} policy: all allowed"

@@ -42,6 +42,7 @@ from podnet.policy.compile import (
     pod_address,
     pods_and_hosts,
     vnid_isolation,
+    with_node_addresses,
 )
 from podnet.policy.model import EGRESS, INGRESS, CompiledPolicy, Endpoint, RuleSet, VnidIsolation
 from podnet.policy.selection import EMPTY, ClusterIndex, PodSet
@@ -241,6 +242,7 @@ class PolicyCompiler:
         self.reads = READS[plugin]
         self._objects: dict[str, dict[str, Slim]] = {c: {} for c in COLLECTIONS}
         self._node_ips: frozenset[IPv4Address] = frozenset()
+        self._node_addresses: tuple[tuple[str, str], ...] = ()
         self._view: _View | None = None
         self._compiled: dict[str, CompiledPolicy | None] = {}  # None: it does not compile
         self._earlier: dict[str, CompiledPolicy | None] = {}  # from before the view rebuild
@@ -287,6 +289,13 @@ class PolicyCompiler:
             if old.get(key) != fresh.get(key):
                 self._invalidate(collection, key)
 
+    def set_node_addresses(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Each node's addresses, (node, IP or gateway): hosts that reach their own pods."""
+        wanted = tuple(sorted(set(pairs)))
+        if wanted != self._node_addresses:
+            self._node_addresses = wanted
+            self._rules = None
+
     def set_node_ips(self, ips: Iterable[str]) -> None:
         """The nodes' addresses (HostSubnet ``hostIP``s): hosts, like hostNetwork pods."""
         parsed = frozenset(IPv4Address(ip) for ip in ips)
@@ -327,6 +336,9 @@ class PolicyCompiler:
     # ---- assembling the rule set -------------------------------------------------------------
 
     def _assemble(self, view: _View) -> RuleSet:
+        return with_node_addresses(self._assemble_view(view), self._node_addresses)
+
+    def _assemble_view(self, view: _View) -> RuleSet:
         hosts = self._keep("hosts", view.pod_hosts | self._node_ips)
         if self.plugin != NETWORKPOLICY:
             return RuleSet(self.plugin, view.endpoints, hosts, isolation=view.isolation)

@@ -284,6 +284,18 @@ class RuleSet:
     policies: tuple[CompiledPolicy, ...] = ()  # networkpolicy only, sorted by key
     ingress_isolated: frozenset[IPv4Address] = frozenset()
     egress_isolated: frozenset[IPv4Address] = frozenset()
+    node_addresses: tuple[tuple[str, IPv4Address], ...] = ()  # (node, its IP or gateway)
+
+    def resident(self, node: str) -> frozenset[IPv4Address]:
+        """The addresses of node ``node`` (its IP, its gateway): a pod's own node."""
+        return self._residents.get(node, frozenset())
+
+    @cached_property
+    def _residents(self) -> Mapping[str, frozenset[IPv4Address]]:
+        found: dict[str, set[IPv4Address]] = {}
+        for node, ip in self.node_addresses:
+            found.setdefault(node, set()).add(ip)
+        return {node: frozenset(ips) for node, ips in found.items()}
 
     @cached_property
     def rules(self) -> tuple[PolicyRule, ...]:
@@ -319,6 +331,7 @@ class RuleSet:
             "policies": [p.canonical(digest) for p in self.policies],
             "ingress_isolated": _ip_order(self.ingress_isolated),
             "egress_isolated": _ip_order(self.egress_isolated),
+            "nodes": [[node, str(ip)] for node, ip in self.node_addresses],
         }
 
     def fingerprint(self) -> str:

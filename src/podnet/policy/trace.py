@@ -16,7 +16,7 @@ No I/O beyond the client passed in.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ from podnet.model.kinds import (
     POD,
     Kind,
 )
-from podnet.policy.compile import compile_rules
+from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.evaluate import Packet
 from podnet.policy.explain import ALLOWED_MARK, CORNER, DENIED_MARK
 from podnet.policy.model import PROTOCOLS, Endpoint, RuleSet
@@ -76,6 +76,7 @@ class ClusterObjects:
     netnamespaces: list[Obj]
     policies: list[Obj]
     node_ips: list[str]
+    node_addresses: list[tuple[str, str]] = field(default_factory=list)
 
     def ruleset(self) -> RuleSet:
         """The compiled rule set, as the data plane builds it."""
@@ -86,18 +87,21 @@ class ClusterObjects:
             self.netnamespaces,
             self.policies,
             node_ips=self.node_ips,
+            node_addresses=self.node_addresses,
         )
 
 
 def fetch_objects(api: ObjectReader) -> ClusterObjects:
     """Read the plugin and every object the rule set is compiled from."""
+    hostsubnets = _items(api, HOST_SUBNET)
     return ClusterObjects(
         plugin=cluster_plugin(api),
         pods=_items(api, POD),
         namespaces=_items(api, NAMESPACE),
         netnamespaces=_items(api, NET_NAMESPACE),
         policies=_items(api, NETWORK_POLICY),
-        node_ips=host_ips(_items(api, HOST_SUBNET)),
+        node_ips=host_ips(hostsubnets),
+        node_addresses=[pair for hs in hostsubnets for pair in hostsubnet_addresses(hs)],
     )
 
 
