@@ -12,20 +12,18 @@ How a backend renders it, with a rule count that does not grow with pods x pods:
 - ``plugin`` multitenant, ``RuleSet.isolation``: a map pod IP → VNID over every pod of the
   cluster (all nodes). A non-pod address (the node, its gateway, the outside) is VNID 0.
   The whole policy is a fixed handful of rules: pass when the source VNID is 0, or the
-  destination VNID is 0, or both are equal; drop otherwise. In nftables: look the source
-  VNID up in the map (default 0) into a mark, then accept when the mark is 0, the
-  destination is not a pod or maps to 0, or ``ip daddr . mark`` is in a concatenated set
-  of (pod IP, VNID). Pods whose project has no VNID yet (``unassigned``) meet only VNID 0.
-- ``plugin`` networkpolicy: after ``ct state established,related accept`` (replies of
-  allowed connections: a backend concern), jump to an egress chain, then to an ingress
-  chain. In the egress chain each egress ``PolicyRule`` is one ``return`` rule, ``ip saddr
-  @targets ip daddr @peers`` plus its port match (a second rule when it also has named
-  ports), and the chain ends with ``ip saddr @egress_isolated drop``. The ingress chain is
-  the mirror image (``ip daddr @targets ip saddr @peers``, ``ip daddr @ingress_isolated
-  drop``). ``return``, not ``accept``, so that passing egress still leaves the ingress
-  check to run. ``peers`` is pod IPs plus interval blocks (one interval set can hold
-  both); ``every_address``/``every_packet`` mean no match at all on that side. In
-  OpenFlow the same rules become conjunctive matches.
+  destination VNID is 0, or both are equal; drop otherwise. Pods whose project has no
+  VNID yet (``unassigned``) meet only VNID 0. (nftables: ``podnet.dataplane.policytable``,
+  a verdict map from a source pod to the chain of its VNID.)
+- ``plugin`` networkpolicy: replies of allowed connections pass (conntrack, a backend
+  concern). A pod isolated for egress needs an egress ``PolicyRule`` whose targets hold
+  it, whose peers hold the destination and whose ports hold the packet; the same for
+  ingress, mirrored. Each rule is one match over sets (a second when it has both pod and
+  block peers, or both port ranges and named ports), so the rules grow with policies.
+  ``peers`` is pod IPs plus blocks; ``every_address``/``every_packet`` mean no match at
+  all on that side. A pod and its own node (``node_addresses``: its IP and gateway)
+  always reach each other, as Kubernetes defines. nftables: see
+  ``podnet.dataplane.policytable``; in OpenFlow the same rules become conjunctive matches.
 - Sets are shared: rules with equal members use one set, named by a digest of its
   members (``distinct_sets``, ``SetDigests``). ``size`` counts what such a rendering
   holds, so rules grow with policy rules and elements with pods + peers.
