@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -44,11 +45,13 @@ from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
+from podnet.testing.probe import SourcePorts
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SERVICES = [("TCP", 80), ("TCP", 81), ("UDP", 80), ("UDP", 81)]
 SYNC_TIMEOUT = 30.0
+SOURCE_PORTS = SourcePorts(start=random.randint(20000, 59999))  # fresh 5-tuples (see probe)
 Verdicts = dict[tuple[str, str, str, int], bool]
 
 
@@ -114,7 +117,10 @@ class Cluster:
         jobs = {}
         for src in keys:
             targets = [
-                (str(address[d]), p.lower(), n) for d in keys if d != src for p, n in services
+                (str(address[d]), p.lower(), n, SOURCE_PORTS.take())
+                for d in keys
+                if d != src
+                for p, n in services
             ]
             ns, name = src.split("/")
             argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(targets)]

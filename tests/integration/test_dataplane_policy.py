@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -29,6 +30,7 @@ from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.testing.lab import Lab, sh
+from podnet.testing.probe import SourcePorts
 
 pytestmark = [
     pytest.mark.root,
@@ -38,6 +40,7 @@ pytestmark = [
 Obj = dict[str, Any]
 PODS = {"x/a": (1, 10), "y/a": (1, 11), "x/b": (2, 10), "y/b": (2, 11)}  # node, host part
 SERVICES = [("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)]
+SOURCE_PORTS = SourcePorts(start=random.randint(20000, 59999))  # fresh 5-tuples (see probe)
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Cluster:
         jobs = {}
         for src in PODS:
             targets = [
-                (str(self.ip_of[dst]), proto, port)
+                (str(self.ip_of[dst]), proto, port, SOURCE_PORTS.take())
                 for dst in PODS
                 if dst != src
                 for proto, port in SERVICES

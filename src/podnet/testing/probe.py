@@ -1,11 +1,16 @@
 """Many reachability probes from one network namespace at once, for policy tests.
 
 Run inside a pod's namespace: ``python -m podnet.testing.probe TARGETS_JSON`` where the
-JSON is a list of ``[ip, protocol, port]`` (protocol ``tcp`` or ``udp``); it prints a JSON
-list of booleans in the same order. TCP: the connection opens (a listener answered) and
-the echo comes back. UDP: a datagram sent to an echo server comes back. Every probe is
-bounded in time (``TIMEOUT``, a fixed number of UDP tries), and all run concurrently, so
-a batch takes about one timeout however many targets are denied.
+JSON is a list of ``[ip, protocol, port]`` or ``[ip, protocol, port, source_port]``
+(protocol ``tcp`` or ``udp``); it prints a JSON list of booleans in the same order. A
+test that probes the same pairs again and again gives each probe its own source port:
+otherwise the kernel may pick a port used a minute ago, and conntrack, which still holds
+that earlier flow, would let a now-denied datagram through as part of it.
+
+TCP: the connection opens (a listener answered) and the echo comes back. UDP: a datagram
+sent to an echo server comes back. Every probe is bounded in time (``TIMEOUT``, a fixed
+number of UDP tries), and all run concurrently, so a batch takes about one timeout
+however many targets are denied.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ UDP_TRIES = 3
 PAYLOAD = b"podnet-probe\n"
 
 
-async def tcp(ip: str, port: int, timeout: float = TIMEOUT) -> bool:
+async def tcp(ip: str, port: int, source: int = 0, timeout: float = TIMEOUT) -> bool:
     """Whether a TCP connection to ``ip:port`` opens and echoes within ``timeout``."""
+    local = ("0.0.0.0", source) if source else None
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(ip, port)
+            reader, writer = await asyncio.open_connection(ip, port, local_addr=local)
             try:
                 writer.write(PAYLOAD)
                 await writer.drain()
@@ -44,10 +50,13 @@ class _Answer(asyncio.DatagramProtocol):
             self.received.set_result(True)
 
 
-async def udp(ip: str, port: int, timeout: float = TIMEOUT) -> bool:
+async def udp(ip: str, port: int, source: int = 0, timeout: float = TIMEOUT) -> bool:
     """Whether a UDP echo from ``ip:port`` answers one of ``UDP_TRIES`` datagrams."""
     loop = asyncio.get_running_loop()
-    transport, answer = await loop.create_datagram_endpoint(_Answer, remote_addr=(ip, port))
+    local = ("0.0.0.0", source) if source else None
+    transport, answer = await loop.create_datagram_endpoint(
+        _Answer, local_addr=local, remote_addr=(ip, port)
+    )
     try:
         for _ in range(UDP_TRIES):
             transport.sendto(PAYLOAD)
@@ -64,8 +73,26 @@ async def udp(ip: str, port: int, timeout: float = TIMEOUT) -> bool:
 async def probe_all(targets: Sequence[Sequence[object]]) -> list[bool]:
     """Every ``(ip, protocol, port)`` probed concurrently."""
     checks = {"tcp": tcp, "udp": udp}
-    jobs = [checks[str(proto).lower()](str(ip), int(str(port))) for ip, proto, port in targets]
+    jobs = []
+    for ip, proto, port, *source in targets:
+        check = checks[str(proto).lower()]
+        jobs.append(check(str(ip), int(str(port)), int(str(source[0])) if source else 0))
     return list(await asyncio.gather(*jobs))
+
+
+class SourcePorts:
+    """Hands out source ports in turn from a range, so that a port comes back only after
+    the whole range (tens of thousands of probes, minutes) has been used."""
+
+    def __init__(self, first: int = 20000, last: int = 59999, start: int | None = None) -> None:
+        self.first, self.last = first, last
+        self._next = first if start is None else start
+
+    def take(self) -> int:
+        """The next port."""
+        port = self._next
+        self._next = self.first if port >= self.last else port + 1
+        return port
 
 
 def main(argv: list[str] | None = None) -> int:
