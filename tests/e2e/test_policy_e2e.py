@@ -44,6 +44,7 @@ from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
+from podnet.testing.lab import policy_table
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
 from podnet.testing.probe import SourcePorts
 
@@ -378,29 +379,11 @@ def assert_own_node_reaches_its_pod_and_others_do_not(
         assert evaluate(rules, node.ip, target, "TCP", 80).allowed == (node_name == home)
 
 
-def policy_listing(node_ns: str) -> dict[str, str] | None:
-    """The policy table as blocks (``set NAME``, ``chain NAME``) → text, order-free."""
-    done = netns.run(node_ns, ["nft", "list", "table", "inet", "podnet_policy"], timeout=30)
-    if done.returncode != 0:
-        return None
-    blocks: dict[str, str] = {}
-    head, lines = "", list[str]()
-    for line in done.stdout.splitlines()[1:]:
-        text = line.strip()
-        if text.endswith("{") and not head:
-            head, lines = text, []
-        elif text == "}" and head:
-            blocks[head], head = "\n".join(lines), ""
-        elif head:
-            lines.append(text)
-    return blocks
-
-
 def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
     """Each node: the table now, then its agent stopped, the table deleted, the agent
     started afresh on the same objects; the two tables must be equal."""
     state = cluster.state()
-    tables = {name: policy_listing(node.netns) for name, node in state.nodes.items()}
+    tables = {name: policy_table(node.netns) for name, node in state.nodes.items()}
     assert any(tables.values()), (
         "no node holds a policy table"
     )  # nodes without isolated pods hold none
@@ -412,7 +395,7 @@ def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
             nodes.start_agent(state, node, cluster.state_dir)
             nodes.wait_agent_ready(node, cluster.state_dir, api)
             cluster.converge()
-            assert policy_listing(node.netns) == before, name
+            assert policy_table(node.netns) == before, name
         state.save(cluster.state_dir)
 
 

@@ -29,7 +29,7 @@ from podnet.dataplane.policytable import TABLE_KEY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
-from podnet.testing.lab import Lab, sh
+from podnet.testing.lab import Lab, policy_table, sh
 from podnet.testing.probe import SourcePorts
 
 pytestmark = [
@@ -182,24 +182,8 @@ def policy_rules(
     )
 
 
-def listing(ns: str) -> dict[str, str]:
-    """The policy table as blocks (``set NAME``, ``chain NAME``) → text, order-free."""
-    text = sh(ns, "nft", "list", "table", *TABLE_KEY.split())
-    blocks: dict[str, str] = {}
-    head, lines = "", list[str]()
-    for line in text.splitlines()[1:]:
-        stripped = line.strip()
-        if stripped.endswith("{") and not head:
-            head, lines = stripped, []
-        elif stripped == "}" and head:
-            blocks[head], head = "\n".join(lines), ""
-        elif head:
-            lines.append(stripped)
-    return blocks
-
-
 def table_exists(ns: str) -> bool:
-    return netns.run(ns, ["nft", "list", "table", *TABLE_KEY.split()], timeout=30).returncode == 0
+    return policy_table(ns) is not None
 
 
 DENY_X = policy("x", "deny-all", {}, types=["Ingress"])
@@ -253,7 +237,7 @@ async def test_policies_match_trace_and_leave_no_stale_rule(cluster: Cluster) ->
 
     await cluster.check(policy_rules(cluster, [DENY_X, block]))
     final = policy_rules(cluster, [DENY_X, block])
-    before = {ns: listing(ns) for ns in nodes}
+    before = {ns: policy_table(ns) for ns in nodes}
     fresh = LinuxDataPlane  # a fresh agent: nothing remembered, the table built from scratch
     for i, ns in enumerate(nodes, start=1):
         sh(ns, "nft", "delete", "table", *TABLE_KEY.split())
@@ -261,7 +245,7 @@ async def test_policies_match_trace_and_leave_no_stale_rule(cluster: Cluster) ->
             plane = fresh()
         cluster.lab.planes.append(plane)
         await plane.sync_policy(cluster.lab.network(i, isolation=True), final)
-        assert listing(ns) == before[ns]
+        assert policy_table(ns) == before[ns]
     assert x_a in final.ingress_isolated
 
     assert all((await cluster.check(policy_rules(cluster, []))).values())

@@ -14,6 +14,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from podnet import netns
 from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode
 from podnet.dataplane.linux import LinuxDataPlane
+from podnet.dataplane.policytable import TABLE_KEY
 
 UNDERLAY = IPv4Network("198.51.100.0/24")
 EXTERNAL_IP = IPv4Address("198.51.100.100")
@@ -155,3 +156,23 @@ async def up(lab: Lab, nodes: list[int], backend: str = "vxlan") -> dict[int, Li
         remotes = [lab.remote(j) for j in nodes if j != i]
         await plane.sync_remote_nodes(lab.network(i, backend), remotes)
     return planes
+
+
+def policy_table(ns: str) -> dict[str, str] | None:
+    """The policy table of namespace ``ns`` as blocks (``set NAME``, ``chain NAME`` → their
+    lines), so two tables compare regardless of the order nft lists them in; None when
+    there is no table."""
+    done = netns.run(ns, ["nft", "list", "table", *TABLE_KEY.split()], timeout=30)
+    if done.returncode != 0:
+        return None
+    blocks: dict[str, str] = {}
+    head, lines = "", list[str]()
+    for line in done.stdout.splitlines()[1:]:
+        text = line.strip()
+        if text.endswith("{") and not head:
+            head, lines = text, []
+        elif text == "}" and head:
+            blocks[head], head = "\n".join(lines), ""
+        elif head:
+            lines.append(text)
+    return blocks
