@@ -304,3 +304,45 @@ def test_a_policy_that_does_not_compile_is_left_out(
         rules = compiler.rules()
     assert [p.name for p in rules.policies] == ["allow-0", "allow-1", "allow-2"]
     assert "NetworkPolicy x/broken does not compile" in caplog.text
+
+
+def test_a_pod_change_recompiles_only_the_policies_it_can_alter() -> None:
+    """A label no selection reads keeps every compiled policy; entering a selection
+    recompiles the policies that select it, and the result equals compile_rules."""
+
+    def pod(name: str, labels: dict[str, str], ip: str) -> dict[str, Any]:
+        return {
+            "metadata": {"namespace": "x", "name": name, "labels": labels},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Running", "podIP": ip},
+        }
+
+    def to(app: str, source: str) -> dict[str, Any]:
+        spec = {
+            "podSelector": {"matchLabels": {"app": app}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": source}}}]}],
+        }
+        return {"metadata": {"namespace": "x", "name": f"to-{app}"}, "spec": spec}
+
+    pods = [pod("a", {"app": "a"}, "10.0.0.1"), pod("b", {"app": "b"}, "10.0.0.2"),
+            pod("c", {"app": "c"}, "10.0.0.3")]  # fmt: skip
+    policies = [to("a", "b"), to("b", "c")]
+    compiler = PolicyCompiler(NETWORKPOLICY)
+    compiler.replace(PODS, pods)
+    compiler.replace(NAMESPACES, [{"metadata": {"name": "x"}}])
+    compiler.replace(POLICIES, policies)
+    before = {p.key: p for p in compiler.rules().policies}
+
+    pods[2] = pod("c", {"app": "c", "tier": "web"}, "10.0.0.3")  # read by no selector
+    compiler.put(PODS, pods[2])
+    after = compiler.rules()
+    assert all(before[p.key] is p for p in after.policies)
+
+    pods[2] = pod("c", {"app": "b", "tier": "web"}, "10.0.0.3")  # now a peer of to-a
+    compiler.put(PODS, pods[2])
+    moved = compiler.rules()
+    namespaces = [{"metadata": {"name": "x"}}]
+    fresh = compile_rules(NETWORKPOLICY, pods, namespaces, [], policies)
+    assert moved.fingerprint() == fresh.fingerprint()
+    by_key = {p.key: p for p in moved.policies}
+    assert by_key["x/to-a"] is not before["x/to-a"]  # c entered its peers

@@ -45,6 +45,7 @@ from podnet.policy.compile import (
     with_node_addresses,
 )
 from podnet.policy.model import EGRESS, INGRESS, CompiledPolicy, Endpoint, RuleSet, VnidIsolation
+from podnet.policy.relevance import NAME_LABEL, PolicyShape
 from podnet.policy.selection import EMPTY, ClusterIndex, PodSet
 
 log = logging.getLogger("podnet.policy")
@@ -52,6 +53,7 @@ log = logging.getLogger("podnet.policy")
 Obj = Mapping[str, Any]
 Slim = dict[str, Any]
 T = TypeVar("T")
+Change = tuple["Slim | None", "Slim | None"]  # a pod before and after (None: absent)
 
 PODS, NAMESPACES, NETNAMESPACES, POLICIES = "pods", "namespaces", "netnamespaces", "policies"
 COLLECTIONS = (PODS, NAMESPACES, NETNAMESPACES, POLICIES)
@@ -248,6 +250,8 @@ class PolicyCompiler:
         self._earlier: dict[str, CompiledPolicy | None] = {}  # from before the view rebuild
         self._sameness = _Sameness()
         self._kept: dict[str, Any] = {}  # parts of the last rule set, reused when equal
+        self._touched: list[Change] | None = []  # pods changed since the view; None: all
+        self._shapes: dict[str, tuple[Slim, PolicyShape]] = {}
         self._rules: RuleSet | None = None
 
     def objects(self, collection: str) -> Mapping[str, Slim]:
@@ -265,6 +269,7 @@ class PolicyCompiler:
             self._drop(collection, key)
         elif old != slim:
             self._objects[collection][key] = _same_address(old, slim)
+            self._touch(collection, old, slim)
             self._invalidate(collection, key)
 
     def remove(self, collection: str, obj: Obj) -> None:
@@ -287,6 +292,7 @@ class PolicyCompiler:
         self._objects[collection] = fresh
         for key in old.keys() | fresh.keys():
             if old.get(key) != fresh.get(key):
+                self._touch(collection, old.get(key), fresh.get(key))
                 self._invalidate(collection, key)
 
     def set_node_addresses(self, pairs: Iterable[tuple[str, str]]) -> None:
@@ -312,8 +318,20 @@ class PolicyCompiler:
     # ---- what a change invalidates ---------------------------------------------------------
 
     def _drop(self, collection: str, key: str) -> None:
-        if self._objects[collection].pop(key, None) is not None:
+        old = self._objects[collection].pop(key, None)
+        if old is not None:
+            self._touch(collection, old, None)
             self._invalidate(collection, key)
+
+    def _touch(self, collection: str, old: Slim | None, new: Slim | None) -> None:
+        """Note a changed pod (both versions); any other change but a policy's makes the
+        next view rebuild recompile every policy."""
+        if collection == POLICIES:
+            return
+        if collection != PODS:
+            self._touched = None
+        elif self._touched is not None:
+            self._touched.append((old, new))
 
     def _invalidate(self, collection: str, key: str) -> None:
         self._rules = None
@@ -329,9 +347,48 @@ class PolicyCompiler:
             endpoints = self._keep("endpoints", view.endpoints)
             isolation = self._keep("isolation", view.isolation)
             self._view = _View(endpoints, view.pod_hosts, view.index, isolation)
-            self._earlier, self._compiled = self._compiled, {}
+            touched, self._touched = self._touched, []
+            kept = self._untouched(touched) if touched is not None else {}
+            self._earlier, self._compiled = self._compiled, kept
             self._sameness = _Sameness()
         return self._view
+
+    def _untouched(self, touched: list[Change]) -> dict[str, CompiledPolicy | None]:
+        """The compiled policies no pod change can alter (see ``relevance``); a pod sharing
+        a changed pod's IP may now win or lose that IP, so it counts as changed too."""
+        if self.plugin != NETWORKPOLICY or not self._compiled:
+            return {}
+        pods = self._objects[PODS]
+        versions = [pod for pair in touched for pod in pair if pod is not None]
+        addresses = {pod["status"]["podIP"] for pod in versions} - {None}
+        keys = {object_name(PODS, pod) for pod in versions}
+        touched = touched + [
+            (pod, None)
+            for key, pod in pods.items()
+            if key not in keys and pod["status"]["podIP"] in addresses
+        ]
+        labels = {
+            str(ns["metadata"]["name"]): {
+                **ns["metadata"]["labels"],
+                NAME_LABEL: ns["metadata"]["name"],
+            }
+            for ns in self._objects[NAMESPACES].values()
+        }
+        specs = self._objects[POLICIES]
+        return {
+            key: compiled
+            for key, compiled in self._compiled.items()
+            if key in specs
+            and not any(self._shape(key).changed_by(old, new, labels) for old, new in touched)
+        }
+
+    def _shape(self, key: str) -> PolicyShape:
+        """The parsed selections of policy ``key``, parsed again when the policy changed."""
+        policy = self._objects[POLICIES][key]
+        found = self._shapes.get(key)
+        if found is None or found[0] is not policy:
+            found = self._shapes[key] = (policy, PolicyShape.of(policy))
+        return found[1]
 
     # ---- assembling the rule set -------------------------------------------------------------
 
