@@ -40,7 +40,7 @@ pytestmark = [
 Obj = dict[str, Any]
 PODS = {"x/a": (1, 10), "y/a": (1, 11), "x/b": (2, 10), "y/b": (2, 11)}  # node, host part
 SERVICES = [("tcp", 80), ("tcp", 81), ("udp", 80), ("udp", 81)]
-SOURCE_PORTS = SourcePorts(start=random.randint(20000, 59999))  # fresh 5-tuples (see probe)
+SOURCE_PORTS = SourcePorts(start=random.randint(10000, 32767))  # fresh 5-tuples (see probe)
 
 
 @dataclass
