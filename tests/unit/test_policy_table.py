@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from podnet.controllers.config import MULTITENANT, NETWORKPOLICY
+from podnet.dataplane.policyscript import parse_listing, transaction
 from podnet.dataplane.policytable import (
     BUCKETS,
     PolicyRenderer,
     PolicyTable,
-    parse_listing,
-    transaction,
 )
 from podnet.policy.compile import compile_rules
 from podnet.testing.netpol import (

@@ -13,7 +13,8 @@ import logging
 
 from podnet.dataplane.interface import DataPlaneError
 from podnet.dataplane.linux import nftables
-from podnet.dataplane.policytable import TABLE_KEY, PolicyTable, parse_listing, transaction
+from podnet.dataplane.policyscript import parse_listing, transaction
+from podnet.dataplane.policytable import TABLE_KEY, PolicyTable
 
 log = logging.getLogger(__name__)
 
