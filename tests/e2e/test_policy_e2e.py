@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +46,7 @@ from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
 from podnet.testing.lab import policy_table
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
-from podnet.testing.probe import SourcePorts
+from podnet.testing.probe import SourcePorts, probe_pairs
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -115,30 +114,11 @@ class Cluster:
     def probe(self, keys: Sequence[str], services: Sequence[tuple[str, int]]) -> Verdicts:
         """Every ordered pair of distinct pods on every service, one batch per source."""
         state = self.state()
-        address = {k: self.ip(k) for k in keys}
-        jobs = {}
-        for src in keys:
-            targets = [
-                (str(address[d]), p.lower(), n, SOURCE_PORTS.take())
-                for d in keys
-                if d != src
-                for p, n in services
-            ]
-            ns, name = src.split("/")
-            argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(targets)]
-            pod_ns = pods.find_pod(state, name, ns).netns
-            jobs[src] = subprocess.Popen(
-                netns.command(pod_ns, argv), stdout=subprocess.PIPE, text=True
-            )
-        found: Verdicts = {}
-        for src, job in jobs.items():
-            out, _ = job.communicate(timeout=60)
-            results = iter(json.loads(out))
-            for dst in keys:
-                if dst != src:
-                    for protocol, port in services:
-                        found[(src, dst, protocol, port)] = next(results)
-        return found
+        netns_of = {}
+        for key in keys:
+            ns, name = key.split("/")
+            netns_of[key] = pods.find_pod(state, name, ns).netns
+        return probe_pairs(netns_of, {k: self.ip(k) for k in keys}, services, SOURCE_PORTS)
 
     def traced(
         self, rules: RuleSet, keys: Sequence[str], services: Sequence[tuple[str, int]]
@@ -440,6 +420,15 @@ def adm(cluster: Cluster, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+EVERYONE = expected("""
+    a/p1 11111
+    a/p2 11111
+    b/p1 11111
+    b/p2 11111
+    default/p1 11111
+""")
+
+
 def test_multitenant_join_isolate_global(multitenant: Cluster) -> None:
     isolated = expected("""
         a/p1 11001
@@ -450,23 +439,11 @@ def test_multitenant_join_isolate_global(multitenant: Cluster) -> None:
     """)
     assert mt_matrix(multitenant) == isolated
     adm(multitenant, "join-projects", "--to", "a", "b")
-    assert mt_matrix(multitenant) == expected("""
-        a/p1 11111
-        a/p2 11111
-        b/p1 11111
-        b/p2 11111
-        default/p1 11111
-    """)
+    assert mt_matrix(multitenant) == EVERYONE
     adm(multitenant, "isolate-projects", "b")
     assert mt_matrix(multitenant) == isolated
     adm(multitenant, "make-projects-global", "b")
-    assert mt_matrix(multitenant) == expected("""
-        a/p1 11111
-        a/p2 11111
-        b/p1 11111
-        b/p2 11111
-        default/p1 11111
-    """)
+    assert mt_matrix(multitenant) == EVERYONE
     adm(multitenant, "isolate-projects", "b")
     assert mt_matrix(multitenant) == isolated
 

@@ -30,7 +30,7 @@ from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.testing.lab import Lab, policy_table, sh
-from podnet.testing.probe import SourcePorts
+from podnet.testing.probe import SourcePorts, probe_pairs
 
 pytestmark = [
     pytest.mark.root,
@@ -88,27 +88,7 @@ class Cluster:
 
     def observed(self) -> dict[tuple[str, str, str, int], bool]:
         """Every ordered pair of distinct pods, every service, probed at once per source."""
-        jobs = {}
-        for src in PODS:
-            targets = [
-                (str(self.ip_of[dst]), proto, port, SOURCE_PORTS.take())
-                for dst in PODS
-                if dst != src
-                for proto, port in SERVICES
-            ]
-            argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(targets)]
-            jobs[src] = subprocess.Popen(
-                netns.command(self.netns_of[src], argv), stdout=subprocess.PIPE, text=True
-            )
-        found = {}
-        for src, job in jobs.items():
-            out, _ = job.communicate(timeout=60)
-            results = iter(json.loads(out))
-            for dst in PODS:
-                if dst != src:
-                    for proto, port in SERVICES:
-                        found[(src, dst, proto, port)] = next(results)
-        return found
+        return probe_pairs(self.netns_of, self.ip_of, SERVICES, SOURCE_PORTS)
 
     def expected(self, rules: RuleSet) -> dict[tuple[str, str, str, int], bool]:
         return {

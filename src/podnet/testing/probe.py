@@ -18,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from podnet import netns
 
 TIMEOUT = 1.5
 UDP_TRIES = 3
@@ -112,3 +116,36 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+Pair = tuple[str, str, str, int]  # (source key, destination key, protocol, port)
+
+
+def probe_pairs(
+    netns_of: Mapping[str, str],
+    ip_of: Mapping[str, Any],
+    services: Sequence[tuple[str, int]],
+    ports: SourcePorts,
+) -> dict[Pair, bool]:
+    """Every ordered pair of distinct pods on every (protocol, port) in ``services``: one
+    probe process per source pod, inside its namespace, all running at once. Keys of both
+    mappings name the pods; protocols are kept as given in the result."""
+    jobs = {}
+    for src, ns in netns_of.items():
+        targets = [
+            (str(ip_of[dst]), protocol.lower(), port, ports.take())
+            for dst in netns_of
+            if dst != src
+            for protocol, port in services
+        ]
+        argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(targets)]
+        jobs[src] = subprocess.Popen(netns.command(ns, argv), stdout=subprocess.PIPE, text=True)
+    found: dict[Pair, bool] = {}
+    for src, job in jobs.items():
+        out, _ = job.communicate(timeout=60)
+        results = iter(json.loads(out))
+        for dst in netns_of:
+            if dst != src:
+                for protocol, port in services:
+                    found[(src, dst, protocol, port)] = next(results)
+    return found
