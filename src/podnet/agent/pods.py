@@ -33,6 +33,7 @@ from podnet.agent.cniserver import (
     as_cni_error,
     cni_result,
 )
+from podnet.agent.ipamrepair import Report, repair_damaged
 from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
@@ -260,12 +261,14 @@ class PodManager:
         node: NodeNetwork,
         status_writer: PodStatusWriter | None = None,
         default_namespace: str = "default",
+        report: Report | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.store = store
         self.node = node
         self.status_writer = status_writer
         self.default_namespace = default_namespace
+        self.report = report  # where repairs of damaged IPAM files are reported
         self.locks = ContainerLocks()
         self.ready = False  # set once the data plane is in place and pods reconciled
         self._range_sets = [node_range_set(node)]
@@ -346,7 +349,9 @@ class PodManager:
             recent = self._added_at.get((cid, ifname), 0.0) >= started
             return in_list or recent or self.locks.busy(cid)
 
-        plan = plan_gc(await self.dataplane.attached_pods(), await self._allocations(), valid)
+        attachments = await self.dataplane.attached_pods()
+        await repair_damaged(self.store, attachments, self.report, "GC")
+        plan = plan_gc(attachments, await self._allocations(), valid)
         await self._undo(plan, "GC")
 
     async def status(self, req: CniRequest) -> None:
@@ -360,6 +365,7 @@ class PodManager:
     async def reconcile(self) -> CleanupPlan:
         """At start: keep healthy pods untouched, undo half-done ones, index the rest."""
         attachments = await self.dataplane.attached_pods()
+        await repair_damaged(self.store, attachments, self.report, "start-up")
         plan = plan_restart_cleanup(attachments, await self._allocations(), self.node.subnet)
         await self._undo(plan, "start-up cleanup")
         self._attached = {(a.container_id, a.ifname): a for a in plan.healthy}

@@ -275,16 +275,27 @@ class NetworkConfig:
 
 
 def _parse_attachments(config: Mapping[str, Any]) -> tuple[Attachment, ...] | None:
-    # libcni sends both keys with the same value (the second is a spec typo kept alive).
-    key = next((k for k in VALID_ATTACHMENTS_KEYS if k in config), None)
-    if key is None:
-        return None
+    """GC's list of still-valid attachments, or None when no key is present.
+
+    libcni sends both keys with the same value (the second is a spec typo kept alive).
+    A key that is present must hold a list: ``null`` or any other type is refused (7),
+    never read as "no valid attachments", which would detach every pod of the node.
+    Two keys with different lists are refused too: which one is meant is unknown.
+    """
     what = "network config"
-    items = _objects(config, key, what)
-    return tuple(
-        Attachment(_required(item, "containerID", what), _required(item, "ifname", what))
-        for item in items
-    )
+    present = [k for k in VALID_ATTACHMENTS_KEYS if k in config]
+    for key in present:
+        if not isinstance(config[key], list):
+            raise _invalid(what, f'"{key}" must be a list of attachments')
+    lists = [tuple(_attachment(item) for item in _objects(config, k, what)) for k in present]
+    if len(set(lists)) > 1:
+        raise _invalid(what, f"{' and '.join(present)} differ")
+    return lists[0] if lists else None
+
+
+def _attachment(item: Mapping[str, Any]) -> Attachment:
+    what = "network config"
+    return Attachment(_required(item, "containerID", what), _required(item, "ifname", what))
 
 
 def _parse_prev_result(config: Mapping[str, Any]) -> CniResult | None:

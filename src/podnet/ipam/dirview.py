@@ -19,6 +19,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from podnet.ipam.atomic import TEMP_PREFIX
+
 LOCK_NAME = "lock"
 CURSOR_PREFIX = "last_reserved_ip."
 
@@ -36,8 +38,9 @@ Reader = Callable[[int, str], "str | None"]
 
 
 def is_reservation(name: str) -> bool:
-    """Whether ``name`` in the directory is an address file (not the lock or a cursor)."""
-    return name != LOCK_NAME and not name.startswith(CURSOR_PREFIX)
+    """Whether ``name`` in the directory is an address file (not the lock, a cursor or a
+    temporary file of ``podnet.ipam.atomic``; inotify names an O_TMPFILE inode "#<ino>")."""
+    return name != LOCK_NAME and not name.startswith((CURSOR_PREFIX, TEMP_PREFIX, "#"))
 
 
 class DirWatch:

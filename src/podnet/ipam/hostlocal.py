@@ -34,7 +34,6 @@ Deliberate deviations from the reference:
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import threading
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, ip_address
 from pathlib import Path
 
+from podnet.ipam.atomic import create_exclusive, remove_stale_temps, replace, sync_dir
 from podnet.ipam.config import (
     IPAddress,
     IpamConfigError,
@@ -110,6 +110,16 @@ def parse_owner(text: str) -> tuple[str, str]:
     """(container ID, ifname) from a reservation file; ifname is "" in legacy files."""
     cid, _, ifname = text.strip().partition(LINE_BREAK)
     return cid, ifname
+
+
+def well_formed(text: str) -> bool:
+    """Whether a reservation file's text names an owner (an empty or garbled file does
+    not: a write torn by a crash of an older podnet or of another plugin)."""
+    try:
+        _checked_id(*parse_owner(text), legacy=True)
+    except IpamArgumentError:
+        return False
+    return True
 
 
 def _read_at(dfd: int, name: str) -> str | None:
@@ -226,10 +236,46 @@ class HostLocalStore:
             return _ipv4s(self._match(container_id, ifname))
 
     def allocations(self) -> list[tuple[IPv4Address, str, str]]:
-        """Every IPv4 reservation as (ip, container ID, ifname), sorted by address."""
+        """Every well-formed IPv4 reservation as (ip, container ID, ifname), by address.
+
+        Damaged files (``damaged``) are left out: they name no owner to release."""
         with self._locked():
-            texts = dict(self._index.owner_of)
+            texts = {n: t for n, t in self._index.owner_of.items() if well_formed(t)}
         return [(ip, *parse_owner(texts[str(ip)])) for ip in _ipv4s(texts)]
+
+    def damaged(self) -> dict[IPv4Address, str]:
+        """IPv4 reservation files that name no owner (empty or garbled), with their text.
+
+        Their address stays taken (never handed out twice) until ``repair`` or
+        ``discard`` decides, from what the node knows, whose it is."""
+        with self._locked():
+            texts = {n: t for n, t in self._index.owner_of.items() if not well_formed(t)}
+        return {ip: texts[str(ip)] for ip in _ipv4s(texts)}
+
+    def repair(self, ip: IPv4Address, container_id: str, ifname: str) -> bool:
+        """Rewrite the damaged file of ``ip`` for its owner (a live attachment has that
+        address); False if the file is no longer damaged."""
+        owner = owner_line(container_id, ifname)
+        with self._locked() as dfd:
+            if not self._still_damaged(dfd, str(ip)):
+                return False
+            replace(dfd, str(ip), owner.encode(), FILE_MODE)
+            self._index.put(str(ip), owner)
+            self._touched.add(str(ip))
+        return True
+
+    def discard(self, ip: IPv4Address) -> bool:
+        """Remove the damaged file of ``ip`` (no live attachment has that address); False
+        if it is no longer damaged."""
+        with self._locked() as dfd:
+            if not self._still_damaged(dfd, str(ip)):
+                return False
+            self._remove(dfd, str(ip))
+        return True
+
+    def _still_damaged(self, dfd: int, name: str) -> bool:
+        text = _read_at(dfd, name)
+        return text is not None and not well_formed(text)
 
     @contextmanager
     def _locked(self) -> Iterator[int]:
@@ -249,6 +295,8 @@ class HostLocalStore:
             _flock(lock_fd, deadline, self.path / LOCK_NAME)
             self._sync(dfd)
             yield dfd
+            if self._touched:
+                sync_dir(dfd)  # the names this operation linked or unlinked are durable
             self._settle()
 
     def _sync(self, dfd: int) -> None:
@@ -256,6 +304,7 @@ class HostLocalStore:
         every file when that is unknown (the first time, no inotify, inotify lost track)."""
         changes = self._watch.changes() if self._watch is not None else None
         if changes is None:
+            remove_stale_temps(dfd)  # only a killed writer leaves one: we hold the flock
             self._rewatch()  # before reading: nothing changed from here on is missed
             self._index.rebuild(dfd, _read_at)
         else:
@@ -333,23 +382,12 @@ class HostLocalStore:
         raise IpamExhausted(rset, index)
 
     def _try_create(self, dfd: int, name: str, owner: str) -> bool:
-        """Create the reservation file exclusively; False if it already exists."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            fd = os.open(name, flags, FILE_MODE, dir_fd=dfd)
-        except FileExistsError:
+        """Create the reservation file exclusively and whole (never seen empty, even
+        after a crash; see ``podnet.ipam.atomic``); False if it already exists."""
+        if not create_exclusive(dfd, name, owner.encode(), FILE_MODE):
             return False
-        try:
-            data = owner.encode()
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.EIO, f"short write to {self.path / name}")
-            self._index.put(name, owner)
-            self._touched.add(name)
-        except BaseException:
-            os.close(fd)
-            self._remove(dfd, name)
-            raise
-        os.close(fd)
+        self._index.put(name, owner)
+        self._touched.add(name)
         return True
 
     def _remove(self, dfd: int, name: str) -> None:
