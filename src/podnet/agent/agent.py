@@ -69,7 +69,7 @@ CLUSTER_NETWORK_NAME = "default"
 POLL_SECONDS = 0.5
 WAIT_LOG_SECONDS = 5.0
 SHUTDOWN_FLUSH_SECONDS = 5.0
-WATCHER_BACKOFF = Backoff(1.0, 30.0)
+WATCHER_BACKOFF = Backoff(0.2, 3.0, floor=0.0)  # a watcher that failed is restarted soon
 
 
 def _now() -> str:

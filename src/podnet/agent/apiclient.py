@@ -96,16 +96,24 @@ def error_from_answer(code: int, body: bytes) -> ApiClientError:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Exponential backoff with jitter: ``initial * factor**attempt``, capped, times 0.5-1."""
+    """Exponential backoff with jitter: ``initial * factor**attempt``, capped, times a
+    random factor from ``floor`` to 1 (``floor=0`` is "full jitter")."""
 
     initial: float = 0.1
     cap: float = 10.0
     factor: float = 2.0
+    floor: float = 0.5
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""
         base = min(self.cap, self.initial * self.factor ** min(attempt, 32))
-        return base * random.uniform(0.5, 1.0)
+        return base * random.uniform(self.floor, 1.0)
+
+
+# Watches (and their listings) retry at least once a second, with full jitter so that
+# the agents of a cluster do not reconnect in step: a watch is back within ~1 s of the
+# master, and each agent costs a down master at most a few refused connections a second.
+WATCH_BACKOFF = Backoff(0.2, 1.0, floor=0.0)
 
 
 async def with_retry(
@@ -275,7 +283,7 @@ class AsyncApiClient:
         return await self.request("PATCH", path, patch, content_type=MERGE_PATCH)
 
     async def watch(
-        self, kind: Kind, namespace: str | None = None, backoff: Backoff = Backoff(0.2, 30.0)
+        self, kind: Kind, namespace: str | None = None, backoff: Backoff = WATCH_BACKOFF
     ) -> AsyncIterator[WatchEvent]:
         """``LISTED`` then changes, for ever; relists on expiry, reconnects on errors.
 
@@ -285,7 +293,7 @@ class AsyncApiClient:
         while True:
             if not version:
                 items, version = await with_retry(
-                    lambda: self.list(kind, namespace), f"list {kind.plural}", None
+                    lambda: self.list(kind, namespace), f"list {kind.plural}", None, backoff
                 )
                 yield WatchEvent(LISTED, items=tuple(items))
             try:

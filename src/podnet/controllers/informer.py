@@ -56,15 +56,22 @@ def is_reason(exc: BaseException, *reasons: str) -> bool:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Exponential backoff with jitter: ``initial * factor**attempt``, capped, times 0.5-1."""
+    """Exponential backoff with jitter: ``initial * factor**attempt``, capped, times a
+    random factor from ``floor`` to 1 (``floor=0`` is "full jitter")."""
 
     initial: float = 0.05
     cap: float = 5.0
     factor: float = 2.0
+    floor: float = 0.5
 
     def delay(self, attempt: int) -> float:
         base = min(self.cap, self.initial * self.factor ** min(attempt, 32))
-        return base * random.uniform(0.5, 1.0)
+        return base * random.uniform(self.floor, 1.0)
+
+
+# An etcd watch is retried at least once a second (full jitter): the controllers see
+# changes again within ~1 s of etcd coming back.
+WATCH_BACKOFF = Backoff(0.2, 1.0, floor=0.0)
 
 
 async def call_with_retry(
@@ -190,7 +197,7 @@ class _Reflector:
                 log.info("watch of %s fell behind (%s); relisting", self.kind.plural, exc)
                 return
             except StoreUnavailable as exc:
-                delay = Backoff(0.1, 5.0).delay(attempt)
+                delay = WATCH_BACKOFF.delay(attempt)
                 what = self.kind.plural
                 log.warning("watch of %s failed (%s); retrying in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay)
