@@ -113,6 +113,7 @@ async def test_a_burst_of_changes_is_one_sync(dataplane: FakeDataPlane) -> None:
     await asyncio.sleep(0.1)
     assert dataplane.calls.count("sync_remote_nodes") == 1
     assert sorted(dataplane.state.remotes) == sorted(subnets)
+    assert dataplane.vtep_peers() == {IPv4Address(f"192.0.2.{20 + i}") for i in range(1, 11)}
     task.cancel()
 
 

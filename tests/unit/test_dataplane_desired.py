@@ -16,14 +16,15 @@ from podnet.dataplane.desired import (
     parse_pod_alias,
     pod_alias,
     remote_entries,
-    render_ruleset,
     vtep_mac,
 )
 from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode, pod_mac
 from podnet.dataplane.linux import nftables
+from podnet.dataplane.nftrules import render_ruleset
 
 CLUSTER = IPv4Network("10.128.0.0/14")
 IP = IPv4Address
+PEER = IP("203.0.113.12")
 
 
 def node(backend: str = "vxlan", **overrides: object) -> NodeNetwork:
@@ -194,6 +195,11 @@ table inet podnet {
 \t\telements = { 10.128.0.0/14, 172.30.0.0/16 }
 \t}
 
+\tset vtep_peers {
+\t\ttype ipv4_addr
+\t\telements = { 203.0.113.12 }
+\t}
+
 \tchain raw_prerouting {
 \t\ttype filter hook prerouting priority raw; policy accept;
 \t\tip daddr 203.0.113.11 udp dport 4789 notrack
@@ -206,7 +212,15 @@ table inet podnet {
 
 \tchain input {
 \t\ttype filter hook input priority filter; policy accept;
+\t\tudp dport 4789 iifname != "eth0" drop
+\t\tudp dport 4789 ip saddr != @vtep_peers drop
+\t\tmeta nfproto ipv6 udp dport 4789 drop
 \t\tip daddr 203.0.113.11 udp dport 4789 accept
+\t}
+
+\tchain forward {
+\t\ttype filter hook forward priority filter; policy accept;
+\t\tip saddr @cluster_networks ip daddr != @cluster_networks udp dport 4789 drop
 \t}
 
 \tchain postrouting {
@@ -253,20 +267,21 @@ def listed() -> dict[str, str]:
 def test_the_rendered_ruleset_is_what_nft_lists() -> None:
     tables = listed()
     assert set(tables) == {"ip other", "inet podnet", "bridge podnet"}
-    for key, text in render_ruleset(node(), [port(2), port(3)]).tables().items():
+    rendered = render_ruleset(node(), [port(2), port(3)], "eth0", [PEER])
+    for key, text in rendered.tables().items():
         assert nftables.table_problems(key, text, tables[key]) == []
 
 
 def test_table_problems_name_what_differs() -> None:
     tables = listed()
-    rendered = render_ruleset(node(), [port(2), port(4)]).tables()
+    rendered = render_ruleset(node(), [port(2), port(4)], "eth0", [PEER]).tables()
     problems = nftables.table_problems(
         "bridge podnet", rendered["bridge podnet"], tables["bridge podnet"]
     )
     assert len(problems) == 2
     assert "lacks" in problems[0] and port(4).element() in problems[0]
     assert "stale" in problems[1] and port(3).element() in problems[1]
-    other = render_ruleset(node(vxlan_port=8472), []).tables()["inet podnet"]
+    other = render_ruleset(node(vxlan_port=8472), [], "eth0", [PEER]).tables()["inet podnet"]
     assert nftables.table_problems("inet podnet", other, tables["inet podnet"]) == [
         "nft table inet podnet differs from the rendered ruleset"
     ]
@@ -282,20 +297,21 @@ def test_table_view_ignores_layout_counters_and_element_order() -> None:
 
 
 def test_host_gw_has_no_vxlan_rules_and_nat_skips_cluster_and_services() -> None:
-    text = render_ruleset(node("host-gw"), []).inet
-    assert "4789" not in text and "notrack" not in text
+    text = render_ruleset(node("host-gw"), [], "eth0", [PEER]).inet
+    assert "vtep_peers" not in text and "notrack" not in text
+    assert "ip saddr @cluster_networks udp dport 4789 drop" in text, "pods kept off the port"
     assert "ip saddr @cluster_networks ip daddr != @no_masquerade masquerade" in text
     assert "elements = { 10.128.0.0/14,\n\t\t\t     172.30.0.0/16 }" in text
 
 
 def test_adjacent_cluster_networks_are_merged() -> None:
     nets = (IPv4Network("10.130.0.0/15"), IPv4Network("10.128.0.0/15"))
-    text = render_ruleset(node(cluster_networks=nets), []).inet
+    text = render_ruleset(node(cluster_networks=nets), [], "eth0").inet
     assert "elements = { 10.128.0.0/14 }" in text
 
 
 def test_an_empty_pod_set_has_no_elements_line() -> None:
-    assert "elements" not in render_ruleset(node(), []).bridge
+    assert "elements" not in render_ruleset(node(), [], "eth0").bridge
 
 
 def test_elements_parse_back_and_encode_for_the_kernel() -> None:
@@ -315,3 +331,27 @@ def test_pod_ports_script_is_one_transaction_of_deletes_then_adds() -> None:
     assert lines[0].startswith("delete element bridge podnet pod_ports {")
     assert port(3).element() in lines[0]
     assert lines[1] == f"add element bridge podnet pod_ports {{ {port(2).element()} }}"
+
+
+def test_vtep_peers_are_the_fdb_destinations_in_podnet_s_scheme() -> None:
+    ours = FdbEntry(vtep_mac(PEER), PEER, "vxlan0")
+    foreign = FdbEntry("02:00:00:00:00:01", IP("203.0.113.99"), "vxlan0")
+    assert desired.vtep_peers([ours, foreign]) == {PEER}
+
+
+def test_repair_script_edits_only_dynamic_sets_when_the_rules_match() -> None:
+    tables = listed()
+    want = render_ruleset(node(), [port(2), port(3)], "eth0", [IP("203.0.113.13")]).tables()
+    script = nftables.repair_script(want, tables)
+    assert script.splitlines() == [
+        "delete element inet podnet vtep_peers { 203.0.113.12 }",
+        "add element inet podnet vtep_peers { 203.0.113.13 }",
+    ]
+    same = render_ruleset(node(), [port(2), port(3)], "eth0", [PEER]).tables()
+    assert nftables.repair_script(same, tables) == ""
+    moved = render_ruleset(node(), [port(2), port(3)], "eth1", [PEER]).tables()
+    script = nftables.repair_script(moved, tables)
+    assert script.startswith("table inet podnet\ndelete table inet podnet\n")
+    assert "bridge" not in script, "the bridge table matches: left alone"
+    missing = nftables.repair_script(same, {})
+    assert missing.count("delete table") == 2

@@ -11,8 +11,10 @@ disagree about what "right" means.
 - VTEP MACs come from node IPs (``0e:58:`` + the four IP bytes), so nodes need not
   exchange them; pod MACs use ``0a:58:`` so the two schemes never collide.
 - Host veth names come from a hash of ``container_id`` and ``ifname``.
-- The nftables ruleset is rendered in the exact form ``nft list table`` prints, so the
-  same text is applied and compared.
+- The nftables tables are rendered in ``podnet.dataplane.nftrules``.
+- Tunnel safety: a node takes VXLAN only from its peers (the remote nodes' underlay
+  addresses, the ``vtep_peers`` set, kept equal to the FDB's destinations) arriving on the
+  underlay interface, and pods never reach any node's tunnel port.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network, collapse_addresses
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Generic, TypeVar
 
 from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, RemoteNode, pod_mac
@@ -33,6 +35,7 @@ ROUTE_PROTO = 80  # rtnetlink protocol marking podnet's routes and neighbour ent
 HOST_VETH_PREFIX = "pn"
 NFT_TABLE = "podnet"  # in families inet and bridge
 POD_PORTS_SET = "pod_ports"
+VTEP_PEERS_SET = "vtep_peers"  # in the inet table: who may send us VXLAN
 ALIAS_TAG = "podnet/1"
 IFALIAS_MAX = 255
 
@@ -273,117 +276,8 @@ def remote_changes(want: RemoteEntries, have: RemoteEntries) -> RemoteChanges:
     )
 
 
-# --- nftables ruleset -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ruleset:
-    """podnet's two nftables tables, each as ``nft list table`` prints it."""
-
-    inet: str
-    bridge: str
-
-    def tables(self) -> dict[str, str]:
-        """Table text keyed by ``"<family> <name>"``."""
-        return {f"inet {NFT_TABLE}": self.inet, f"bridge {NFT_TABLE}": self.bridge}
-
-
-def render_ruleset(node: NodeNetwork, ports: Iterable[PodPort]) -> Ruleset:
-    """The node's tables: NAT and VXLAN handling (inet), per-pod anti-spoofing (bridge)."""
-    return Ruleset(inet=render_inet_table(node), bridge=render_bridge_table(ports))
-
-
-def render_inet_table(node: NodeNetwork) -> str:
-    """Masquerade pod traffic that leaves the cluster and service networks; let VXLAN in
-    and keep it out of conntrack (it is the tunnel itself, never NATed)."""
-    cluster = list(collapse(node.cluster_networks))
-    internal = list(collapse((*node.cluster_networks, node.service_network)))
-    chains = [
-        _chain(
-            "postrouting",
-            "type nat hook postrouting priority srcnat; policy accept;",
-            ["ip saddr @cluster_networks ip daddr != @no_masquerade masquerade"],
-        )
-    ]
-    if node.backend == "vxlan":
-        chains = _vxlan_chains(node) + chains
-    body = [
-        _set("cluster_networks", "ipv4_addr", [str(n) for n in cluster], interval=True),
-        _set("no_masquerade", "ipv4_addr", [str(n) for n in internal], interval=True),
-        *chains,
-    ]
-    return _table("inet", body)
-
-
-def _vxlan_chains(node: NodeNetwork) -> list[str]:
-    port, ip = node.vxlan_port, node.node_ip
-    return [
-        _chain(
-            "raw_prerouting",
-            "type filter hook prerouting priority raw; policy accept;",
-            [f"ip daddr {ip} udp dport {port} notrack"],
-        ),
-        _chain(
-            "raw_output",
-            "type filter hook output priority raw; policy accept;",
-            [f"ip saddr {ip} udp dport {port} notrack"],
-        ),
-        _chain(
-            "input",
-            "type filter hook input priority filter; policy accept;",
-            [f"ip daddr {ip} udp dport {port} accept"],
-        ),
-    ]
-
-
-def render_bridge_table(ports: Iterable[PodPort]) -> str:
-    """Frames from a pod port (``pn*``) must carry that pod's MAC and IP, in IPv4 and in
-    ARP (Ethernet source and sender hardware address both), or they are dropped. One set
-    keeps the rule count constant however many pods there are."""
-    elements = [p.element() for p in sorted(set(ports))]
-    key = "iifname . ether saddr"
-    body = [
-        _set(POD_PORTS_SET, "ifname . ether_addr . ipv4_addr", elements, interval=False),
-        _chain(
-            "prerouting",
-            "type filter hook prerouting priority filter; policy accept;",
-            [f'iifname "{HOST_VETH_PREFIX}*" jump from_pod'],
-        ),
-        _chain(
-            "from_pod",
-            None,
-            [
-                f"{key} . ip saddr @{POD_PORTS_SET} accept",
-                f"{key} . arp saddr ip @{POD_PORTS_SET} "
-                f"iifname . arp saddr ether . arp saddr ip @{POD_PORTS_SET} accept",
-                "drop",
-            ],
-        ),
-    ]
-    return _table("bridge", body)
-
-
-def collapse(networks: Iterable[IPv4Network]) -> Iterable[IPv4Network]:
-    """Networks merged and sorted (nft refuses overlapping interval elements)."""
-    return collapse_addresses(sorted(set(networks)))
-
-
-def _table(family: str, body: list[str]) -> str:
-    return f"table {family} {NFT_TABLE} {{\n" + "\n\n".join(body) + "\n}\n"
-
-
-def _set(name: str, type_: str, elements: list[str], *, interval: bool) -> str:
-    lines = [f"\tset {name} {{", f"\t\ttype {type_}"]
-    if interval:
-        lines.append("\t\tflags interval")
-    if elements:
-        lines.append("\t\telements = { " + ",\n\t\t\t     ".join(elements) + " }")
-    return "\n".join([*lines, "\t}"])
-
-
-def _chain(name: str, hook: str | None, rules: list[str]) -> str:
-    lines = [f"\tchain {name} {{"]
-    if hook:
-        lines.append(f"\t\t{hook}")
-    lines.extend(f"\t\t{rule}" for rule in rules)
-    return "\n".join([*lines, "\t}"])
+def vtep_peers(fdb: Iterable[FdbEntry]) -> frozenset[IPv4Address]:
+    """The addresses that may send us VXLAN: the destinations of podnet's FDB entries
+    (one per remote node, VTEP MAC derived from its IP), so the kernel itself records the
+    peer set and a restarted agent compares the two without asking the API."""
+    return frozenset(e.dst for e in fdb if e.mac.lower() == vtep_mac(e.dst))

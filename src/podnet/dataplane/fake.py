@@ -196,6 +196,10 @@ class FakeDataPlane:
         self.state.version_note = note
         self._save()
 
+    def vtep_peers(self) -> set[IPv4Address]:
+        """The addresses a real backend would accept tunnel traffic from: the remotes'."""
+        return {r.node_ip for r in self.state.remotes.values()}
+
     def count(self, method: str) -> int:
         """How many times ``method`` was called, in this process and (from the state file)
         in earlier ones."""

@@ -125,7 +125,9 @@ class DataPlane(Protocol):
 
     async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
         """Make routes/FDB/neighbour entries match exactly ``remotes``: add what is
-        missing, fix what is wrong, remove what is stale. Changes only what differs."""
+        missing, fix what is wrong, remove what is stale. Changes only what differs.
+        The remotes' node IPs are then the only sources the node accepts tunnel traffic
+        from (VXLAN's inner source address is trusted once decapsulated)."""
 
     async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
         """Wire one pod interface: veth, address, MAC, routes, MTU, anti-spoofing."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, PodPort
+from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, VTEP_PEERS_SET, PodPort
 from podnet.dataplane.interface import DataPlaneError
 
 NFT = "nft"
@@ -68,12 +68,18 @@ def list_table(key: str, timeout: float = TIMEOUT, *, terse: bool = False) -> st
 
 def replace_tables(tables: Iterable[str], timeout: float = TIMEOUT) -> None:
     """Atomically replace (or create) each table in ``tables`` (full table texts)."""
+    script = replace_script(tables)
+    if script:
+        run(script, timeout)
+
+
+def replace_script(tables: Iterable[str]) -> str:
+    """The nft commands that replace (or create) each table in ``tables``."""
     script = ""
     for text in tables:
         head = text.split("{", 1)[0].strip()  # "table <family> <name>"
         script += f"{head}\ndelete {head}\n{text}\n"
-    if script:
-        run(script, timeout)
+    return script
 
 
 def delete_tables(keys: Iterable[str], timeout: float = TIMEOUT) -> None:
@@ -91,15 +97,55 @@ def update_pod_ports(
 
 
 def pod_ports_script(add: Iterable[PodPort], delete: Iterable[PodPort]) -> str:
-    """The nft commands that add, then delete, ``pod_ports`` elements."""
+    """The nft commands that delete, then add, ``pod_ports`` elements."""
     target = f"bridge {NFT_TABLE} {POD_PORTS_SET}"
-    script = ""
     to_add, to_delete = sorted(set(add)), sorted(set(delete))
-    if to_delete:
-        script += f"delete element {target} {{ {', '.join(p.element() for p in to_delete)} }}\n"
-    if to_add:
-        script += f"add element {target} {{ {', '.join(p.element() for p in to_add)} }}\n"
+    script = elements_script(
+        target, [p.element() for p in to_add], [p.element() for p in to_delete]
+    )
     return script or "\n"
+
+
+def elements_script(target: str, add: Iterable[str], delete: Iterable[str]) -> str:
+    """The nft commands that delete, then add, elements (as text) of set ``target``
+    (``"<family> <table> <set>"``); empty when there is nothing to change."""
+    script = ""
+    if to_delete := sorted(set(delete)):
+        script += f"delete element {target} {{ {', '.join(to_delete)} }}\n"
+    if to_add := sorted(set(add)):
+        script += f"add element {target} {{ {', '.join(to_add)} }}\n"
+    return script
+
+
+# Sets whose elements change while the node runs (pods come and go, nodes join and
+# leave): they are edited in place. Any other difference replaces the whole table.
+DYNAMIC_SETS = {f"bridge {NFT_TABLE}": POD_PORTS_SET, f"inet {NFT_TABLE}": VTEP_PEERS_SET}
+
+
+def repair_script(want: Mapping[str, str], have: Mapping[str, str]) -> str:
+    """One transaction that makes the listed tables ``have`` equal the rendered ``want``
+    (both keyed by ``"<family> <name>"``): a table whose rules or fixed sets differ is
+    replaced, otherwise only its dynamic set's elements are added and deleted. Empty
+    when everything matches."""
+    replaced, edits = [], ""
+    for key, text in want.items():
+        dynamic = DYNAMIC_SETS.get(key, "")
+        wanted = table_view(text)
+        listed = table_view(have[key]) if key in have else None
+        if listed is None or _fixed(wanted, dynamic) != _fixed(listed, dynamic):
+            replaced.append(text)
+            continue
+        should, has = (
+            wanted.elements.get(dynamic, frozenset()),
+            listed.elements.get(dynamic, frozenset()),
+        )
+        edits += elements_script(f"{key} {dynamic}", should - has, has - should)
+    return replace_script(replaced) + edits
+
+
+def _fixed(view: TableView, dynamic: str) -> tuple[tuple[str, ...], dict[str, frozenset[str]]]:
+    """A table's rules and every set's elements but the dynamic one's."""
+    return view.lines, {k: v for k, v in view.elements.items() if k != dynamic}
 
 
 # --- pure parsing ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ matches changes nothing (no link flap, no address re-add, no new ifindex).
 from __future__ import annotations
 
 import logging
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,11 @@ from podnet.dataplane.desired import (
     VXLAN_OVERHEAD,
     PodPort,
     RemoteEntries,
-    render_ruleset,
 )
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork, NodeSetupRefused, RemoteNode
 from podnet.dataplane.linux import nftables, pods
 from podnet.dataplane.linux.netlink import Link, Netlink
+from podnet.dataplane.nftrules import render_inet_table, render_ruleset
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def check(nl: Netlink, node: NodeNetwork) -> list[str]:
     else:
         problems += [f"net.bridge.{s.name} is not {want}" for s, want in wrong]
     problems += _vxlan_problems(nl, node, underlay)
-    problems += nft_problems(node, pods.attached_ports(nl))
+    problems += nft_problems(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
     bridge = nl.link(BRIDGE)
     if bridge is not None and bridge.alias != node.version_note():
         problems.append(f"version note is {bridge.alias!r}, want {node.version_note()!r}")
@@ -180,13 +181,23 @@ def _vxlan_problems(nl: Netlink, node: NodeNetwork, underlay: Link) -> list[str]
     return reasons or describe(VXLAN, link, link_fixes(link, node.mtu, mac))
 
 
-def nft_problems(node: NodeNetwork, ports: set[PodPort]) -> list[str]:
+def nft_problems(
+    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[IPv4Address]
+) -> list[str]:
     """How podnet's nftables tables differ from the ruleset rendered for ``node``."""
     have = nftables.podnet_tables()
-    want = render_ruleset(node, ports).tables()
+    want = render_ruleset(node, ports, underlay, peers).tables()
     return [
         p for key, text in want.items() for p in nftables.table_problems(key, text, have.get(key))
     ]
+
+
+def kernel_peers(nl: Netlink, node: NodeNetwork) -> frozenset[IPv4Address]:
+    """The VTEP peers the kernel's FDB names (none without vxlan0 or with host-gw)."""
+    link = nl.link(VXLAN) if node.backend == "vxlan" else None
+    if link is None or link.kind != "vxlan":
+        return frozenset()
+    return desired.vtep_peers(nl.fdb_entries(link))
 
 
 # --- setup -----------------------------------------------------------------------------
@@ -209,7 +220,7 @@ def setup(nl: Netlink, node: NodeNetwork) -> None:
     elif nl.delete(VXLAN):
         log.info("removed stale %s (backend %s)", VXLAN, node.backend)
     pods.remove_orphans(nl, bridge)
-    ensure_nft(node, pods.attached_ports(nl))
+    ensure_nft(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
     if bridge.alias != node.version_note():
         nl.change(bridge, ifalias=node.version_note())
 
@@ -259,32 +270,34 @@ def _ensure_vxlan(nl: Netlink, node: NodeNetwork, underlay: Link) -> None:
     nl.change(link, **link_fixes(link, node.mtu, mac))
 
 
-def ensure_nft(node: NodeNetwork, ports: set[PodPort]) -> None:
-    """Replace a podnet table whose rules differ (one transaction); otherwise only add
-    and delete the anti-spoofing elements that differ."""
-    want = render_ruleset(node, ports).tables()
-    have = nftables.podnet_tables()
-    stale = [
-        text
-        for key, text in want.items()
-        if key not in have
-        or nftables.table_view(text).lines != nftables.table_view(have[key]).lines
-    ]
-    nftables.replace_tables(stale)
-    bridge_key = f"bridge {desired.NFT_TABLE}"
-    if want[bridge_key] in stale:
-        return
-    listed = {nftables.parse_element(e) for e in nftables.pod_ports_in(have[bridge_key])}
-    current = {p for p in listed if p is not None}
-    if current != ports:
-        nftables.update_pod_ports(ports - current, current - ports)
+def ensure_nft(
+    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[IPv4Address]
+) -> None:
+    """Replace a podnet table whose rules differ, otherwise only add and delete the
+    anti-spoofing and VTEP peer elements that differ: one transaction, or none."""
+    want = render_ruleset(node, ports, underlay, peers).tables()
+    script = nftables.repair_script(want, nftables.podnet_tables())
+    if script:
+        nftables.run(script)
+
+
+def ensure_peers(node: NodeNetwork, underlay: str, peers: frozenset[IPv4Address]) -> None:
+    """Make the inet table's ``vtep_peers`` equal ``peers`` (the whole table if its rules
+    differ); the bridge table and its pods are not read."""
+    key = f"inet {desired.NFT_TABLE}"
+    listed = nftables.list_table(key)
+    have = {key: listed} if listed is not None else {}
+    script = nftables.repair_script({key: render_inet_table(node, underlay, peers)}, have)
+    if script:
+        nftables.run(script)
 
 
 # --- remote nodes ----------------------------------------------------------------------
 
 
 def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
-    """Make podnet's routes, neighbours and FDB entries match ``remotes`` exactly.
+    """Make podnet's routes, neighbours and FDB entries match ``remotes`` exactly, then
+    the VTEP peers accepted on the tunnel port (the FDB's destinations, one nft change).
     host-gw: remotes that are not L2 adjacent get no route and are refused at the end."""
     underlay = underlay_link(nl, node)
     chosen = desired.usable_remotes(node, remotes)
@@ -293,7 +306,9 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
         nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
         refused = desired.non_adjacent(chosen, nets)
         chosen = [r for r in chosen if r.name not in refused]
-    _apply_remote(nl, node, desired.remote_entries(node, chosen, underlay.name))
+    want = desired.remote_entries(node, chosen, underlay.name)
+    _apply_remote(nl, node, want)
+    ensure_peers(node, underlay.name, desired.vtep_peers(want.fdb))
     if refused:
         raise NodeSetupRefused(
             f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on a subnet "
