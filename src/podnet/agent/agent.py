@@ -11,7 +11,8 @@ Start order (each step logs what it does):
 4. Reconcile pods: half-done attachments and orphaned IPAM files are undone; healthy pods
    are not touched.
 5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
-6. Serve CNI on the unix socket, then mark the Node ``Ready``.
+6. Serve CNI on the unix socket, renew the node's Lease (``heartbeat``, for ever from
+   here on), then mark the Node ``Ready``.
 7. Watch HostSubnets (remote nodes, coalesced) and ClusterNetwork; watch what isolation
    and NetworkPolicy read (``policies.PolicySync``); resync periodically.
 
@@ -55,6 +56,8 @@ from podnet.agent.config import (
     network_changes,
     node_network,
 )
+from podnet.agent.events import NodeEvents
+from podnet.agent.heartbeat import NodeHeartbeat
 from podnet.agent.pods import PodManager, PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
@@ -157,6 +160,8 @@ class NodeAgent:
         self.pods: PodManager | None = None
         self.server: CniServer | None = None
         self.status_writer = PodStatusWriter(api, config.node_name, node_ip)
+        self.events = NodeEvents(api, config.node_name)
+        self.heartbeat = NodeHeartbeat(api, config.node_name)
         self.remote_sync: RemoteNodeSync | None = None
         self.policy_sync: PolicySync | None = None
         self.plugin = ""  # ClusterNetwork pluginName, read at start
@@ -214,6 +219,7 @@ class NodeAgent:
         await self.install_cni_plugin(node)
         await self.start_serving()
         self.start_watchers(node)
+        await self.start_heartbeat()
         await self.set_ready()
         freeze_startup_objects()
         log.info("node %s ready", name)
@@ -267,6 +273,15 @@ class NodeAgent:
             lambda status: with_condition(status, "Ready", "True", "PodnetReady", message)
         )
 
+    async def start_heartbeat(self) -> None:
+        """Renew the Lease once (so the master sees this node alive before it is Ready
+        again), then keep renewing it in the background."""
+        try:
+            await self.heartbeat.renew()
+        except ApiClientError as exc:
+            log.warning("first Lease renewal failed: %s; retrying in the background", exc)
+        self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="heartbeat"))
+
     async def _wait_for(
         self, kind: Any, name: str, problem: Callable[[Obj | None, IPv4Address], str | None]
     ) -> Obj:
@@ -303,7 +318,12 @@ class NodeAgent:
     async def start_pods(self, node: NodeNetwork) -> None:
         """Re-attach/GC pods after a restart, then accept CNI work."""
         self.pods = PodManager(
-            self.dataplane, self.store, node, self.status_writer, self.config.pod_namespace
+            self.dataplane,
+            self.store,
+            node,
+            self.status_writer,
+            self.config.pod_namespace,
+            report=lambda message: self.events.warn("IPAMFileRepaired", message),
         )
         await self.pods.reconcile()
         self.pods.ready = True
@@ -421,6 +441,7 @@ class NodeAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.status_writer.flush(SHUTDOWN_FLUSH_SECONDS)
         await self.status_writer.close()
+        await self.events.close()
         await self.dataplane.close()
         await self.api.close()
         gc.unfreeze()

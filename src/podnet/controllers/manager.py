@@ -1,9 +1,10 @@
 """The controller manager: leadership first, then the master's controllers in order.
 
 One leadership term: make the ClusterNetwork agree with the configuration, make sure
-Namespace ``default`` exists, start the HostSubnet controller (nodes wait for their
-subnets), then the NetNamespace controller (multitenant and networkpolicy only), then
-namespace cleanup. Each controller's ``start`` returns after its initial sync, and
+Namespaces ``default`` and ``kube-node-lease`` exist, start the HostSubnet controller
+(nodes wait for their subnets), then the NetNamespace controller (multitenant and
+networkpolicy only), then namespace cleanup, then node lifecycle (Lease heartbeats).
+Each controller's ``start`` returns after its initial sync, and
 ``ready`` is True once all have. When leadership is lost the controllers are stopped
 before anything else happens and the manager campaigns again: it never acts without
 holding leadership. A refused network configuration ends ``run`` with
@@ -26,7 +27,9 @@ from podnet.controllers.informer import Backoff
 from podnet.controllers.leader import AlwaysLeader, LeaderElector
 from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
 from podnet.controllers.netnamespaces import NetNamespaceController
+from podnet.controllers.nodelifecycle import NodeLifecycleController
 from podnet.controllers.workqueue import cancel_all
+from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
 Obj = dict[str, Any]
 TERM_BACKOFF = Backoff(1.0, 30.0)  # between failed leadership terms
@@ -146,8 +149,9 @@ class ControllerManager:
 
     async def _lead(self) -> None:
         self.cluster_network = await ensure_cluster_network(self.registry, self.config)
-        if await ensure_namespace(self.registry, "default"):
-            self.log.info("created namespace default")
+        for namespace in ("default", NODE_LEASE_NAMESPACE):
+            if await ensure_namespace(self.registry, namespace):
+                self.log.info("created namespace %s", namespace)
         for controller in self._build(self.cluster_network):
             name = type(controller).__name__
             self.log.info("starting %s", name)
@@ -172,6 +176,7 @@ class ControllerManager:
         controllers.append(
             NamespaceCleanupController(self.registry, resync_period=self.resync_period)
         )
+        controllers.append(NodeLifecycleController(self.registry))
         return controllers
 
     async def _supervise(self) -> None:

@@ -31,6 +31,7 @@ from podnet.model.kinds import (
     EGRESS_NETWORK_POLICY,
     ENDPOINTS,
     EVENT,
+    LEASE,
     NAMESPACE,
     NETWORK_POLICY,
     POD,
@@ -47,6 +48,7 @@ NAMESPACED_KINDS: tuple[Kind, ...] = (
     ENDPOINTS,
     NETWORK_POLICY,
     EGRESS_NETWORK_POLICY,
+    LEASE,
     EVENT,
 )
 

@@ -267,6 +267,19 @@ NETWORK_POLICY = Kind(
     ("netpol",),
     (NAME, Column("POD-SELECTOR", _pod_selector)),
 )
+LEASE = Kind(
+    "coordination.k8s.io",
+    "v1",
+    "Lease",
+    "leases",
+    True,
+    (),
+    (
+        NAME,
+        Column("HOLDER", _meta("spec", "holderIdentity")),
+        Column("RENEWED", _meta("spec", "renewTime"), wide_only=True),
+    ),
+)
 
 ALL_KINDS: tuple[Kind, ...] = (
     NAMESPACE,
@@ -280,6 +293,7 @@ ALL_KINDS: tuple[Kind, ...] = (
     NET_NAMESPACE,
     EGRESS_NETWORK_POLICY,
     NETWORK_POLICY,
+    LEASE,
 )
 
 

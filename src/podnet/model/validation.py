@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from podnet.model.errors import ApiError, FieldError, bad_request, invalid
 from podnet.model.kinds import Kind
 from podnet.model.schemas_common import INVALID, TYPE_INVALID, Schema, field_errors, json_type
+from podnet.model.schemas_coordination import SCHEMAS as COORDINATION_SCHEMAS
 from podnet.model.schemas_core import SCHEMAS as CORE_SCHEMAS
 from podnet.model.schemas_core import EventBody
 from podnet.model.schemas_meta import validate_metadata
@@ -28,7 +29,12 @@ from podnet.model.schemas_policy import SCHEMAS as POLICY_SCHEMAS
 __all__ = ["ApiError", "schema_for", "validate"]
 
 _TYPE_META = ("apiVersion", "kind", "metadata")
-_SCHEMAS: dict[str, Schema] = {**CORE_SCHEMAS, **NETWORK_SCHEMAS, **POLICY_SCHEMAS}
+_SCHEMAS: dict[str, Schema] = {
+    **CORE_SCHEMAS,
+    **NETWORK_SCHEMAS,
+    **POLICY_SCHEMAS,
+    **COORDINATION_SCHEMAS,
+}
 # Kinds without a schema of their own are checked like Events: metadata only.
 _OPEN_SCHEMA = Schema(EventBody)
 

@@ -1,0 +1,211 @@
+"""Node lifecycle: a node whose agent stops renewing its Lease is no longer Ready.
+
+Each node agent renews the Lease ``kube-node-lease/<node>`` every few seconds
+(``podnet.agent.heartbeat``). As Kubernetes' node lifecycle controller does, this one
+notes *when it saw* each renewal (its own clock: node clocks may be off) and, once a node
+has been silent for ``grace`` seconds, sets the Node's ``Ready`` condition to
+``Unknown`` (reason ``NodeStatusUnknown``) and records a ``NodeNotReady`` Event. When
+renewals are seen again it sets ``Ready`` back to ``True``. A new leader gives every node
+a full grace period from its start, and only a renewal it has seen itself makes a node
+Ready again. Nodes that never were Ready (still starting) are left alone.
+
+``PODNET_NODE_MONITOR_GRACE`` (seconds, default 40, Kubernetes' node-monitor-grace-period)
+sets the grace for the master; tests use a short one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from podnet.api.objects import now_rfc3339
+from podnet.api.registry import Registry
+from podnet.controllers.informer import (
+    DELETED,
+    SYNCED,
+    call_with_retry,
+    consume_until_synced,
+    pump,
+    watch_objects,
+)
+from podnet.controllers.objects import record_node_event
+from podnet.controllers.workqueue import cancel_all, spawn
+from podnet.model.errors import ApiError
+from podnet.model.kinds import LEASE, NODE
+from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
+
+Obj = dict[str, Any]
+DEFAULT_GRACE = 40.0
+GRACE_ENV = "PODNET_NODE_MONITOR_GRACE"
+READY = "Ready"
+REASON_UNKNOWN = "NodeStatusUnknown"
+REASON_READY = "PodnetReady"
+SILENT_MESSAGE = "podnet node agent stopped renewing its Lease"
+RENEWED_MESSAGE = "podnet node agent renews its Lease again"
+Transition = tuple[str, str, str]  # status, reason, message
+
+
+def grace_from_env() -> float:
+    """The grace period: ``$PODNET_NODE_MONITOR_GRACE`` if it is a positive number, else 40."""
+    try:
+        value = float(os.environ.get(GRACE_ENV, ""))
+    except ValueError:
+        return DEFAULT_GRACE
+    return value if 0 < value < 86400 else DEFAULT_GRACE
+
+
+def ready_condition(node: Obj) -> Obj | None:
+    """The node's ``Ready`` condition, if any."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if isinstance(c, dict) and c.get("type") == READY), None)
+
+
+def ready_transition(node: Obj, silent_for: float, grace: float, heard: bool) -> Transition | None:
+    """What ``Ready`` should become: Unknown after ``grace`` s of silence; True again once
+    a renewal was ``heard`` after this controller marked it Unknown; else None."""
+    cond = ready_condition(node)
+    if cond is None:
+        return None  # never Ready yet: the agent is still starting
+    status, reason = cond.get("status"), cond.get("reason")
+    if silent_for >= grace and status in ("True", "False"):
+        return "Unknown", REASON_UNKNOWN, SILENT_MESSAGE
+    if silent_for < grace and heard and status == "Unknown" and reason == REASON_UNKNOWN:
+        return "True", REASON_READY, RENEWED_MESSAGE
+    return None
+
+
+def with_ready(node: Obj, change: Transition) -> Obj | None:
+    """``node`` with its Ready condition set to ``change`` (None when it already is)."""
+    status, reason, message = change
+    cond = ready_condition(node)
+    if cond is not None and (cond.get("status"), cond.get("reason")) == (status, reason):
+        return None
+    now = now_rfc3339()
+    since = cond.get("lastTransitionTime", now) if cond and cond.get("status") == status else now
+    new = {"type": READY, "status": status, "reason": reason, "message": message}
+    new |= {"lastHeartbeatTime": now, "lastTransitionTime": since}
+    status_obj = node.setdefault("status", {})
+    others = [c for c in status_obj.get("conditions") or [] if c.get("type") != READY]
+    status_obj["conditions"] = [*others, new]
+    return node
+
+
+def _renew_time(lease: Obj) -> str:
+    return str((lease.get("spec") or {}).get("renewTime") or "")
+
+
+class NodeLifecycleController:
+    """Marks silent nodes' Ready condition Unknown, and Ready again when they renew."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        grace: float | None = None,
+        log: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self.grace = grace if grace is not None else grace_from_env()
+        self.period = min(1.0, self.grace / 8)
+        self.log = log or logging.getLogger("podnet.controllers.nodelifecycle")
+        self.clock = clock
+        self.ready = False
+        self.nodes: dict[str, Obj] = {}
+        self._seen_at: dict[str, float] = {}  # node -> when a renewal was last seen
+        self._renewed: dict[str, str] = {}  # node -> last renewTime seen
+        self._heard: set[str] = set()  # nodes whose renewal this controller saw itself
+        self._syncing = True
+        self._tasks: list[Any] = []
+
+    @property
+    def tasks(self) -> list[Any]:
+        """The controller's long-running tasks (for the manager to supervise)."""
+        return self._tasks
+
+    async def start(self) -> None:
+        """List Nodes and Leases (every node gets a full grace from now), then monitor."""
+        nodes = watch_objects(self.registry, NODE)
+        leases = watch_objects(self.registry, LEASE)
+        await consume_until_synced(nodes, self._on_node)
+        await consume_until_synced(leases, self._on_lease)
+        self._syncing = False
+        spawn(self._tasks, pump(nodes, self._on_node), "node-lifecycle-nodes")
+        spawn(self._tasks, pump(leases, self._on_lease), "node-lifecycle-leases")
+        spawn(self._tasks, self._monitor(), "node-lifecycle-monitor")
+        self.ready = True
+        self.log.info(
+            "node lifecycle controller synced: %d nodes, grace %.0fs", len(self.nodes), self.grace
+        )
+
+    async def stop(self) -> None:
+        """Stop watching and monitoring."""
+        self.ready = False
+        await cancel_all(self._tasks)
+        self._tasks.clear()
+
+    def _on_node(self, change: str, obj: Obj) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if change == DELETED:
+            for table in (self.nodes, self._seen_at, self._renewed):
+                table.pop(name, None)
+            self._heard.discard(name)
+            return
+        self.nodes[name] = obj
+        self._seen_at.setdefault(name, self.clock())
+
+    def _on_lease(self, change: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if change in (SYNCED, DELETED) or meta.get("namespace") != NODE_LEASE_NAMESPACE:
+            return
+        renewed = _renew_time(obj)
+        if name and renewed and renewed != self._renewed.get(name):
+            self._renewed[name] = renewed
+            self._seen_at[name] = self.clock()
+            if not self._syncing:
+                self._heard.add(name)
+
+    async def _monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            for name in sorted(self.nodes):
+                await self.check(name)
+
+    async def check(self, name: str) -> Transition | None:
+        """Apply ``ready_transition`` to one node; the transition written, if any."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        silent = self.clock() - self._seen_at.get(name, self.clock())
+        change = ready_transition(node, silent, self.grace, name in self._heard)
+        if change is None:
+            return None
+        updated = await self._write(name, change)
+        if updated is None:
+            return None
+        self.nodes[name] = updated
+        if change[1] == REASON_UNKNOWN:
+            self.log.warning("node %s: no Lease renewal for %.0fs; Ready=Unknown", name, silent)
+            await record_node_event(self.registry, updated, "NodeNotReady", change[2], self.log)
+        else:
+            self.log.info("node %s renews its Lease again; Ready=True", name)
+        return change
+
+    async def _write(self, name: str, change: Transition) -> Obj | None:
+        try:
+            return await call_with_retry(
+                lambda: self.registry.guaranteed_update(
+                    NODE, None, name, lambda n: with_ready(n, change)
+                ),
+                f"set Ready={change[0]} on node {name}",
+            )
+        except ApiError as exc:
+            if exc.reason == "NotFound":
+                return None
+            raise
