@@ -60,6 +60,7 @@ IpamEntry = tuple[IPv4Address, str, str]
 Obj = dict[str, Any]
 _NOT_DNS = re.compile(r"[^a-z0-9.-]+")
 CONTAINER_ANNOTATION = "podnet.io/container-id"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 WRITES_IN_FLIGHT = 4
 
 
@@ -181,7 +182,12 @@ class PodStatusWriter:
             "metadata": {
                 "name": ref.name,
                 "namespace": ref.namespace,
-                "annotations": {CONTAINER_ANNOTATION: wish.container_id},
+                # A node may create only mirror pods (NodeRestriction): this one mirrors
+                # a sandbox the runtime made without the API.
+                "annotations": {
+                    CONTAINER_ANNOTATION: wish.container_id,
+                    MIRROR_ANNOTATION: wish.container_id,
+                },
             },
             "spec": {"nodeName": self.node_name, "containers": [{"name": "sandbox"}]},
             "status": status,
