@@ -1,4 +1,4 @@
-"""Writing files so a reader never sees half of one: temp file, fsync, rename."""
+"""Writing files so a reader never sees half of one: temp file, fsync, rename, fsync dir."""
 
 from __future__ import annotations
 
@@ -19,7 +19,16 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _sync_dir(path.parent)  # the rename itself survives a crash
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
