@@ -45,8 +45,10 @@ def test_node_token_may_touch_only_its_own_node(master: MasterProcess) -> None:
         assert n1.get("/api/v1/nodes").status_code == 200
         assert n1.get(HS).status_code == 200
         assert n1.post("/api/v1/namespaces", json={"metadata": {"name": "x"}}).status_code == 403
-        mine = n1.post("/api/v1/namespaces/default/pods", json=pod("p1", node_name="n1"))
-        assert mine.status_code == 201
+        mirror = pod("p1", node_name="n1")
+        mirror["metadata"] = {"name": "p1", "annotations": {"kubernetes.io/config.mirror": "x"}}
+        mine = n1.post("/api/v1/namespaces/default/pods", json=mirror)
+        assert mine.status_code == 201, mine.text
         theirs = n1.post("/api/v1/namespaces/default/pods", json=pod("p2", node_name="n2"))
         assert theirs.status_code == 403
     with client_for(master.kubeconfig) as admin:

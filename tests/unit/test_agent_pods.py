@@ -350,6 +350,8 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0)
 
 
 async def test_status_writer_creates_the_pod_then_clears_its_ip(api: Api) -> None:
+    # A node may only give its pods addresses from its own HostSubnet (admission).
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
     client = api.client()
     writer = PodStatusWriter(client, NODE_NAME, NODE_IP)
     ref = PodRef("default", "web-1")
@@ -372,6 +374,8 @@ async def test_status_writer_creates_the_pod_then_clears_its_ip(api: Api) -> Non
 
 
 async def test_status_writer_respects_the_binding_and_the_newest_ip(api: Api) -> None:
+    # A node may only give its pods addresses from its own HostSubnet (admission).
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
     client = api.client()
     writer = PodStatusWriter(client, NODE_NAME, NODE_IP)
     spec = {"containers": [{"name": "c"}]}

@@ -218,7 +218,8 @@ def test_ensure_node_token_rejects_empty_name(tmp_path: Path) -> None:
 
 def _pod(node: str | None, name: str = "p") -> dict[str, Any]:
     spec = {"nodeName": node} if node is not None else {}
-    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+    annotations = {"kubernetes.io/config.mirror": "x"}
+    return {"metadata": {"name": name, "namespace": "ns", "annotations": annotations}, "spec": spec}
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -248,9 +249,11 @@ def test_admin_may_do_everything(kind: Kind, verb: str) -> None:
     assert authorize(ADMIN, _req(verb, kind, "x", new=_node("x"), old=_node("x"))) is None
 
 
-@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if k is not EVENT], ids=lambda k: k.plural)
+@pytest.mark.parametrize(
+    "kind", [k for k in ALL_KINDS if k.plural not in ("events", "leases")], ids=lambda k: k.plural
+)
 @pytest.mark.parametrize("verb", ["get", "list", "watch"])
-def test_node_reads_every_kind_but_events(kind: Kind, verb: str) -> None:
+def test_node_reads_every_kind_but_events_and_leases(kind: Kind, verb: str) -> None:
     assert authorize(N1, _req(verb, kind)) is None
 
 
@@ -274,7 +277,7 @@ def test_non_resource_writes_denied(user: User) -> None:
 @pytest.mark.parametrize("verb", ALL_VERBS)
 def test_other_users_get_no_resources(verb: str) -> None:
     reason = authorize(ALICE, _req(verb, POD, "p", namespace="ns"))
-    assert reason is not None and "admin" in reason
+    assert reason is not None and "admin" in reason and "nodes" in reason
 
 
 @pytest.mark.parametrize("verb", ["update", "patch"])
@@ -308,18 +311,28 @@ def test_node_never_deletes_nodes(verb: str, name: str) -> None:
     assert authorize(N1, _req(verb, NODE, name, old=_node(name))) is not None
 
 
-@pytest.mark.parametrize("verb", ["create", "update", "patch"])
-@pytest.mark.parametrize("sub", [None, "status"])
+@pytest.mark.parametrize(
+    ("verb", "sub"), [("create", None), ("update", "status"), ("patch", "status")]
+)
 def test_node_writes_pods_bound_to_it(verb: str, sub: str | None) -> None:
     old = None if verb == "create" else _pod("n1")
     req = _req(verb, POD, "p", namespace="ns", sub=sub, new=_pod("n1"), old=old)
     assert authorize(N1, req) is None
 
 
-@pytest.mark.parametrize("verb", ["create", "update", "patch"])
-def test_node_may_not_write_pods_on_another_node(verb: str) -> None:
+@pytest.mark.parametrize("verb", ["update", "patch"])
+def test_node_never_updates_a_pod_itself(verb: str) -> None:
+    req = _req(verb, POD, "p", namespace="ns", new=_pod("n1"), old=_pod("n1"))
+    reason = authorize(N1, req)
+    assert reason is not None and "pods/status" in reason
+
+
+@pytest.mark.parametrize(
+    ("verb", "sub"), [("create", None), ("update", "status"), ("patch", "status")]
+)
+def test_node_may_not_write_pods_on_another_node(verb: str, sub: str | None) -> None:
     old = None if verb == "create" else _pod("n2")
-    req = _req(verb, POD, "p", namespace="ns", new=_pod("n2"), old=old)
+    req = _req(verb, POD, "p", namespace="ns", sub=sub, new=_pod("n2"), old=old)
     reason = authorize(N1, req)
     assert reason is not None and '"n2"' in reason
 
@@ -331,7 +344,7 @@ def test_node_may_not_move_pod_to_itself(verb: str) -> None:
 
 
 def test_node_may_not_move_pod_away_or_unbind() -> None:
-    away = _req("update", POD, "p", namespace="ns", new=_pod("n2"), old=_pod("n1"))
+    away = _req("update", POD, "p", namespace="ns", sub="status", new=_pod("n2"), old=_pod("n1"))
     assert authorize(N1, away) is not None
     unbound = _req("create", POD, "p", namespace="ns", new=_pod(None))
     assert authorize(N1, unbound) is not None
@@ -346,7 +359,8 @@ def test_node_deletes_only_its_pods() -> None:
 
 
 def test_node_write_without_body_denied() -> None:
-    assert authorize(N1, _req("update", POD, "p", namespace="ns", old=_pod("n1"))) is not None
+    req = _req("update", POD, "p", namespace="ns", sub="status", old=_pod("n1"))
+    assert authorize(N1, req) is not None
 
 
 def test_node_may_not_write_other_pod_subresources() -> None:

@@ -1,11 +1,8 @@
-"""Who is calling (bearer tokens) and what they may do (admin / node authorization).
+"""Who is calling: bearer tokens in kube-apiserver's ``--token-auth-file`` format.
 
 Authentication reads kube-apiserver's ``--token-auth-file`` format, so a token file works
-with both. Authorization is a pure function of the user and the request: the admin
-(group ``system:masters``) may do anything; a node (``system:node:<name>`` in group
-``system:nodes``) may read everything but events, and may write only its own Node, the
-Pods bound to it, and Events, the same limits kube's Node authorizer and NodeRestriction
-admission plugin put on kubelets.
+with both. What each identity may do is decided in ``podnet.api.authorizer`` (rules and
+NodeRestriction); its names are re-exported here for the callers that predate the split.
 """
 
 from __future__ import annotations
@@ -21,57 +18,66 @@ import os
 import secrets
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from podnet.api.authorizer import (
+    NON_RESOURCE_READ_VERBS,
+    READ_VERBS,
+    WRITE_VERBS,
+    RequestAttributes,
+    Rule,
+    authorize,
+    forbidden_error,
+    forbidden_message,
+    require_authorized,
+    rules_for,
+)
+from podnet.api.identity import (
+    ADMIN_USER,
+    MASTERS_GROUP,
+    NODE_USER_PREFIX,
+    NODES_GROUP,
+    PROXIES_GROUP,
+    PROXY_USER_PREFIX,
+    ROUTER_USER_PREFIX,
+    ROUTERS_GROUP,
+    User,
+    node_user,
+)
 from podnet.files import write_atomic
-from podnet.model.errors import ApiError, forbidden, unauthorized
-from podnet.model.kinds import ALL_KINDS, EVENT, NODE, POD, Kind
+from podnet.model.errors import unauthorized
+
+__all__ = [
+    "ADMIN_USER",
+    "MASTERS_GROUP",
+    "NODES_GROUP",
+    "NODE_USER_PREFIX",
+    "NON_RESOURCE_READ_VERBS",
+    "PROXIES_GROUP",
+    "READ_VERBS",
+    "ROUTERS_GROUP",
+    "WRITE_VERBS",
+    "RequestAttributes",
+    "Rule",
+    "TokenFile",
+    "User",
+    "add_token",
+    "authorize",
+    "ensure_admin_token",
+    "ensure_node_token",
+    "ensure_proxy_token",
+    "ensure_router_token",
+    "forbidden_error",
+    "forbidden_message",
+    "node_user",
+    "parse_token_file",
+    "require_authorized",
+    "rules_for",
+]
 
 log = logging.getLogger(__name__)
-
-ADMIN_USER = "admin"
-MASTERS_GROUP = "system:masters"
-NODES_GROUP = "system:nodes"
-NODE_USER_PREFIX = "system:node:"
-
-READ_VERBS = frozenset({"get", "list", "watch"})
-WRITE_VERBS = frozenset({"create", "update", "patch"})
-# Non-resource requests carry the lowercase HTTP method as their verb (as in kube).
-NON_RESOURCE_READ_VERBS = READ_VERBS | {"head"}
-_WRITABLE_SUBRESOURCES = (None, "status")
-_NODE_READABLE = frozenset((k.group, k.plural) for k in ALL_KINDS if k is not EVENT)
-
-
-def _is(kind: Kind, other: Kind) -> bool:
-    return (kind.group, kind.plural) == (other.group, other.plural)
-
-
-@dataclass(frozen=True)
-class User:
-    """An authenticated caller."""
-
-    name: str  # "admin", or "system:node:<nodename>"
-    groups: tuple[str, ...]  # admin: ("system:masters",); node: ("system:nodes",)
-
-    @property
-    def node_name(self) -> str | None:
-        """The node this user acts for, or None when it is not a node user."""
-        if NODES_GROUP not in self.groups or not self.name.startswith(NODE_USER_PREFIX):
-            return None
-        return self.name[len(NODE_USER_PREFIX) :] or None
-
-    @property
-    def is_admin(self) -> bool:
-        return MASTERS_GROUP in self.groups
-
-
-def node_user(node: str) -> str:
-    """The user name a node authenticates as."""
-    return f"{NODE_USER_PREFIX}{node}"
-
 
 # --------------------------------------------------------------------------- tokens
 
@@ -231,127 +237,15 @@ def ensure_node_token(path: Path, node: str) -> str:
     return add_token(path, node_user(node), [NODES_GROUP])
 
 
-# -------------------------------------------------------------------- authorization
+def ensure_proxy_token(path: Path, name: str) -> str:
+    """The token of service proxy ``name`` (group ``system:podnet:proxies``)."""
+    if not name:
+        raise ValueError("proxy name must not be empty")
+    return add_token(path, f"{PROXY_USER_PREFIX}{name}", [PROXIES_GROUP])
 
 
-@dataclass(frozen=True)
-class RequestAttributes:
-    """What a request does, as the authorizer sees it."""
-
-    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
-    kind: Kind | None  # None for non-resource paths (/api, /apis, /version, /metrics ...)
-    namespace: str | None
-    name: str | None
-    subresource: str | None  # e.g. "status"
-    new_object: Mapping[str, Any] | None  # body being written (after patch), if any
-    old_object: Mapping[str, Any] | None  # stored object, if any
-    path: str = ""
-
-
-def _field(obj: Mapping[str, Any] | None, *path: str) -> Any:
-    node: Any = obj
-    for part in path:
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
-
-
-def authorize(user: User, attrs: RequestAttributes) -> str | None:
-    """Decide a request: None when allowed, else why it is denied."""
-    if user.is_admin:
-        return None
-    if attrs.kind is None:
-        if attrs.verb in NON_RESOURCE_READ_VERBS:
-            return None
-        return f"only reads are allowed on non-resource path {attrs.path or '/'!r}"
-    node = user.node_name
-    if node is None:
-        return "only the admin and nodes may access resources"
-    return _authorize_node(node, attrs)
-
-
-def _authorize_node(node: str, attrs: RequestAttributes) -> str | None:
-    kind = attrs.kind
-    assert kind is not None
-    if attrs.verb in READ_VERBS:
-        if (kind.group, kind.plural) in _NODE_READABLE:
-            return None
-        return f"a node may not read {kind.plural}"
-    if _is(kind, NODE):
-        return _node_writes_node(node, attrs)
-    if _is(kind, POD):
-        return _node_writes_pod(node, attrs)
-    if _is(kind, EVENT):
-        if attrs.verb == "create" and attrs.subresource is None:
-            return None
-        return "a node may only create events"
-    return f"a node may not {attrs.verb} {kind.plural}"
-
-
-def _node_writes_node(node: str, attrs: RequestAttributes) -> str | None:
-    if attrs.verb not in WRITE_VERBS or attrs.subresource not in _WRITABLE_SUBRESOURCES:
-        return f"a node may not {attrs.verb} Node objects"
-    names = [attrs.name, _field(attrs.new_object, "metadata", "name")]
-    if attrs.verb == "create" and names[1] is None:
-        return "a node may only create its own Node: the object has no metadata.name"
-    if attrs.verb != "create" and attrs.name is None:
-        return "a node may only modify its own Node: no name given"
-    if any(n is not None and n != node for n in names):
-        return "a node may only modify its own Node"
-    return None
-
-
-def _node_writes_pod(node: str, attrs: RequestAttributes) -> str | None:
-    if attrs.verb not in WRITE_VERBS | {"delete"}:
-        return f"a node may not {attrs.verb} pods"
-    if attrs.subresource not in _WRITABLE_SUBRESOURCES:
-        return f"a node may not {attrs.verb} pods/{attrs.subresource}"
-    if attrs.verb == "delete":
-        if attrs.old_object is None:
-            return "a node may only delete pods bound to it: the pod's node is unknown"
-        objects = [attrs.old_object]
-    else:
-        if attrs.new_object is None:
-            return f"a node may only {attrs.verb} pods bound to it: no object given"
-        objects = [attrs.new_object, *([attrs.old_object] if attrs.old_object else [])]
-    for obj in objects:
-        bound = _field(obj, "spec", "nodeName")
-        if bound != node:
-            where = f'on node "{bound}"' if bound else "not bound to a node"
-            return f"a node may only modify pods bound to it, this pod is {where}"
-    return None
-
-
-def forbidden_message(user: User, attrs: RequestAttributes, reason: str) -> str:
-    """kube-apiserver's wording for a denied request."""
-    if attrs.kind is None:
-        return (
-            f'forbidden: User "{user.name}" cannot {attrs.verb} path '
-            f'"{attrs.path or "/"}": {reason}'
-        )
-    kind = attrs.kind
-    resource = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-    subject = f'{resource} "{attrs.name}"' if attrs.name else resource
-    full = f"{kind.plural}/{attrs.subresource}" if attrs.subresource else kind.plural
-    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-    return (
-        f'{subject} is forbidden: User "{user.name}" cannot {attrs.verb} resource '
-        f'"{full}" in API group "{kind.group}" {scope}: {reason}'
-    )
-
-
-def require_authorized(user: User, attrs: RequestAttributes) -> None:
-    """Raise 403 Forbidden (with kube's message) unless ``authorize`` allows the request."""
-    reason = authorize(user, attrs)
-    if reason is not None:
-        raise forbidden_error(user, attrs, reason)
-
-
-def forbidden_error(user: User, attrs: RequestAttributes, reason: str) -> ApiError:
-    """The 403 ``ApiError`` for a denied request, with kind and name in its details."""
-    err = forbidden(forbidden_message(user, attrs, reason))
-    if attrs.kind is not None:
-        err.kind = attrs.kind.plural
-        err.name = attrs.name
-    return err
+def ensure_router_token(path: Path, name: str) -> str:
+    """The token of router ``name`` (group ``system:podnet:routers``)."""
+    if not name:
+        raise ValueError("router name must not be empty")
+    return add_token(path, f"{ROUTER_USER_PREFIX}{name}", [ROUTERS_GROUP])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from podnet.api import access_review
+from podnet.api.authorizer import AUTHORIZATION_GROUP
 from podnet.model.kinds import KINDS, Kind
 
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -27,6 +29,8 @@ def _groups() -> dict[str, list[str]]:
             versions = groups.setdefault(kind.group, [])
             if kind.version not in versions:
                 versions.append(kind.version)
+    # Served by handlers of their own, not the kinds table: access reviews (can-i).
+    groups.setdefault(AUTHORIZATION_GROUP, ["v1"])
     return groups
 
 
@@ -78,9 +82,12 @@ def _resource(kind: Kind) -> list[dict[str, Any]]:
 def api_resource_list(group_version: str) -> dict[str, Any] | None:
     """``GET /api/v1`` or ``/apis/<group>/<version>``, or None if unknown."""
     kinds = KINDS.group_versions().get(group_version)
-    if not kinds:
+    if group_version == access_review.API_VERSION:
+        resources = access_review.discovery_resources()
+    elif not kinds:
         return None
-    resources = [r for kind in kinds for r in _resource(kind)]
+    else:
+        resources = [r for kind in kinds for r in _resource(kind)]
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from podnet.api import tables
+from podnet.api.admission import Admission
 from podnet.api.auth import RequestAttributes, User, require_authorized
 from podnet.api.metrics import ApiMetrics
 from podnet.api.registry import Obj, Registry
@@ -41,6 +42,7 @@ class ResourceHandlers:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
+        self.admission = Admission(registry)  # podnet.api.admission: after authorization
 
     # ---- routing ----------------------------------------------------------------------
 
@@ -86,9 +88,13 @@ class ResourceHandlers:
 
     def _admit(
         self, request: web.Request, verb: str, target: Target
-    ) -> Callable[[Obj | None, Obj | None], None]:
-        def admit(new: Obj | None, old: Obj | None) -> None:
+    ) -> Callable[[Obj | None, Obj | None], Awaitable[None]]:
+        async def admit(new: Obj | None, old: Obj | None) -> None:
             self._check(request, verb, target, new, old)
+            attrs = RequestAttributes(
+                verb, target.kind, target.namespace, target.name, target.subresource, new, old
+            )
+            await self.admission.admit(request[USER], attrs)
 
         return admit
 

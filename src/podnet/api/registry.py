@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from podnet.api.claims import Claim, claims
 from podnet.api.objects import (
     STALE,
     matches,
@@ -41,7 +42,8 @@ from podnet.store.base import (
 
 Obj = dict[str, Any]
 # Called with (new object or None, old object or None) before a write; raises ApiError.
-Admit = Callable[[Obj | None, Obj | None], None]
+# It may be a coroutine function (admission that reads the registry).
+Admit = Callable[[Obj | None, Obj | None], Awaitable[None] | None]
 Validate = Callable[[Kind, Obj, Obj | None], Obj]
 
 DEFAULT_PREFIX = "/podnet/registry/"
@@ -50,6 +52,12 @@ MAX_UPDATE_RETRIES = 16
 
 def _admit_all(new: Obj | None, old: Obj | None) -> None:
     return None
+
+
+async def _admitted(admit: Admit, new: Obj | None, old: Obj | None) -> None:
+    result = admit(new, old)
+    if result is not None:
+        await result
 
 
 class Registry:
@@ -80,8 +88,8 @@ class Registry:
             return f"{self.kind_prefix(kind)}{namespace}/{name}"
         return f"{self.kind_prefix(kind)}{name}"
 
-    def _claim_key(self, kind: Kind, value: str) -> str:
-        return f"{self.prefix}claims/{kind.group or 'core'}/{kind.plural}/{value.replace('/', '_')}"
+    def _claim_key(self, kind: Kind, claim: Claim) -> str:
+        return f"{self.prefix}claims/{kind.group or 'core'}/{kind.plural}/{claim.path}"
 
     def parse_key(self, key: str) -> tuple[Kind, str | None, str] | None:
         """(kind, namespace, name) of an object key, or None for other keys."""
@@ -151,20 +159,23 @@ class Registry:
     ) -> Obj:
         """Store a new object; 409 AlreadyExists if the name is taken."""
         obj = self._prepare_create(kind, obj, namespace)
-        admit(obj, None)
+        await _admitted(admit, obj, None)
         name = obj["metadata"]["name"]
         key = self.key(kind, obj["metadata"].get("namespace"), name)
         if kind.namespaced:
             await self._require_namespace(obj["metadata"]["namespace"])
         conditions: list[Condition] = [Absent(key)]
         ops: list[Operation] = [Put(key, self.encode(obj))]
-        claim = self._claim(kind, obj)
-        if claim:
-            conditions.append(Absent(claim))
-            ops.append(Put(claim, key.encode()))
+        held = self._claims(kind, obj)
+        for claim_key in held:
+            conditions.append(Absent(claim_key))
+            ops.append(Put(claim_key, key.encode()))
         revision = await self._commit(conditions, ops)
         if revision is None:
-            await self._explain_create_failure(kind, key, name, claim, obj)
+            if await self.store.get(key) is not None:
+                raise errors.already_exists(kind.plural, name)
+            await self._explain_claims(kind, key, name, held)
+            raise errors.conflict(kind.plural, name, "a unique value was claimed meanwhile")
         obj["metadata"]["resourceVersion"] = str(revision)
         return obj
 
@@ -207,26 +218,27 @@ class Registry:
                 "because it is being terminated"
             )
 
-    def _claim(self, kind: Kind, obj: Obj) -> str | None:
-        if kind.unique_field and obj.get(kind.unique_field):
-            return self._claim_key(kind, str(obj[kind.unique_field]))
-        return None
+    def _claims(self, kind: Kind, obj: Obj) -> dict[str, Claim]:
+        """Claim key -> claim, for every unique value ``obj`` holds."""
+        return {self._claim_key(kind, c): c for c in claims(kind, obj)}
 
-    async def _explain_create_failure(
-        self, kind: Kind, key: str, name: str, claim: str | None, obj: Obj
+    async def _explain_claims(
+        self, kind: Kind, key: str, name: str, wanted: dict[str, Claim]
     ) -> None:
-        if await self.store.get(key) is not None:
-            raise errors.already_exists(kind.plural, name)
-        holder = await self.store.get(claim) if claim else None
-        field = kind.unique_field or "field"
-        owner = holder.value.decode().rsplit("/", 1)[-1] if holder else "another object"
-        raise errors.ApiError(
-            f'{kind.plural} "{name}": {field} {obj.get(field)} is already used by {owner}',
-            409,
-            "AlreadyExists",
-            kind.plural,
-            name,
-        )
+        """Raise the error for the first wanted claim that another object holds."""
+        for claim_key, claim in wanted.items():
+            holder = await self.store.get(claim_key)
+            if holder is None or holder.value == key.encode():
+                continue
+            owner = holder.value.decode().rsplit("/", 1)[-1]
+            message = (
+                f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
+            )
+            if claim.field == kind.unique_field:
+                # The subnet claim's answer since the beginning (the allocator expects it).
+                raise errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
+            cause = errors.FieldError(claim.field, message, "FieldValueDuplicate")
+            raise errors.ApiError(message, 422, "Invalid", kind.kind, name, [cause])
 
     async def _commit(
         self, conditions: Sequence[Condition], ops: Sequence[Operation]
@@ -313,21 +325,21 @@ class Registry:
         new = self._validate(kind, new, old)
         meta = new["metadata"]
         meta["generation"] = next_generation(old, new)
-        admit(new, old)
+        await _admitted(admit, new, old)
         key = self.key(kind, old["metadata"].get("namespace"), old["metadata"]["name"])
         if same_content(old, new):
             return old
         conditions: list[Condition] = [ModRevisionIs(key, int(old["metadata"]["resourceVersion"]))]
         ops: list[Operation] = [Put(key, self.encode(new))]
-        old_claim, new_claim = self._claim(kind, old), self._claim(kind, new)
-        if old_claim != new_claim:
-            if new_claim:
-                conditions.append(Absent(new_claim))
-                ops.append(Put(new_claim, key.encode()))
-            if old_claim:
-                ops.append(Delete(old_claim))
+        old_claims, new_claims = self._claims(kind, old), self._claims(kind, new)
+        added = {k: c for k, c in new_claims.items() if k not in old_claims}
+        for claim_key in added:
+            conditions.append(Absent(claim_key))
+            ops.append(Put(claim_key, key.encode()))
+        ops.extend(Delete(k) for k in old_claims if k not in new_claims)
         revision = await self._commit(conditions, ops)
         if revision is None:
+            await self._explain_claims(kind, key, meta["name"], added)
             raise errors.conflict(kind.plural, meta["name"], STALE)
         meta["resourceVersion"] = str(revision)
         return new
@@ -364,7 +376,7 @@ class Registry:
         current = old["metadata"]["resourceVersion"]
         if resource_version is not None and str(resource_version) != current:
             raise errors.conflict(NAMESPACE.plural, name, STALE)
-        admit(None, old)
+        await _admitted(admit, None, old)
         if old["metadata"].get("deletionTimestamp"):
             return old
 
@@ -389,12 +401,10 @@ class Registry:
             current = old["metadata"]["resourceVersion"]
             if resource_version is not None and str(resource_version) != current:
                 raise errors.conflict(kind.plural, name, STALE)
-            admit(None, old)
+            await _admitted(admit, None, old)
             key = self.key(kind, namespace, name)
             ops: list[Operation] = [Delete(key)]
-            claim = self._claim(kind, old)
-            if claim:
-                ops.append(Delete(claim))
+            ops.extend(Delete(k) for k in self._claims(kind, old))
             revision = await self._commit([ModRevisionIs(key, int(current))], ops)
             if revision is not None:
                 old["metadata"]["resourceVersion"] = str(revision)

@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from podnet import __version__
-from podnet.api import discovery, openapi
+from podnet.api import access_review, discovery, openapi
 from podnet.api.auth import TokenFile, User
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.metrics import ApiMetrics
 from podnet.api.registry import Registry
-from podnet.api.requests import MAX_BODY
+from podnet.api.requests import MAX_BODY, read_body
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
 from podnet.store.base import StoreUnavailable
@@ -62,12 +62,16 @@ class ApiServer:
         app.router.add_get("/api/{version}", self._core_resources)
         app.router.add_get("/apis/{group}", self._group)
         app.router.add_get("/apis/{group}/{version}", self._group_resources)
+        reviews = f"/apis/{access_review.API_VERSION}"
+        app.router.add_post(f"{reviews}/selfsubjectaccessreviews", self._access_review)
+        app.router.add_post(f"{reviews}/selfsubjectrulesreviews", self._rules_review)
         app.router.add_route("*", "/api/{version}/{tail:.+}", self.handlers.core)
         app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", self.handlers.grouped)
         return app
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
         await self.cache.start()
+        self.handlers.admission.sweeper.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
@@ -78,6 +82,7 @@ class ApiServer:
         log.info("API server listening on %s", self.address)
 
     async def stop(self) -> None:
+        await self.handlers.admission.sweeper.stop()
         await self.cache.stop()
         if self._runner:
             await self._runner.cleanup()
@@ -94,7 +99,11 @@ class ApiServer:
             return response
         except errors.ApiError as exc:
             code = exc.code
-            return json_response(exc.status(), exc.code)
+            response = json_response(exc.status(), exc.code)
+            retry_after = getattr(exc, "retry_after", None)  # 429 from the event quota
+            if retry_after is not None:
+                response.headers["Retry-After"] = str(retry_after)
+            return response
         except StoreUnavailable as exc:
             code = 503
             return json_response(errors.unavailable(f"storage unavailable: {exc}").status(), 503)
@@ -168,6 +177,16 @@ class ApiServer:
             )
         return web.Response(body=body, content_type="application/json")
 
+    async def _access_review(self, request: web.Request) -> web.Response:
+        request[VERB], request[RESOURCE] = "create", "selfsubjectaccessreviews"
+        body = await _review_body(request)
+        return json_response(access_review.access_review(request[USER], body), 201)
+
+    async def _rules_review(self, request: web.Request) -> web.Response:
+        request[VERB], request[RESOURCE] = "create", "selfsubjectrulesreviews"
+        body = await _review_body(request)
+        return json_response(access_review.rules_review(request[USER], body), 201)
+
     async def _api(self, request: web.Request) -> web.Response:
         return json_response(discovery.api_versions(request.host))
 
@@ -183,6 +202,15 @@ class ApiServer:
     async def _group_resources(self, request: web.Request) -> web.Response:
         info = request.match_info
         return _or_404(discovery.api_resource_list(f"{info['group']}/{info['version']}"))
+
+
+async def _review_body(request: web.Request) -> object:
+    """A review's body: JSON/YAML, or the protobuf kubectl's typed client sends."""
+    if request.content_type == "application/vnd.kubernetes.protobuf":
+        from podnet.api import protobuf
+
+        return protobuf.decode_object(await request.read())
+    return await read_body(request)
 
 
 def _or_404(body: object) -> web.Response:

@@ -1,0 +1,138 @@
+"""Admission that reads the registry: a node's pod addresses, owners, and event quotas.
+
+It runs after the authorizer (``podnet.api.authorizer``: rules and the pure
+NodeRestriction checks) inside the registry's write, just before the transaction:
+
+- a node's pod write (create, or status update) may only set addresses it owns: every
+  new ``status.podIP``/``podIPs`` lies inside the node's HostSubnet (403 otherwise) and
+  is no other pod's address (409, so an agent retries once the old holder is cleared);
+  ``status.hostIP`` is the HostSubnet's ``hostIP``;
+- a node's mirror pod that names an owner names its own Node by its current UID;
+- events: size for everyone, then reporter and quota (``podnet.api.events``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
+from podnet.api.events import EventLimits, EventQuota, EventSweeper, admit_event
+from podnet.api.identity import User
+from podnet.api.registry import Obj, Registry
+from podnet.model import errors
+from podnet.model.kinds import EVENT, HOST_SUBNET, NODE, POD, Kind
+
+
+def _same(kind: Kind | None, other: Kind) -> bool:
+    return kind is not None and (kind.group, kind.plural) == (other.group, other.plural)
+
+
+def pod_ips(pod: Mapping[str, Any] | None) -> set[str]:
+    """Every address a pod's status claims (``podIP`` and ``podIPs``)."""
+    status = (pod or {}).get("status")
+    if not isinstance(status, Mapping):
+        return set()
+    ips = {status.get("podIP")}
+    for entry in status.get("podIPs") or []:
+        if isinstance(entry, Mapping):
+            ips.add(entry.get("ip"))
+    return {str(ip) for ip in ips if ip}
+
+
+def _host_ip(pod: Mapping[str, Any] | None) -> Any:
+    status = (pod or {}).get("status")
+    return status.get("hostIP") if isinstance(status, Mapping) else None
+
+
+class Admission:
+    """The registry-backed admission step, and the event quota it keeps."""
+
+    def __init__(self, registry: Registry, limits: EventLimits | None = None) -> None:
+        self.registry = registry
+        self.quota = EventQuota(limits or EventLimits.from_env())
+        self.sweeper = EventSweeper(registry, self.quota)
+
+    async def admit(self, user: User, attrs: RequestAttributes) -> None:
+        """Raise an ``ApiError`` when the write may not happen; may stamp the new object."""
+        new = attrs.new_object
+        if _same(attrs.kind, EVENT) and attrs.verb in WRITE_VERBS:
+            admit_event(self.quota, user, attrs.verb, new if isinstance(new, dict) else None)
+        node = user.node_name
+        if node is None or user.is_admin or new is None or attrs.verb not in WRITE_VERBS:
+            return
+        if _same(attrs.kind, POD):
+            await self._pod_addresses(node, new, attrs.old_object)
+            if attrs.verb == "create":
+                await self._owner_is_this_node(node, new)
+
+    async def _pod_addresses(self, node: str, new: Mapping[str, Any], old: Obj | Any) -> None:
+        added = pod_ips(new) - pod_ips(old)
+        host_ip = _host_ip(new)
+        if not added and (host_ip is None or host_ip == _host_ip(old)):
+            return
+        subnet, node_ip = await self._node_subnet(node)
+        for ip in sorted(added):
+            if not _inside(ip, subnet):
+                raise errors.forbidden(
+                    f"node {node} may not give a pod the address {ip}: it is outside the "
+                    f"node's HostSubnet {subnet}"
+                )
+        if host_ip is not None and host_ip != node_ip:
+            raise errors.forbidden(
+                f"node {node} may not set a pod's hostIP to {host_ip}: its own is {node_ip}"
+            )
+        await self._unused(added, new)
+
+    async def _node_subnet(self, node: str) -> tuple[str, str]:
+        try:
+            hostsubnet = await self.registry.get(HOST_SUBNET, None, node)
+        except errors.ApiError as exc:
+            if exc.code != 404:
+                raise
+            hostsubnet = {}
+        subnet = hostsubnet.get("subnet")
+        if not subnet:
+            raise errors.forbidden(f"node {node} has no HostSubnet yet: it may not set pod IPs")
+        return str(subnet), str(hostsubnet.get("hostIP"))
+
+    async def _unused(self, ips: set[str], pod: Mapping[str, Any]) -> None:
+        if not ips:
+            return
+        meta = pod.get("metadata") or {}
+        me = (meta.get("namespace"), meta.get("name"))
+        pods, _ = await self.registry.list(POD)
+        for other in pods:
+            other_meta = other["metadata"]
+            if (other_meta.get("namespace"), other_meta.get("name")) == me:
+                continue
+            taken = ips & pod_ips(other)
+            if taken:
+                holder = f"{other_meta.get('namespace')}/{other_meta.get('name')}"
+                raise errors.conflict(
+                    "pods", str(me[1]), f"podIP {min(taken)} is already used by pod {holder}"
+                )
+
+    async def _owner_is_this_node(self, node: str, pod: Mapping[str, Any]) -> None:
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+        if not owners:
+            return
+        uid = owners[0].get("uid") if isinstance(owners[0], MutableMapping) else None
+        try:
+            current = (await self.registry.get(NODE, None, node))["metadata"].get("uid")
+        except errors.ApiError as exc:
+            if exc.code != 404:
+                raise
+            current = None
+        if uid is None or uid != current:
+            raise errors.forbidden(
+                f"node {node} may only own pods by its current Node UID ({current}), not {uid}"
+            )
+
+
+def _inside(ip: str, subnet: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip) in ipaddress.ip_network(subnet, strict=False)
+    except ValueError:
+        return False

@@ -1,0 +1,53 @@
+"""The identities the API knows: who a caller is, by user name and groups.
+
+Names and groups follow Kubernetes where it has one (``system:masters``, a node's
+``system:node:<name>`` in ``system:nodes``); the service proxy and the router are
+podnet's own groups, one user per node or router instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ADMIN_USER = "admin"
+MASTERS_GROUP = "system:masters"
+NODES_GROUP = "system:nodes"
+NODE_USER_PREFIX = "system:node:"
+PROXIES_GROUP = "system:podnet:proxies"
+PROXY_USER_PREFIX = "system:podnet:proxy:"
+ROUTERS_GROUP = "system:podnet:routers"
+ROUTER_USER_PREFIX = "system:podnet:router:"
+
+
+@dataclass(frozen=True)
+class User:
+    """An authenticated caller."""
+
+    name: str  # "admin", or "system:node:<nodename>"
+    groups: tuple[str, ...]  # admin: ("system:masters",); node: ("system:nodes",)
+
+    @property
+    def node_name(self) -> str | None:
+        """The node this user acts for, or None when it is not a node user."""
+        if NODES_GROUP not in self.groups or not self.name.startswith(NODE_USER_PREFIX):
+            return None
+        return self.name[len(NODE_USER_PREFIX) :] or None
+
+    @property
+    def is_admin(self) -> bool:
+        return MASTERS_GROUP in self.groups
+
+    @property
+    def is_proxy(self) -> bool:
+        """A service proxy: reads services, endpoints, endpoint slices and nodes."""
+        return PROXIES_GROUP in self.groups
+
+    @property
+    def is_router(self) -> bool:
+        """A router: reads routes, services and endpoints, writes route status."""
+        return ROUTERS_GROUP in self.groups
+
+
+def node_user(node: str) -> str:
+    """The user name a node authenticates as."""
+    return f"{NODE_USER_PREFIX}{node}"
