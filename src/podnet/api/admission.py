@@ -5,8 +5,8 @@ NodeRestriction checks) inside the registry's write, just before the transaction
 
 - a node's pod write (create, or status update) may only set addresses it owns: every
   new ``status.podIP``/``podIPs`` lies inside the node's HostSubnet (403 otherwise) and
-  is no other pod's address (409, so an agent retries once the old holder is cleared);
-  ``status.hostIP`` is the HostSubnet's ``hostIP``;
+  is no other pod's address (409 AlreadyExists: the agent retries until the old holder
+  is cleared); ``status.hostIP`` is the HostSubnet's ``hostIP``;
 - a node's mirror pod that names an owner names its own Node by its current UID;
 - events: size for everyone, then reporter and quota (``podnet.api.events``).
 """
@@ -110,9 +110,9 @@ class Admission:
             taken = ips & pod_ips(other)
             if taken:
                 holder = f"{other_meta.get('namespace')}/{other_meta.get('name')}"
-                raise errors.conflict(
-                    "pods", str(me[1]), f"podIP {min(taken)} is already used by pod {holder}"
-                )
+                # AlreadyExists, not Conflict: a Conflict is a stale write, retried at once.
+                message = f'pods "{me[1]}": podIP {min(taken)} is already used by pod {holder}'
+                raise errors.ApiError(message, 409, "AlreadyExists", "pods", str(me[1]))
 
     async def _owner_is_this_node(self, node: str, pod: Mapping[str, Any]) -> None:
         owners = (pod.get("metadata") or {}).get("ownerReferences") or []

@@ -209,6 +209,10 @@ async def _review_body(request: web.Request) -> object:
     if request.content_type == "application/vnd.kubernetes.protobuf":
         from podnet.api import protobuf
 
+        # The rules review (``can-i --list``) is not among the reader's kinds yet.
+        spec: protobuf.Message = {1: ("namespace", "string")}
+        table: protobuf.Message = {1: ("metadata", protobuf.OBJECT_META), 2: ("spec", spec)}
+        protobuf.KINDS.setdefault((access_review.API_VERSION, access_review.SSRR), table)
         return protobuf.decode_object(await request.read())
     return await read_body(request)
 
