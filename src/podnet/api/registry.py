@@ -48,6 +48,8 @@ Validate = Callable[[Kind, Obj, Obj | None], Obj]
 
 DEFAULT_PREFIX = "/podnet/registry/"
 MAX_UPDATE_RETRIES = 16
+# Below etcd's default request limit (1.5 MiB) with room for the key and the transaction.
+MAX_OBJECT_BYTES = 1024 * 1024
 
 
 def _admit_all(new: Obj | None, old: Obj | None) -> None:
@@ -243,6 +245,12 @@ class Registry:
     async def _commit(
         self, conditions: Sequence[Condition], ops: Sequence[Operation]
     ) -> int | None:
+        for op in ops:
+            if isinstance(op, Put) and len(op.value) > MAX_OBJECT_BYTES:
+                raise errors.too_large(
+                    f"the object is {len(op.value)} bytes once stored; at most "
+                    f"{MAX_OBJECT_BYTES} are accepted (etcd refuses requests over 1.5 MiB)"
+                )
         try:
             return await self.store.commit(conditions, ops)
         except StoreUnavailable as exc:
@@ -284,20 +292,29 @@ class Registry:
         subresource: str | None = None,
         admit: Admit = _admit_all,
     ) -> Obj:
-        """Apply a JSON merge patch, retrying on concurrent writes unless it pins a version."""
-        if not isinstance(patch, dict):
+        """Apply a patch, retrying on concurrent writes unless it pins a version.
+
+        ``patch`` is a JSON merge patch, or a function from the stored object to the
+        patched one (see ``podnet.api.patch``). A patched resourceVersion that differs
+        from the stored one is a precondition that failed: 409.
+        """
+        if not callable(patch) and not isinstance(patch, dict):
             raise errors.bad_request("a merge patch must be a JSON object")
-        pinned = (patch.get("metadata") or {}).get("resourceVersion")
+        apply = patch if callable(patch) else lambda old: merge_patch(old, patch)
         for _ in range(MAX_UPDATE_RETRIES):
             old = await self.get(kind, namespace, name)
+            patched = apply(old)
+            meta = patched.get("metadata") if isinstance(patched, dict) else None
+            if not isinstance(meta, dict):
+                raise errors.invalid(kind.kind, name, [errors.FieldError("metadata", "required")])
+            pinned = meta.get("resourceVersion")
             if pinned is not None and str(pinned) != old["metadata"]["resourceVersion"]:
                 raise errors.conflict(kind.plural, name, STALE)
-            patched = merge_patch(old, patch)
             new = merge_for_update(kind, old, patched, subresource)
             try:
                 return await self._write_update(kind, old, new, admit)
             except errors.ApiError as exc:
-                if exc.reason != "Conflict" or pinned is not None:
+                if exc.reason != "Conflict":
                     raise
         raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
 

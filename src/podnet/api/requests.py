@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from aiohttp import web
 
+from podnet.api import decode, protobuf
+from podnet.api.patch import PATCH_TYPES as PATCH_CONTENT_TYPES
 from podnet.model import errors
 from podnet.model.kinds import KINDS, NAMESPACE, Kind
 from podnet.model.selectors import (
@@ -20,10 +20,7 @@ from podnet.model.selectors import (
 
 MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's limit for a request body
 JSON_TYPES = ("application/json", "")
-PATCH_TYPES = (
-    "application/merge-patch+json",
-    "application/strategic-merge-patch+json",
-)
+PATCH_TYPES = PATCH_CONTENT_TYPES
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
 
@@ -80,9 +77,13 @@ def selectors(
 
 
 async def read_body(request: web.Request, patch: bool = False) -> Any:
-    """The request body as JSON (or YAML); 400/413/415 for anything else."""
+    """The request body as plain JSON values (from JSON, YAML or protobuf).
+
+    400 for a body that does not parse or breaks ``podnet.api.decode``'s limits, 413 when
+    it is too large, 415 for a content type the verb does not take.
+    """
     ctype = request.content_type.lower()
-    allowed = PATCH_TYPES if patch else JSON_TYPES + YAML_TYPES
+    allowed = PATCH_TYPES if patch else JSON_TYPES + YAML_TYPES + (protobuf.CONTENT_TYPE,)
     if ctype not in allowed:
         raise errors.unsupported_media_type(
             f"the body of the request was in an unknown format ({ctype or 'none'}); "
@@ -93,16 +94,11 @@ async def read_body(request: web.Request, patch: bool = False) -> Any:
     raw = await _read_limited(request)
     if not raw.strip():
         raise errors.bad_request("the request body is empty")
-    try:
-        if ctype in YAML_TYPES:
-            return yaml.safe_load(raw)
-        return json.loads(raw)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise errors.bad_request(f"the request body is not valid {_fmt(ctype)}: {exc}") from exc
-
-
-def _fmt(ctype: str) -> str:
-    return "YAML" if ctype in YAML_TYPES else "JSON"
+    if ctype == protobuf.CONTENT_TYPE:
+        return protobuf.decode_object(raw)
+    if ctype in YAML_TYPES:
+        return decode.loads_yaml(raw)
+    return decode.loads_json(raw)
 
 
 async def _read_limited(request: web.Request) -> bytes:
