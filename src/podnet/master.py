@@ -26,6 +26,7 @@ from podnet.controllers.manager import ControllerManager
 from podnet.kubeconfig import write_kubeconfig
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
+from podnet.store.etcd_pki import EtcdTls
 
 log = logging.getLogger("podnet.master")
 
@@ -33,7 +34,9 @@ log = logging.getLogger("podnet.master")
 @dataclass
 class MasterOptions:
     network: NetworkConfig
-    etcd: str = "127.0.0.1:2379"
+    etcd: str = "127.0.0.1:2379"  # one or more host:port, comma-separated
+    etcd_tls: EtcdTls | None = None  # CA, client cert and key for a TLS etcd
+    kubeconfig_server: str = ""  # the admin kubeconfig's server (default: this master)
     etcd_prefix: str = DEFAULT_PREFIX
     listen_host: str = "127.0.0.1"
     listen_port: int = 6443
@@ -61,7 +64,7 @@ class Master:
 
     def __init__(self, options: MasterOptions) -> None:
         self.options = options
-        self.store = EtcdStore(options.etcd)
+        self.store = EtcdStore(options.etcd, tls=options.etcd_tls)
         self.registry = Registry(self.store, prefix=options.etcd_prefix)
         self.metrics = ApiMetrics()
         self.controllers: ControllerManager | None = None
@@ -81,7 +84,8 @@ class Master:
             self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready
         )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
-        write_kubeconfig(opts.kubeconfig_path, self.server.address, pki.ca_pem(), admin_token)
+        server = opts.kubeconfig_server or self.server.address
+        write_kubeconfig(opts.kubeconfig_path, server, pki.ca_pem(), admin_token)
         log.info("admin kubeconfig written to %s", opts.kubeconfig_path)
         elector = None
         if opts.leader_elect:

@@ -144,7 +144,9 @@ def _builder(
 # ---------------------------------------------------------------------------- CA
 
 
-def _new_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _new_ca(
+    common_name: str = CA_COMMON_NAME,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP256R1())
     usage = x509.KeyUsage(
         digital_signature=True, content_commitment=False, key_encipherment=False,
@@ -152,8 +154,8 @@ def _new_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         encipher_only=False, decipher_only=False,
     )  # fmt: skip
     cert = (
-        _builder(_name(CA_COMMON_NAME), key, CA_VALIDITY)
-        .issuer_name(_name(CA_COMMON_NAME))
+        _builder(_name(common_name), key, CA_VALIDITY)
+        .issuer_name(_name(common_name))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(usage, critical=True)
         .sign(key, hashes.SHA256())
@@ -161,7 +163,9 @@ def _new_ca() -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     return cert, key
 
 
-def _load_or_create_ca(pki: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _load_or_create_ca(
+    pki: Pki, common_name: str = CA_COMMON_NAME
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """The CA's cert and key. Half a CA on disk is an error, not a reason to replace it."""
     have_cert, have_key = pki.ca_cert.exists(), pki.ca_key.exists()
     if have_cert != have_key:
@@ -173,7 +177,7 @@ def _load_or_create_ca(pki: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePriv
         if not _same_key(cert, key):
             raise PkiError(f"{pki.ca_key} does not match {pki.ca_cert}")
         return cert, key
-    cert, key = _new_ca()
+    cert, key = _new_ca(common_name)
     write_atomic(pki.ca_key, _key_pem(key), 0o600)
     write_atomic(pki.ca_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return cert, key
@@ -207,6 +211,54 @@ def _issue_server(
         .sign(ca_key, hashes.SHA256())
     )
     return cert, key
+
+
+def issue_leaf(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    names: set[SanName],
+    purposes: Sequence[x509.ObjectIdentifier],
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A new key and a certificate for it, signed by the CA, for ``purposes`` (EKUs).
+
+    Used for etcd's serving, peer and client certificates (``podnet.store.etcd_pki``).
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+        encipher_only=False, decipher_only=False,
+    )  # fmt: skip
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    builder = (
+        _builder(_name(common_name), key, SERVER_VALIDITY)
+        .issuer_name(ca_cert.subject)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.ExtendedKeyUsage(list(purposes)), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+            critical=False,
+        )
+    )
+    if names:
+        ordered = sorted(names, key=lambda n: (isinstance(n, x509.DNSName), str(n.value)))
+        builder = builder.add_extension(x509.SubjectAlternativeName(ordered), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
+
+
+def load_or_create_ca(
+    cert_path: Path, key_path: Path, common_name: str = CA_COMMON_NAME
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The CA at these paths, created (key 0600) when neither file exists."""
+    pki = Pki(cert_path.parent, cert_path, key_path, cert_path, key_path)
+    return _load_or_create_ca(pki, common_name)
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as unencrypted PKCS#8 PEM (write it 0600)."""
+    return _key_pem(key)
 
 
 def cert_san_names(cert: x509.Certificate) -> set[SanName]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from podnet.cli.master_cmd import PLUGIN_ALIASES
-from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane, ours
+from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane
 from podnet.cluster.state import ClusterState
 
 STATE_DIR = click.option(
@@ -51,16 +51,42 @@ def cluster() -> None:
     multiple=True,
     help="CIDR:hostSubnetLength for the master (default 10.128.0.0/14:9)",
 )
+@click.option(
+    "--etcd-members",
+    type=click.IntRange(1, 7),
+    default=None,
+    help="etcd cluster size (TLS, static loopback ports) [default: as recorded, or 1]",
+)
+@click.option(
+    "--masters",
+    type=click.IntRange(1, 5),
+    default=None,
+    help="masters with leader election [default: as recorded, or 1]",
+)
 def up(
-    state_dir: Path, node_count: int, backend: str, plugin: str, cluster_networks: tuple[str, ...]
+    state_dir: Path,
+    node_count: int,
+    backend: str,
+    plugin: str,
+    cluster_networks: tuple[str, ...],
+    etcd_members: int | None,
+    masters: int | None,
 ) -> None:
-    """Start (or complete) the cluster: control plane, underlay and N nodes. Idempotent."""
+    """Start (or complete) the cluster: control plane, underlay and N nodes. Idempotent:
+    a dead etcd member or master is restarted with its recorded ports and data."""
     from podnet.cluster.lifecycle import ClusterError, ClusterSpec, cluster_up
 
     args: list[str] = []
     for value in cluster_networks:
         args += ["--cluster-network", value]
-    spec = ClusterSpec(node_count, backend, plugin, tuple(args))
+    spec = ClusterSpec(
+        node_count,
+        backend,
+        plugin,
+        tuple(args),
+        etcd_members=etcd_members or 0,
+        masters=masters or 0,
+    )
     try:
         cluster_up(state_dir, spec, say=say)
     except ClusterError as exc:
@@ -89,34 +115,61 @@ def down(state_dir: Path) -> None:
 @cluster.command("status")
 @STATE_DIR
 def status(state_dir: Path) -> None:
-    """Show the control plane, the nodes with their subnets and agent health, the pods."""
+    """Show what is really up: etcd members, masters and the leader, the nodes with their
+    subnets, agent and Ready condition, the pods. Exit code 1 when anything is down."""
     state = ClusterState.load(state_dir)
     if state is None:
         raise click.ClickException(f"no cluster at {state_dir}; run `podnet cluster up`")
-    master_ok = _show_control_plane(state)
-    if not master_ok:
-        return
-    _show_nodes(state, state_dir)
+    healthy = _show_control_plane(state, state_dir)
+    if healthy is None:
+        click.get_current_context().exit(1)
+    nodes_ok = _show_nodes(state, state_dir)
     _show_pods(state)
+    if not (healthy and nodes_ok):
+        click.get_current_context().exit(1)
 
 
-def _show_control_plane(state: ClusterState) -> bool:
-    etcd_ok = ours(state.etcd_pid, "etcd")
-    master_ok = ours(state.master_pid, "podnet")
+def _mark(ok: bool, good: str = "ok", bad: str = "DOWN") -> str:
+    return good if ok else bad
+
+
+def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
+    """Print the control plane; True if all is up, False if degraded, None if no API."""
+    from podnet.cluster.health import control_plane_health
+
+    report = control_plane_health(state, ControlPlane(state_dir))
     click.echo(f"cluster: {state.cluster_id or '-'} ({state.backend} backend)")
     click.echo(f"plugin:  {PLUGIN_ALIASES.get(state.plugin, state.plugin)}")
-    click.echo(
-        f"etcd:    {'running' if etcd_ok else 'DOWN'} "
-        f"(pid {state.etcd_pid}, port {state.etcd_port})"
-    )
-    click.echo(
-        f"master:  {'running' if master_ok else 'DOWN'} (pid {state.master_pid}, "
-        f"https://127.0.0.1:{state.master_port})"
-    )
-    return master_ok
+    click.echo("etcd (TLS, client certificates):")
+    for m in report.members:
+        click.echo(
+            f"  {m.name:<8} pid {m.pid:<8} https://127.0.0.1:{m.client_port:<6} "
+            f"process {_mark(m.alive, 'alive', 'DEAD')}, "
+            f"health {_mark(m.healthy, 'ok', 'FAILING')}"
+        )
+    click.echo(f"masters (leader: {report.leader or 'NONE'}):")
+    for master in report.masters:
+        role = "leader" if master.leader else "standby"
+        click.echo(
+            f"  master{master.index:<2} pid {master.pid:<8} https://127.0.0.1:{master.port:<6} "
+            f"process {_mark(master.alive, 'alive', 'DEAD')}, "
+            f"healthz {_mark(master.serving, 'ok', 'FAILING')}, "
+            f"readyz {_mark(master.ready, 'ok', 'no')}, {role}"
+        )
+    if report.api_relay is not None:
+        click.echo(
+            f"api relay: https://127.0.0.1:{state.api_port} "
+            f"{_mark(report.api_relay, 'running', 'DOWN')}"
+        )
+    verdict = "healthy" if report.ok else "DEGRADED"
+    click.echo(f"control plane: {verdict}")
+    if not any(master.serving for master in report.masters):
+        click.echo("no master answers: node state from the API is unavailable")
+        return None
+    return report.ok
 
 
-def _show_nodes(state: ClusterState, state_dir: Path) -> None:
+def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
     from podnet.cluster.lifecycle import node_health
     from podnet.cluster.pods import admin_api
 
@@ -137,6 +190,7 @@ def _show_nodes(state: ClusterState, state_dir: Path) -> None:
             f"  {node.name:<8} {node.netns:<20} {node.ip:<16} {node.subnet or '<none>':<18} "
             f"{agent:<12} {verdict} ({', '.join(checks)})"
         )
+    return all(node.healthy for node in report)
 
 
 def _show_pods(state: ClusterState) -> None:

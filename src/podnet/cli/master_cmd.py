@@ -7,10 +7,14 @@ import ipaddress
 import logging
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from podnet.api.registry import DEFAULT_PREFIX
+
+if TYPE_CHECKING:
+    from podnet.store.etcd_pki import EtcdTls
 
 PLUGIN_ALIASES = {
     "subnet": "redhat/openshift-ovs-subnet",
@@ -33,7 +37,22 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 @click.command("master")
-@click.option("--etcd", default="127.0.0.1:2379", show_default=True, help="etcd endpoint host:port")
+@click.option(
+    "--etcd",
+    "etcd_endpoints",
+    multiple=True,
+    default=["127.0.0.1:2379"],
+    show_default=True,
+    help="etcd endpoint host:port; repeat it or separate with commas for several members",
+)
+@click.option("--etcd-cafile", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--etcd-certfile", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--etcd-keyfile", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--kubeconfig-server",
+    default="",
+    help="server URL for the admin kubeconfig (e.g. a relay in front of several masters)",
+)
 @click.option(
     "--etcd-prefix", default=DEFAULT_PREFIX, show_default=True, help="key prefix for all objects"
 )
@@ -76,7 +95,11 @@ def _listen(value: str) -> tuple[str, int]:
 )
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
 def master(
-    etcd: str,
+    etcd_endpoints: tuple[str, ...],
+    etcd_cafile: Path | None,
+    etcd_certfile: Path | None,
+    etcd_keyfile: Path | None,
+    kubeconfig_server: str,
     etcd_prefix: str,
     listen: str,
     state_dir: Path,
@@ -106,7 +129,9 @@ def master(
         raise click.BadParameter(str(exc)) from exc
     options = MasterOptions(
         network=network,
-        etcd=etcd,
+        etcd=_etcd_endpoints(etcd_endpoints),
+        etcd_tls=_etcd_tls(etcd_cafile, etcd_certfile, etcd_keyfile),
+        kubeconfig_server=kubeconfig_server,
         etcd_prefix=etcd_prefix,
         listen_host=host,
         listen_port=port,
@@ -119,6 +144,30 @@ def master(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     asyncio.run(_run(Master(options)))
+
+
+def _etcd_endpoints(values: tuple[str, ...]) -> str:
+    from podnet.store.etcd_client import EndpointError, parse_endpoints
+
+    try:
+        return ",".join(f"{host}:{port}" for host, port in parse_endpoints(values))
+    except EndpointError as exc:
+        raise click.BadParameter(str(exc), param_hint="--etcd") from exc
+
+
+def _etcd_tls(ca: Path | None, cert: Path | None, key: Path | None) -> EtcdTls | None:
+    """The client TLS settings: all three files, or none (plain etcd)."""
+    from podnet.store.etcd_pki import EtcdTls
+
+    given = [p for p in (ca, cert, key) if p is not None]
+    if not given:
+        return None
+    if len(given) != 3:
+        raise click.BadParameter(
+            "give all of --etcd-cafile, --etcd-certfile and --etcd-keyfile, or none"
+        )
+    assert ca is not None and cert is not None and key is not None
+    return EtcdTls(ca, cert, key)
 
 
 async def _run(master_process: object) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from podnet import netns
-from podnet.cluster.controlplane import ControlPlane
+from podnet.cluster.controlplane import ControlPlane, ControlPlaneError
 from podnet.cluster.matrix import Endpoint
 from podnet.cluster.nodes import (
     ensure_node,
@@ -45,6 +45,8 @@ class ClusterSpec:
     plugin: str = "subnet"
     master_args: tuple[str, ...] = ()
     underlay_cidr: str = DEFAULT_UNDERLAY
+    etcd_members: int = 0  # 0: as recorded, or 1
+    masters: int = 0  # 0: as recorded, or 1
 
 
 def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
@@ -76,7 +78,12 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
     with locked(state_dir):
         state = _initial_state(state_dir, spec)
         say(f"cluster {state.cluster_id}: {spec.backend} backend, state in {state_dir}")
-        ControlPlane(state_dir).up(spec.plugin, list(spec.master_args), say=say)
+        try:
+            ControlPlane(state_dir).up(
+                spec.plugin, list(spec.master_args), say, spec.etcd_members, spec.masters
+            )
+        except ControlPlaneError as exc:
+            raise ClusterError(str(exc)) from exc
         state = ClusterState.load(state_dir) or state  # the control plane recorded its PIDs
         ensure_underlay(state, state_dir)
         host = ensure_external_host(state, state_dir)

@@ -137,6 +137,8 @@ def start_relay(state: ClusterState, node: NodeRecord, paths: NodePaths) -> None
     """Start the API relay into the node namespace and wait until it listens."""
     port = str(state.master_port)
     argv = [sys.executable, "-m", "podnet.cluster.relay", "--netns", node.netns, "--port", port]
+    for master in state.masters:  # several masters: the relay fails over between them
+        argv += ["--target-port", str(master.port)]
     node.relay = spawn(argv, paths.relay_log, f"podnet.cluster.relay --netns {node.netns} ")
     deadline = time.monotonic() + 10
     while not tcp_listens(node.netns, state.master_port):

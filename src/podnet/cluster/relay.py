@@ -7,7 +7,14 @@ stays in the namespace it was created in) on 127.0.0.1:<port>, and forwards each
 connection to 127.0.0.1:<port> of the root namespace. So the node's kubeconfig names the
 same ``https://127.0.0.1:<port>`` as the admin's, and TLS passes through untouched.
 
-    python -m podnet.cluster.relay --netns pn-<id>-node1 --port 6443
+With several masters (``--target-port`` repeated) the relay is the agent's failover: each
+connection goes to the master that answered last, and on a refused or timed-out connect
+to the next one in order, so an agent keeps one server address while masters die. Without
+``--netns`` it listens on the root namespace's loopback: the admin kubeconfig's single
+server in front of several masters.
+
+    python -m podnet.cluster.relay --netns pn-<id>-node1 --port 6443 \
+        --target-port 6443 --target-port 6444
 
 Loopback only on both sides; SIGTERM ends it.
 """
@@ -25,12 +32,16 @@ from podnet import netns
 from podnet.cluster.echo import Handler
 
 CHUNK = 65536
+CONNECT_TIMEOUT = 3.0  # per master; a refused connect (dead master) fails at once
 
 
-def listen_in(namespace: str, port: int) -> socket.socket:
-    """A listening TCP socket on 127.0.0.1:``port`` inside ``namespace``."""
-    with netns.entered(namespace):
+def listen_in(namespace: str | None, port: int) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1:``port`` inside ``namespace`` (None: here)."""
+    if namespace is None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    else:
+        with netns.entered(namespace):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
@@ -50,32 +61,66 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-def connection_handler(target_port: int) -> Handler:
-    """The callback that joins one inner connection to the master's port."""
+class Targets:
+    """The masters' ports, tried from the one that answered last, then in order."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, ports: list[int]) -> None:
+        if not ports:
+            raise ValueError("the relay needs at least one target port")
+        self.ports = list(ports)
+        self.current = 0
+
+    def order(self) -> list[int]:
+        """Ports in the order to try them now."""
+        return self.ports[self.current :] + self.ports[: self.current]
+
+    def worked(self, port: int) -> None:
+        """Stick to ``port`` for the next connections."""
+        self.current = self.ports.index(port)
+
+
+async def open_first(
+    targets: Targets,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A connection to the first master that accepts one, or None if none does."""
+    for port in targets.order():
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", target_port), 10
+            opened = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT
             )
         except (OSError, TimeoutError):
+            continue
+        targets.worked(port)
+        return opened
+    return None
+
+
+def connection_handler(target_ports: int | list[int]) -> Handler:
+    """The callback that joins one inner connection to a master's port."""
+    targets = Targets([target_ports] if isinstance(target_ports, int) else target_ports)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream = await open_first(targets)
+        if upstream is None:
             writer.close()
             return
+        up_reader, up_writer = upstream
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
     return handle
 
 
-async def relay(namespace: str, port: int, target_port: int) -> None:
+async def relay(namespace: str | None, port: int, target_ports: int | list[int]) -> None:
     """Forward connections until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sock = listen_in(namespace, port)
-    handler = connection_handler(target_port)
+    handler = connection_handler(target_ports)
     server = await asyncio.start_server(handler, sock=sock)
-    print(f"relay: {namespace} 127.0.0.1:{port} -> 127.0.0.1:{target_port}", flush=True)
+    where = namespace or "root namespace"
+    print(f"relay: {where} 127.0.0.1:{port} -> 127.0.0.1:{target_ports}", flush=True)
     try:
         await stop.wait()
     finally:
@@ -85,11 +130,13 @@ async def relay(namespace: str, port: int, target_port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="python -m podnet.cluster.relay")
-    parser.add_argument("--netns", required=True)
+    parser.add_argument("--netns", default=None, help="default: the root namespace")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--target-port", type=int, default=0, help="default: --port")
+    parser.add_argument(
+        "--target-port", type=int, action="append", default=[], help="repeat; default: --port"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(relay(args.netns, args.port, args.target_port or args.port))
+    asyncio.run(relay(args.netns, args.port, args.target_port or [args.port]))
     return 0
 
 

@@ -163,6 +163,33 @@ class ExternalHost:
     echo: ProcessRecord | None = None
 
 
+@dataclass
+class EtcdMemberRecord:
+    """One etcd member of the control plane: its ports and data never change."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    process: ProcessRecord | None = None
+
+
+@dataclass
+class MasterRecord:
+    """One ``podnet master``: its port never changes, so relays and kubeconfigs hold."""
+
+    index: int
+    port: int
+    process: ProcessRecord | None = None
+
+
+def _member(data: dict[str, Any]) -> EtcdMemberRecord:
+    return EtcdMemberRecord(**{**data, "process": _process(data.get("process"))})
+
+
+def _master(data: dict[str, Any]) -> MasterRecord:
+    return MasterRecord(**{**data, "process": _process(data.get("process"))})
+
+
 def _process(data: Any) -> ProcessRecord | None:
     return ProcessRecord(**data) if isinstance(data, dict) else None
 
@@ -195,6 +222,12 @@ class ClusterState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)  # by "namespace/name"
     external: ExternalHost | None = None
+    # The HA control plane (``etcd_*``/``master_*`` above mirror member 1 and master 1).
+    etcd_members: list[EtcdMemberRecord] = field(default_factory=list)
+    masters: list[MasterRecord] = field(default_factory=list)
+    master_args: list[str] = field(default_factory=list)
+    api_port: int = 0  # the admin's relay in front of several masters (0: none)
+    api_relay: ProcessRecord | None = None
 
     @staticmethod
     def load(state_dir: Path) -> ClusterState | None:
@@ -209,11 +242,22 @@ class ClusterState:
         """Rebuild the nested records from their JSON form."""
         nodes = {k: _node(dict(v)) for k, v in data.pop("nodes", {}).items()}
         pods = {k: _pod(dict(v)) for k, v in data.pop("pods", {}).items()}
+        members = [_member(dict(m)) for m in data.pop("etcd_members", [])]
+        masters = [_master(dict(m)) for m in data.pop("masters", [])]
+        api_relay = _process(data.pop("api_relay", None))
         ext = data.pop("external", None)
         external = None
         if isinstance(ext, dict):
             external = ExternalHost(ext["netns"], ext["ip"], _process(ext.get("echo")))
-        return ClusterState(**data, nodes=nodes, pods=pods, external=external)
+        return ClusterState(
+            **data,
+            nodes=nodes,
+            pods=pods,
+            external=external,
+            etcd_members=members,
+            masters=masters,
+            api_relay=api_relay,
+        )
 
     def save(self, state_dir: Path) -> None:
         """Write atomically (temp file + rename)."""

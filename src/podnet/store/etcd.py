@@ -25,6 +25,8 @@ from podnet.store.base import (
     StoreUnavailable,
     WatchEvent,
 )
+from podnet.store.etcd_client import EtcdClient, parse_endpoints
+from podnet.store.etcd_pki import EtcdTls
 
 TIMEOUT = 10.0
 TRANSIENT = frozenset(
@@ -43,11 +45,21 @@ def _kv(raw: Any) -> KeyValue:
 
 
 class EtcdStore:
-    """Talks to one etcd endpoint (``host:port``); every call has a deadline."""
+    """Talks to an etcd cluster; every call has a deadline.
 
-    def __init__(self, endpoint: str = "127.0.0.1:2379", timeout: float = TIMEOUT) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self._client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=int(timeout))
+    ``endpoints`` is ``host:port``, several of them comma-separated, or a list: the
+    client uses one member and fails over to the next (``podnet.store.etcd_client``).
+    ``tls`` (CA, client certificate and key) is required by a TLS etcd.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "127.0.0.1:2379",
+        timeout: float = TIMEOUT,
+        tls: EtcdTls | None = None,
+    ) -> None:
+        self.endpoints = parse_endpoints(endpoints)
+        self._client = EtcdClient(self.endpoints, tls, int(timeout))
         self._timeout = timeout
 
     async def connect(self) -> None:
@@ -57,8 +69,12 @@ class EtcdStore:
             raise StoreUnavailable(f"cannot reach etcd: {exc}") from exc
 
     async def _call(self, stub_method: Any, request: Any) -> Any:
+        # wait_for_ready: while the channel moves to another member (or waits for a
+        # restarted one) a request waits, up to its deadline, instead of failing at once.
         try:
-            return await stub_method(request, timeout=self._timeout, metadata=self._client.metadata)
+            return await stub_method(
+                request, timeout=self._timeout, metadata=self._client.metadata, wait_for_ready=True
+            )
         except grpc.aio.AioRpcError as exc:
             message = f"etcd request failed: {exc.code().name}: {exc.details()}"
             if exc.code() in TRANSIENT:

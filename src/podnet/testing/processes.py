@@ -12,12 +12,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podnet.store.etcd_pki import EtcdTls
 from podnet.store.etcd_process import EtcdProcess, free_port
 
 
 @dataclass
 class MasterProcess:
-    """A ``podnet master`` child bound to 127.0.0.1, stopped by PID."""
+    """A ``podnet master`` child bound to 127.0.0.1, stopped by PID.
+
+    ``etcd`` is one endpoint or several, comma-separated; ``etcd_tls`` the client
+    certificate for a TLS etcd.
+    """
 
     etcd: str
     state_dir: Path
@@ -25,6 +30,8 @@ class MasterProcess:
     port: int = field(default_factory=free_port)
     args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    etcd_tls: EtcdTls | None = None
+    log_name: str = "master.log"
 
     @property
     def server(self) -> str:
@@ -36,7 +43,7 @@ class MasterProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.state_dir / "master.log"
+        return self.state_dir / self.log_name
 
     def command(self) -> list[str]:
         return [
@@ -52,11 +59,22 @@ class MasterProcess:
             f"127.0.0.1:{self.port}",
             "--state-dir",
             str(self.state_dir),
+            *self._tls_args(),
             *self.args,
         ]
 
-    def start(self, timeout: float = 30.0) -> MasterProcess:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    def _tls_args(self) -> list[str]:
+        tls = self.etcd_tls
+        if tls is None:
+            return []
+        return [
+            *("--etcd-cafile", str(tls.ca)),
+            *("--etcd-certfile", str(tls.cert), "--etcd-keyfile", str(tls.key)),
+        ]
+
+    def start(self, timeout: float = 30.0, wait: bool = True) -> MasterProcess:
+        """Start it; with ``wait``, block until /readyz answers 200."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
@@ -65,10 +83,13 @@ class MasterProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self.wait_ready(timeout)
+        if wait:
+            self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 30.0, path: str = "/readyz") -> None:
+        """Block until ``path`` answers 200 (``/healthz``: serving; ``/readyz``: leading
+        or following with synced controllers)."""
         deadline = time.monotonic() + timeout
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -77,7 +98,7 @@ class MasterProcess:
             if self.process is None or self.process.poll() is not None:
                 raise RuntimeError(f"master exited early:\n{self.log()}")
             try:
-                url = f"{self.server}/readyz"
+                url = f"{self.server}{path}"
                 with urllib.request.urlopen(url, timeout=1, context=context) as resp:
                     if resp.status == 200:
                         return
