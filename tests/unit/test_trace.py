@@ -351,9 +351,11 @@ def test_parse_port_refuses(text: str, words: str) -> None:
 
 def test_pod_run_passes_ports_and_refuses_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
+    privileges: list[bool] = []
 
-    def fake_run_pod(*args: Any) -> PodRecord:
+    def fake_run_pod(*args: Any, privileged: bool = False) -> PodRecord:
         seen.append(args)
+        privileges.append(privileged)
         return PodRecord(args[1], args[2], "node1", "pn-x-p-web", "c", ip="10.128.0.5")
 
     monkeypatch.setattr(pods, "run_pod", fake_run_pod)
@@ -367,6 +369,8 @@ def test_pod_run_passes_ports_and_refuses_repeats(monkeypatch: pytest.MonkeyPatc
     named = runner.invoke(cli, ["pod", "run", "web", "-p", "x=80", "-p", "x=81"])
     assert named.exit_code == 1 and "port name 'x' is used twice" in named.stderr
     assert len(seen) == 1
+    assert runner.invoke(cli, ["pod", "run", "--privileged", "root"]).exit_code == 0
+    assert privileges == [False, True], "unprivileged unless asked"
 
 
 def test_pod_object_and_echo_command_follow_the_ports() -> None:

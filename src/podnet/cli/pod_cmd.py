@@ -2,7 +2,8 @@
 
 A pod here is a network namespace with one process (by default a TCP+UDP echo server on
 port 8080, or on each ``--port``), registered as a Pod object on its node, as a kubelet
-would.
+would. Its processes run as ``nobody`` in their own mount namespace, where podnet's state
+directories are hidden; ``--privileged`` runs them as root.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def pod() -> None:
     help="a container port (repeatable; PROTO tcp, udp or sctp, default tcp); "
     "the echo server serves each TCP/UDP one",
 )
+@click.option(
+    "--privileged",
+    is_flag=True,
+    help="run as root (default: nobody); podnet's directories stay hidden, but root can "
+    "undo that: not a security boundary",
+)
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -74,6 +81,7 @@ def run(
     node: str | None,
     labels: tuple[str, ...],
     ports: tuple[str, ...],
+    privileged: bool,
     name: str,
     command: tuple[str, ...],
 ) -> None:
@@ -84,7 +92,14 @@ def run(
     pod_labels = _labels(labels)
     try:
         record = run_pod(
-            state_dir, name, namespace, node, pod_labels, command or ECHO_COMMAND, container_ports
+            state_dir,
+            name,
+            namespace,
+            node,
+            pod_labels,
+            command or ECHO_COMMAND,
+            container_ports,
+            privileged=privileged,
         )
     except PodError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -100,7 +115,8 @@ def run(
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(state_dir: Path, namespace: str, name: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND (after `--`) in pod NAME's network namespace; exit with its status."""
+    """Run COMMAND (after `--`) in pod NAME (its network namespace and sandbox, as the
+    user its process runs as); exit with its status."""
     from podnet.cluster.pods import exec_pod
 
     try:

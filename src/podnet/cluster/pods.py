@@ -7,6 +7,12 @@ executable for ADD with the runtime's environment, and start the pod's command i
 namespace (by default the echo server on port 8080). ``delete_pod`` undoes it in reverse.
 Everything is recorded in the cluster state first, so ``cluster down`` removes it too.
 
+Pod processes (the command and every ``exec``) run in a sandbox (``podnet.cluster.sandbox``):
+their own mount namespace in which the cluster's state directory and podnet's default
+directories are hidden, as ``nobody`` unless the pod is ``privileged`` (root), with a
+minimal environment. The pod namespace lets unprivileged processes bind ports below 1024
+and ping.
+
 Container ports (``(name or None, port, protocol)``) go into the Pod's
 ``spec.containers[0].ports``, where NetworkPolicy named ports find them; the default echo
 command then serves TCP and UDP echo on every TCP or UDP port given (SCTP ports are only
@@ -28,7 +34,15 @@ from typing import Any
 
 from podnet import netns
 from podnet.cluster.nodes import node_paths
-from podnet.cluster.state import ClusterState, PodRecord, locked, spawn
+from podnet.cluster.podprocess import (
+    PodProcessError,
+    pod_environment,
+    pod_sandbox,
+    process_ids,
+    spawn_in_pod,
+)
+from podnet.cluster.sandbox import POD_SYSCTLS, ROOT
+from podnet.cluster.state import ClusterState, PodRecord, locked
 from podnet.cluster.underlay import tcp_listens
 from podnet.model.schemas_names import iana_service_name_problem
 
@@ -210,14 +224,16 @@ def run_pod(
     labels: Mapping[str, str] | None = None,
     command: Sequence[str] = ECHO_COMMAND,
     ports: Sequence[ContainerPort] = (),
+    privileged: bool = False,
 ) -> PodRecord:
     """Create, wire and start one pod; roll back what was done if a step fails.
 
     With the default command the echo server serves ``echo_ports(ports)``, and the pod
-    is ready once it listens on each of them.
+    is ready once it listens on each of them. The command runs as ``nobody`` in the pod
+    sandbox, or as root (still with podnet's directories hidden) when ``privileged``.
     """
     checked = check_ports(ports)
-    launch = _Launch(tuple(command), checked)
+    launch = _Launch(tuple(command), checked, privileged)
     with locked(state_dir):
         state = _loaded(state_dir)
         pod = _new_pod(state, name, namespace, node, labels)
@@ -258,11 +274,14 @@ def _new_pod(
 class _Launch:
     """What a pod runs: its command (the echo server serving its ports) and its ports."""
 
-    def __init__(self, command: tuple[str, ...], ports: list[ContainerPort]) -> None:
+    def __init__(
+        self, command: tuple[str, ...], ports: list[ContainerPort], privileged: bool
+    ) -> None:
         is_echo = command == ECHO_COMMAND
         self.command = echo_command(ports) if is_echo else command
         self.ports = ports
         self.listening = echo_ports(ports) if is_echo else []
+        self.privileged = privileged
 
 
 def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _Launch) -> None:
@@ -274,12 +293,14 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
         api.create(POD, obj, namespace=pod.namespace)
     state.record_netns(pod.netns, state_dir)
     netns.create(pod.netns)
+    netns.run(pod.netns, ["sysctl", "-qw", *POD_SYSCTLS], check=True)
     pod.ip = result_ip(cni_call(state_dir, pod, "ADD"))
     state.save(state_dir)
-    command = launch.command
-    pod.process = spawn(
-        netns.command(pod.netns, command), pod_log(state_dir, pod), " ".join(command)
-    )
+    sandbox = pod_sandbox(state_dir, launch.privileged)
+    try:
+        pod.process = spawn_in_pod(pod, sandbox, launch.command, pod_log(state_dir, pod))
+    except PodProcessError as exc:
+        raise PodError(str(exc)) from exc
     state.save(state_dir)
     for port in launch.listening:
         wait_listening(pod, port)
@@ -344,8 +365,15 @@ def exec_pod(
     capture: bool = True,
     timeout: float | None = 60.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` inside the pod's network namespace and wait for it."""
+    """Run ``argv`` inside the pod (its network namespace and sandbox, as the user its
+    process runs as; ``nobody`` when that process is gone) and wait for it."""
     pod = find_pod(_loaded(state_dir), name, namespace)
+    ids = process_ids(pod.process.pid) if pod.process and pod.process.alive() else None
+    sandbox = pod_sandbox(state_dir, privileged=ids is not None and ids[0] == ROOT)
     return subprocess.run(
-        netns.command(pod.netns, argv), capture_output=capture, text=True, timeout=timeout
+        sandbox.wrap(netns.path(pod.netns), argv),
+        capture_output=capture,
+        text=True,
+        timeout=timeout,
+        env=pod_environment(),
     )

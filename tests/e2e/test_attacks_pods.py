@@ -1,0 +1,281 @@
+"""Attacks from inside pods on a real local cluster (issue 8, findings 1 and 7).
+
+One 3-node vxlan cluster in networkpolicy mode (etcd, master, real agents, pods wired by
+the real CNI plugin), torn down in a finalizer even when a test fails. In namespace
+``sec``: an ``attacker`` and ``target1`` on node1, ``target2`` on node2, a ``victim`` on
+node3, and a policy that lets only the victim reach the targets.
+
+- Tunnel safety: the attacker (denied by the policy) sends hand-made VXLAN frames whose
+  inner packet forges the victim's address, to its own node's VTEP, to another node's
+  and, nested, to a remote gateway; the outside host on the underlay does the same. The
+  targets' receivers see none of it, while the same frame from a real peer node (the
+  control) arrives and real cross-node traffic still flows.
+- Pod sandbox: from inside a pod, podnet's secrets (tokens, kubeconfigs, keys) cannot be
+  read, no node's CNI socket answers, and the pod does not run as root unless asked.
+
+Every send is a few datagrams and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podnet import netns
+from podnet.cluster import lifecycle, nodes, pods
+from podnet.cluster.state import ClusterState
+from podnet.dataplane.desired import vtep_mac
+from podnet.model.kinds import NETWORK_POLICY
+from podnet.testing.vxlan import Forgery, Receiver, inject
+
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
+
+NS = "sec"
+TARGET_PORT = 19999
+ECHO_PORT = 8080
+PLACEMENT = {"attacker": "node1", "target1": "node1", "target2": "node2", "victim": "node3"}
+ROLES = {"attacker": "attacker", "target1": "target", "target2": "target", "victim": "victim"}
+ONLY_VICTIM = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "only-victim", "namespace": NS},
+    "spec": {
+        "podSelector": {"matchLabels": {"role": "target"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "victim"}}}]}],
+    },
+}
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    state: ClusterState
+
+    def pod_ns(self, name: str) -> str:
+        return self.state.pods[f"{NS}/{name}"].netns
+
+    def pod_ip(self, name: str) -> IPv4Address:
+        return IPv4Address(self.state.pods[f"{NS}/{name}"].ip)
+
+    def node_ip(self, node: str) -> IPv4Address:
+        return IPv4Address(self.state.nodes[node].ip)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def udp_echo(src_ns: str, ip: IPv4Address, port: int = ECHO_PORT) -> bool:
+    """Whether the echo server at ``ip:port`` answers a datagram from ``src_ns``."""
+    argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps([[str(ip), "udp", port]])]
+    done = netns.run(src_ns, argv, timeout=30)
+    return done.returncode == 0 and json.loads(done.stdout) == [True]
+
+
+def udp_denied(src_ns: str, ip: IPv4Address) -> bool:
+    return not udp_echo(src_ns, ip)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    state_dir = tmp_path_factory.mktemp("pn-attacks")
+    try:
+        spec = lifecycle.ClusterSpec(nodes=3, backend="vxlan", plugin="networkpolicy")
+        lifecycle.cluster_up(state_dir, spec, say=print)
+        for name, node in PLACEMENT.items():
+            pods.run_pod(state_dir, name, NS, node, {"role": ROLES[name]})
+        with pods.admin_api(state_dir) as api:
+            api.create(NETWORK_POLICY, ONLY_VICTIM, namespace=NS)
+        state = ClusterState.load(state_dir)
+        assert state is not None
+        yield Cluster(state_dir, state)
+    finally:
+        lifecycle.cluster_down(state_dir, say=print)
+
+
+# --- finding 1: VXLAN injection -------------------------------------------------------
+
+
+def tunnel(cluster: Cluster, node: str) -> tuple[int, int]:
+    """The VNI and UDP port of ``node``'s vxlan0, as the kernel reports them."""
+    out = subprocess.run(
+        ["ip", "-j", "-d", "-n", cluster.state.nodes[node].netns, "link", "show", "vxlan0"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    data = json.loads(out)[0]["linkinfo"]["info_data"]
+    return int(data["id"]), int(data["port"])
+
+
+def gateway(cluster: Cluster, node: str) -> IPv4Address:
+    """``node``'s address on br0 (its pods' gateway)."""
+    out = subprocess.run(
+        ["ip", "-j", "-4", "-n", cluster.state.nodes[node].netns, "addr", "show", "br0"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    return IPv4Address(json.loads(out)[0]["addr_info"][0]["local"])
+
+
+def frame(cluster: Cluster, node: str, to: IPv4Address, target: str, token: str) -> Forgery:
+    """A frame for ``node``'s VTEP, sent to ``to``, forging the victim toward ``target``."""
+    vni, port = tunnel(cluster, node)
+    mac = vtep_mac(cluster.node_ip(node))
+    victim = cluster.pod_ip("victim")
+    return Forgery(to, port, vni, mac, victim, cluster.pod_ip(target), TARGET_PORT, token)
+
+
+def tokens(receiver: Receiver) -> list[str]:
+    return [line.split(" ", 1)[1] for line in receiver.lines()]
+
+
+def test_policy_denies_the_attacker_and_lets_the_victim_in(cluster: Cluster) -> None:
+    attacker, victim = cluster.pod_ns("attacker"), cluster.pod_ns("victim")
+    for target in ("target1", "target2"):
+        ip = cluster.pod_ip(target)
+        denied = functools.partial(udp_denied, attacker, ip)
+        wait_for(denied, 60, f"the policy to deny the attacker {target}")
+        assert udp_echo(victim, ip), f"the victim reaches {target}"
+
+
+def test_forged_vxlan_to_another_node_is_dropped(cluster: Cluster) -> None:
+    test_policy_denies_the_attacker_and_lets_the_victim_in(cluster)
+    attacker, outside = cluster.pod_ns("attacker"), cluster.state.external
+    assert outside is not None
+    node2 = cluster.node_ip("node2")
+    receiver = Receiver(cluster.pod_ns("target2"), TARGET_PORT, stop="control")
+    inject(attacker, frame(cluster, "node2", node2, "target2", "pod-to-remote-vtep"))
+    gateway2 = gateway(cluster, "node2")
+    inject(attacker, frame(cluster, "node2", gateway2, "target2", "nested-in-tunnel"))
+    inject(outside.netns, frame(cluster, "node2", node2, "target2", "outside-host"))
+    time.sleep(1.5)
+    control = frame(cluster, "node2", node2, "target2", "control")
+    inject(cluster.state.nodes["node3"].netns, control)
+    assert tokens(receiver) == ["control"], "only the peer node's frame may arrive"
+
+
+def test_forged_vxlan_to_the_own_node_is_dropped(cluster: Cluster) -> None:
+    test_policy_denies_the_attacker_and_lets_the_victim_in(cluster)
+    attacker = cluster.pod_ns("attacker")
+    node1 = cluster.node_ip("node1")
+    receiver = Receiver(cluster.pod_ns("target1"), TARGET_PORT, stop="control")
+    inject(attacker, frame(cluster, "node1", node1, "target1", "pod-to-own-vtep"))
+    gateway1 = gateway(cluster, "node1")
+    inject(attacker, frame(cluster, "node1", gateway1, "target1", "pod-to-own-gateway"))
+    time.sleep(1.5)
+    inject(cluster.state.nodes["node2"].netns, frame(cluster, "node1", node1, "target1", "control"))
+    assert tokens(receiver) == ["control"]
+
+
+def test_cross_node_pod_traffic_still_flows(cluster: Cluster) -> None:
+    victim = cluster.pod_ns("victim")
+    assert udp_echo(victim, cluster.pod_ip("target2"))
+    assert udp_echo(victim, cluster.pod_ip("target1"))
+    assert udp_echo(cluster.pod_ns("target2"), cluster.pod_ip("attacker")), "attacker is open"
+
+
+# --- finding 7: pods are sandboxed ------------------------------------------------------
+
+PROBE = """
+import json, os, socket, sys
+found = {}
+for path in sys.argv[1:]:
+    try:
+        if path.endswith(".sock"):
+            s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect(path); s.close()
+        else:
+            open(path, "rb").read(1)
+        found[path] = "ok"
+    except OSError as exc:
+        found[path] = type(exc).__name__
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "found": found}))
+"""
+
+
+def secrets(cluster: Cluster) -> list[Path]:
+    """podnet's secret files and sockets, as the host sees them (each exists)."""
+    master = cluster.state_dir / "master"
+    found = [p for p in master.rglob("*") if p.is_file()]
+    for node in ("node1", "node2"):
+        paths = nodes.node_paths(cluster.state_dir, node)
+        found += [paths.kubeconfig, paths.socket]
+    found.append(cluster.state_dir / "state.json")
+    assert all(p.exists() for p in found), found
+    assert any(p.name.endswith(".key") for p in found), "the master's private keys"
+    assert any("token" in p.name for p in found), "the master's token file"
+    return found
+
+
+def look_from(cluster: Cluster, pod: str, paths: list[Path]) -> dict[str, Any]:
+    done = pods.exec_pod(
+        cluster.state_dir, pod, [sys.executable, "-c", PROBE, *map(str, paths)], NS, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_pods_cannot_read_secrets_or_call_cni_sockets(cluster: Cluster) -> None:
+    paths = secrets(cluster)
+    seen = look_from(cluster, "attacker", paths)
+    reached = [path for path, how in seen["found"].items() if how == "ok"]
+    assert reached == [], f"a pod reached {reached}"
+
+
+def test_pods_run_unprivileged_by_default(cluster: Cluster) -> None:
+    seen = look_from(cluster, "attacker", [])
+    assert seen["uid"] != 0 and seen["gid"] != 0
+    done = pods.exec_pod(cluster.state_dir, "attacker", ["id", "-u"], NS)
+    assert done.returncode == 0 and done.stdout.strip() != "0"
+    process = cluster.state.pods[f"{NS}/attacker"].process
+    assert process is not None
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+    assert uid != "0", "the pod's own process (the echo server) is not root either"
+
+
+def test_a_privileged_pod_is_root_but_still_sees_no_secrets(cluster: Cluster) -> None:
+    pods.run_pod(cluster.state_dir, "admin", NS, "node1", {"role": "admin"}, privileged=True)
+    try:
+        seen = look_from(cluster, "admin", secrets(cluster))
+        assert seen["uid"] == 0
+        assert [p for p, how in seen["found"].items() if how == "ok"] == []
+    finally:
+        pods.delete_pod(cluster.state_dir, "admin", NS)
+
+
+def test_unprivileged_echo_still_serves_low_ports(cluster: Cluster) -> None:
+    pods.run_pod(
+        cluster.state_dir, "web", NS, "node2", {"role": "web"}, ports=[("http", 80, "TCP")]
+    )
+    try:
+        state = ClusterState.load(cluster.state_dir)
+        assert state is not None
+        ip = IPv4Address(state.pods[f"{NS}/web"].ip)
+        assert udp_echo(cluster.pod_ns("victim"), ip, 80)
+        done = pods.exec_pod(cluster.state_dir, "web", ["ping", "-c", "1", "-W", "2", str(ip)], NS)
+        assert done.returncode == 0, f"ping works unprivileged: {done.stderr}"
+    finally:
+        pods.delete_pod(cluster.state_dir, "web", NS)
