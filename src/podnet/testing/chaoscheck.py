@@ -1,0 +1,219 @@
+"""The invariants of issue 8's chaos test, read from the kernel, the disk and the API.
+
+After every crash, restart and GC, what each node holds must equal what the runtime
+(``podnet.testing.chaos.Runtime``) holds live, no more and no less:
+
+- IPAM: the reservation files under ``<node>/ipam/podnet/`` (host-local layout) name
+  exactly the live sandboxes' addresses, each owned by its container; no stray file;
+- links: the host-side pod veths (``pn`` + 12 hex) are exactly the live sandboxes', all
+  on ``br0``;
+- anti-spoofing: the ``bridge podnet pod_ports`` elements are exactly (veth, MAC, IP) of
+  the live sandboxes;
+- no address is held twice in the cluster; the Pod object of each live sandbox (when the
+  API was up to create it) shows its address and node, and no other Pod object claims
+  an address;
+- every live sandbox reaches every other (TCP echo, bounded).
+
+Each check returns a list of problems, each one line naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster import nodes
+from podnet.cluster.pods import admin_api
+from podnet.cluster.state import ClusterState
+from podnet.dataplane.desired import BRIDGE, host_veth_name, is_host_veth_name
+from podnet.ipam.hostlocal import parse_owner
+from podnet.testing.chaos import ECHO_PORT, IFNAME, Runtime, Sandbox
+
+NETWORK = "podnet"  # the conflist's network name: IPAM keeps <ipam dir>/<network>/
+IPAM_BOOKKEEPING = ("lock", "last_reserved_ip.")
+PROBE_TIMEOUT = 3.0
+PROBE_WORKERS = 8
+PAYLOAD = b"chaos-probe\n"
+
+
+def _diff(what: str, found: Iterable[Any], wanted: Iterable[Any]) -> list[str]:
+    found, wanted = set(found), set(wanted)
+    problems = [f"{what}: leaked {sorted(map(str, found - wanted))}"] if found - wanted else []
+    if wanted - found:
+        problems.append(f"{what}: missing {sorted(map(str, wanted - found))}")
+    return problems
+
+
+def ipam_files(state_dir: Path, node: str) -> tuple[dict[str, str], list[str]]:
+    """(address -> owner container ID, stray file names) of ``node``'s IPAM directory."""
+    root = nodes.node_paths(state_dir, node).ipam_dir / NETWORK
+    held, strays = {}, []
+    for path in sorted(root.iterdir()) if root.exists() else []:
+        try:
+            IPv4Address(path.name)
+        except ValueError:
+            if not path.name.startswith(IPAM_BOOKKEEPING):
+                strays.append(path.name)
+            continue
+        held[path.name] = parse_owner(path.read_bytes().decode(errors="replace"))[0]
+    return held, strays
+
+
+def pod_veths(node_ns: str) -> dict[str, str | None]:
+    """Every host-side pod veth in the node namespace -> its master (None if none)."""
+    out = subprocess.run(
+        ["ip", "-j", "-n", node_ns, "link", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    links = json.loads(out or "[]")
+    return {k["ifname"]: k.get("master") for k in links if is_host_veth_name(k["ifname"])}
+
+
+def pod_port_elements(node_ns: str) -> set[tuple[str, str, str]]:
+    """The ``bridge podnet pod_ports`` elements as (veth, MAC, IP)."""
+    argv = ["nft", "-j", "list", "set", "bridge", "podnet", "pod_ports"]
+    out = netns.run(node_ns, argv, check=True).stdout
+    found = set()
+    for item in json.loads(out)["nftables"]:
+        for elem in (item.get("set") or {}).get("elem", []):
+            veth, mac, ip = elem["concat"]
+            found.add((str(veth), str(mac).lower(), str(ip)))
+    return found
+
+
+def sandbox_mac(ip: str) -> str:
+    """The pod MAC podnet derives from an address: ``0a:58:`` + the four bytes."""
+    return "0a:58:" + ":".join(f"{b:02x}" for b in IPv4Address(ip).packed)
+
+
+def node_problems(state_dir: Path, node: str, node_ns: str, live: list[Sandbox]) -> list[str]:
+    """IPAM files, veths and anti-spoofing elements of ``node`` against ``live``."""
+    held, strays = ipam_files(state_dir, node)
+    problems = [f"{node} IPAM: stray files {strays}"] if strays else []
+    problems += _diff(
+        f"{node} IPAM reservations", held.items(), {(s.ip, s.container_id) for s in live}
+    )
+    veths = pod_veths(node_ns)
+    wanted = {host_veth_name(s.container_id, IFNAME) for s in live}
+    problems += _diff(f"{node} pod veths", veths, wanted)
+    off_bridge = sorted(v for v, master in veths.items() if v in wanted and master != BRIDGE)
+    if off_bridge:
+        problems.append(f"{node} pod veths not on {BRIDGE}: {off_bridge}")
+    ports = {(host_veth_name(s.container_id, IFNAME), sandbox_mac(s.ip), s.ip) for s in live}
+    problems += _diff(f"{node} pod_ports elements", pod_port_elements(node_ns), ports)
+    return problems
+
+
+def duplicate_problems(live: list[Sandbox]) -> list[str]:
+    """Addresses held by more than one live sandbox, anywhere in the cluster."""
+    counts = Counter(s.ip for s in live)
+    return [f"address {ip} held by {n} sandboxes" for ip, n in counts.items() if n > 1]
+
+
+def agent_problems(state_dir: Path, state: ClusterState) -> list[str]:
+    """Agents that died or do not answer CNI STATUS."""
+    problems = []
+    for name, node in state.nodes.items():
+        if node.agent is None or not node.agent.alive():
+            problems.append(f"agent of {name} is not running")
+        elif not nodes.socket_answers(nodes.node_paths(state_dir, name).socket):
+            problems.append(f"agent of {name} does not answer CNI STATUS")
+    return problems
+
+
+def api_problems(pod_objects: list[dict[str, Any]], live: list[Sandbox]) -> list[str]:
+    """Pod objects against the live sandboxes: same address and node for each live one,
+    and no address shown by any other Pod object or by two."""
+    by_name = {p["metadata"]["name"]: p for p in pod_objects}
+    problems = []
+    for s in (s for s in live if s.has_object):
+        pod = by_name.get(s.name)
+        status = (pod or {}).get("status") or {}
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        if pod is None or status.get("podIP") != s.ip or node != s.node:
+            shown = f"{status.get('podIP')} on {node}" if pod else "no Pod object"
+            problems.append(f"API: pod {s.name} shows {shown}, runs {s.ip} on {s.node}")
+    live_names = {s.name for s in live}
+    shown_ips = Counter((p.get("status") or {}).get("podIP") for p in pod_objects)
+    for pod in pod_objects:
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and pod["metadata"]["name"] not in live_names:
+            problems.append(f"API: deleted pod {pod['metadata']['name']} still shows {ip}")
+        elif ip and shown_ips[ip] > 1:
+            problems.append(f"API: {shown_ips[ip]} Pod objects show {ip}")
+    return problems
+
+
+def wait_api_agrees(state_dir: Path, runtime: Runtime, timeout: float) -> list[str]:
+    """Poll until the API agrees with the live sandboxes (deleting the Pod objects of
+    deleted sandboxes, as a kubelet does); the last disagreement after ``timeout``."""
+    from podnet.model.kinds import POD
+
+    live = runtime.snapshot()
+    deadline = time.monotonic() + timeout
+    with admin_api(state_dir) as api:
+        while True:
+            runtime.delete_pod_objects(api)
+            objects = api.list(POD, namespace=runtime.pod_namespace)["items"]
+            problems = api_problems(objects, live)
+            if not problems or time.monotonic() > deadline:
+                return problems
+            time.sleep(0.2)
+
+
+def tcp_echo(source: Sandbox, destination: Sandbox) -> bool:
+    """Whether ``destination``'s echo answers a connection from inside ``source``."""
+    with netns.entered(source.netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(PROBE_TIMEOUT)
+        sock.connect((destination.ip, ECHO_PORT))
+        sock.sendall(PAYLOAD)
+        got = b""
+        while len(got) < len(PAYLOAD):
+            chunk = sock.recv(len(PAYLOAD) - len(got))
+            if not chunk:
+                break
+            got += chunk
+        return got == PAYLOAD
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def reachability_problems(live: list[Sandbox]) -> list[str]:
+    """Every ordered pair of live sandboxes, TCP echo; the pairs that failed."""
+    pairs = [(a, b) for a in live for b in live if a is not b]
+    with ThreadPoolExecutor(PROBE_WORKERS) as pool:
+        results = list(pool.map(lambda pair: tcp_echo(*pair), pairs))
+    return [
+        f"{a.name} ({a.ip}, {a.node}) cannot reach {b.name} ({b.ip}, {b.node})"
+        for (a, b), ok in zip(pairs, results, strict=True)
+        if not ok
+    ]
+
+
+def check_all(state_dir: Path, runtime: Runtime, api_timeout: float = 30.0) -> list[str]:
+    """Every invariant; the problems found (empty when all hold)."""
+    state = ClusterState.load(state_dir)
+    assert state is not None
+    live = runtime.snapshot()
+    problems = agent_problems(state_dir, state) + duplicate_problems(live)
+    for name, node in state.nodes.items():
+        on_node = [s for s in live if s.node == name]
+        problems += node_problems(state_dir, name, node.netns, on_node)
+    problems += reachability_problems(live)
+    return problems + wait_api_agrees(state_dir, runtime, api_timeout)
