@@ -16,7 +16,12 @@ server in front of several masters.
     python -m podnet.cluster.relay --netns pn-<id>-node1 --port 6443 \
         --target-port 6443 --target-port 6444
 
-Loopback only on both sides; SIGTERM ends it.
+On a real host, ``--target HOST:PORT`` names masters elsewhere (the listening side stays
+127.0.0.1):
+
+    python -m podnet.cluster.relay --port 6443 --target 10.0.0.21:6443 --target 10.0.0.22:6443
+
+The local cluster's relays are loopback only on both sides. SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -61,43 +66,50 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-class Targets:
-    """The masters' ports, tried from the one that answered last, then in order."""
+Address = tuple[str, int]
 
-    def __init__(self, ports: list[int]) -> None:
-        if not ports:
-            raise ValueError("the relay needs at least one target port")
-        self.ports = list(ports)
+
+class Targets:
+    """The masters' addresses, tried from the one that answered last, then in order."""
+
+    def __init__(self, addresses: list[Address]) -> None:
+        if not addresses:
+            raise ValueError("the relay needs at least one target")
+        self.addresses = list(addresses)
         self.current = 0
 
-    def order(self) -> list[int]:
-        """Ports in the order to try them now."""
-        return self.ports[self.current :] + self.ports[: self.current]
+    def order(self) -> list[Address]:
+        """Addresses in the order to try them now."""
+        return self.addresses[self.current :] + self.addresses[: self.current]
 
-    def worked(self, port: int) -> None:
-        """Stick to ``port`` for the next connections."""
-        self.current = self.ports.index(port)
+    def worked(self, address: Address) -> None:
+        """Stick to ``address`` for the next connections."""
+        self.current = self.addresses.index(address)
 
 
 async def open_first(
     targets: Targets,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
     """A connection to the first master that accepts one, or None if none does."""
-    for port in targets.order():
+    for host, port in targets.order():
         try:
-            opened = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port), CONNECT_TIMEOUT
-            )
+            opened = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT)
         except (OSError, TimeoutError):
             continue
-        targets.worked(port)
+        targets.worked((host, port))
         return opened
     return None
 
 
-def connection_handler(target_ports: int | list[int]) -> Handler:
-    """The callback that joins one inner connection to a master's port."""
-    targets = Targets([target_ports] if isinstance(target_ports, int) else target_ports)
+def _addresses(targets: int | list[int] | list[Address]) -> list[Address]:
+    items = [targets] if isinstance(targets, int) else targets
+    return [("127.0.0.1", t) if isinstance(t, int) else t for t in items]
+
+
+def connection_handler(target: int | list[int] | list[Address]) -> Handler:
+    """The callback that joins one inner connection to a master (a loopback port or
+    ``(host, port)``; several: failover in order)."""
+    targets = Targets(_addresses(target))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream = await open_first(targets)
@@ -110,17 +122,19 @@ def connection_handler(target_ports: int | list[int]) -> Handler:
     return handle
 
 
-async def relay(namespace: str | None, port: int, target_ports: int | list[int]) -> None:
+async def relay(
+    namespace: str | None, port: int, targets: int | list[int] | list[Address]
+) -> None:
     """Forward connections until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sock = listen_in(namespace, port)
-    handler = connection_handler(target_ports)
+    handler = connection_handler(targets)
     server = await asyncio.start_server(handler, sock=sock)
     where = namespace or "root namespace"
-    print(f"relay: {where} 127.0.0.1:{port} -> 127.0.0.1:{target_ports}", flush=True)
+    print(f"relay: {where} 127.0.0.1:{port} -> {_addresses(targets)}", flush=True)
     try:
         await stop.wait()
     finally:
@@ -135,8 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target-port", type=int, action="append", default=[], help="repeat; default: --port"
     )
+    parser.add_argument(
+        "--target", action="append", default=[], help="HOST:PORT of a master (repeat)"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(relay(args.netns, args.port, args.target_port or [args.port]))
+    targets = [("127.0.0.1", p) for p in args.target_port]
+    for value in args.target:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit():
+            parser.error(f"--target {value!r}: expected HOST:PORT")
+        targets.append((host.strip("[]"), int(port)))
+    asyncio.run(relay(args.netns, args.port, targets or [("127.0.0.1", args.port)]))
     return 0
 
 
