@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from ipaddress import IPv4Network
@@ -44,13 +45,17 @@ def node(name: str, ip: str | None) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": status}
 
 
+_HOST_IPS = itertools.count()
+
+
 def hostsubnet(name: str, subnet: str | None, annotations: dict[str, str] | None = None) -> Obj:
     obj: Obj = {
         "apiVersion": "network.openshift.io/v1",
         "kind": "HostSubnet",
         "metadata": {"name": name, "annotations": annotations or {}},
         "host": name,
-        "hostIP": "192.0.2.250",
+        # A fresh address each time: a hostIP is unique across HostSubnets (a claim).
+        "hostIP": f"198.51.100.{next(_HOST_IPS) % 250 + 1}",
     }
     if subnet:
         obj["subnet"] = subnet
@@ -481,8 +486,8 @@ async def test_manager_refuses_a_refused_configuration(registry: Registry) -> No
 
 
 async def test_informer_relists_after_compaction(registry: Registry) -> None:
-    for name in ("a", "b"):
-        await registry.create(NODE, node(name, "192.0.2.1"))
+    for name, ip in (("a", "192.0.2.1"), ("b", "192.0.2.2")):
+        await registry.create(NODE, node(name, ip))
     stream = watch_objects(registry, NODE)
     seen = [await anext(stream) for _ in range(3)]
     assert [c for c, _ in seen] == ["SYNC", "SYNC", "SYNCED"]

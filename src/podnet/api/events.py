@@ -171,9 +171,12 @@ def stamp_reporter(event: MutableMapping[str, Any], node: str) -> None:
 class EventSweeper:
     """Deletes expired events and recounts the quota, every ``limits.sweep`` seconds."""
 
-    def __init__(self, registry: Registry, quota: EventQuota) -> None:
+    def __init__(
+        self, registry: Registry, quota: EventQuota, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.registry = registry
         self.quota = quota
+        self.clock = clock
         self.limits = quota.limits
         self._marks: deque[tuple[float, int]] = deque()  # (monotonic time, etcd revision)
         self._task: asyncio.Task[None] | None = None
@@ -209,7 +212,7 @@ class EventSweeper:
 
     async def sweep_once(self) -> int:
         """One pass: note the revision, delete what expired, recount. Returns deletions."""
-        now = time.monotonic()
+        now = self.clock()
         self._marks.append((now, await self.registry.store.revision()))
         expiry = self._expiry_revision(now)
         events, _ = await self.registry.list(EVENT)
