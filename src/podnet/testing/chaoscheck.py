@@ -206,14 +206,24 @@ def reachability_problems(live: list[Sandbox]) -> list[str]:
     ]
 
 
+def leak_problems(state_dir: Path, runtime: Runtime) -> list[str]:
+    """IPAM files, veths and anti-spoofing elements of every node against the live
+    sandboxes."""
+    state = ClusterState.load(state_dir)
+    assert state is not None
+    live = runtime.snapshot()
+    problems = []
+    for name, node in state.nodes.items():
+        on_node = [s for s in live if s.node == name]
+        problems += node_problems(state_dir, name, node.netns, on_node)
+    return problems
+
+
 def check_all(state_dir: Path, runtime: Runtime, api_timeout: float = 30.0) -> list[str]:
     """Every invariant; the problems found (empty when all hold)."""
     state = ClusterState.load(state_dir)
     assert state is not None
     live = runtime.snapshot()
     problems = agent_problems(state_dir, state) + duplicate_problems(live)
-    for name, node in state.nodes.items():
-        on_node = [s for s in live if s.node == name]
-        problems += node_problems(state_dir, name, node.netns, on_node)
-    problems += reachability_problems(live)
+    problems += leak_problems(state_dir, runtime) + reachability_problems(live)
     return problems + wait_api_agrees(state_dir, runtime, api_timeout)
