@@ -21,6 +21,7 @@ from typing import Any
 from podnet.agent.apiclient import (
     AsyncApiClient,
     PermanentApiError,
+    TransientApiError,
     has_reason,
     is_transient,
     with_retry,
@@ -38,6 +39,7 @@ from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
     ERR_NOT_AVAILABLE_LIMITED,
+    ERR_TRY_AGAIN_LATER,
     CniError,
     CniRequest,
     CniResult,
@@ -62,6 +64,7 @@ _NOT_DNS = re.compile(r"[^a-z0-9.-]+")
 CONTAINER_ANNOTATION = "podnet.io/container-id"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 WRITES_IN_FLIGHT = 4
+API_CHECK_TIMEOUT = 5.0  # an ADD's read of its Pod; etcd without quorum answers in ~7 s
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,23 @@ class PodStatusWriter:
         self._slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
         self._wishes: dict[PodRef, PodWish] = {}
         self._tasks: dict[PodRef, asyncio.Task[None]] = {}
+
+    async def check_api(self, ref: PodRef, timeout: float = API_CHECK_TIMEOUT) -> None:
+        """Raise CNI error 11 ("try again later") unless the API answers a read of the
+        Pod within ``timeout``. A pod wired while the master or etcd (e.g. without quorum)
+        cannot record it would run unknown to the API; the runtime retries the ADD."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.api.get_or_none(POD, ref.name, ref.namespace)
+        except PermanentApiError:
+            return  # e.g. not allowed to read it: the API is up, the writer will tell
+        except (TimeoutError, TransientApiError) as exc:
+            why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
+            raise CniError(
+                ERR_TRY_AGAIN_LATER,
+                "the API server is unavailable; try again later",
+                f"reading pod {ref}: {why}",
+            ) from exc
 
     def running(self, ref: PodRef, ip: IPv4Address, container_id: str) -> None:
         """Record that ``ref`` runs with ``ip``."""
@@ -301,6 +321,8 @@ class PodManager:
         if pair in self._attached:
             raise CniError(ERR_DATAPLANE, "interface already exists", f"{pair[1]} of {pair[0]}")
         ref = pod_ref(req, self.default_namespace)
+        if self.status_writer is not None:
+            await self.status_writer.check_api(ref)
         allocation = (await self._allocate(pair))[0]
         try:
             attachment = await self.dataplane.attach_pod(self._pod_network(req, ref, allocation))
