@@ -183,6 +183,8 @@ def _bearer_token(header: str | None) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
         raise unauthorized()
+    if not (token.isascii() and token.isprintable()):  # tokens are ASCII; never encode junk
+        raise unauthorized()
     return token
 
 

@@ -10,12 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
-from podnet.api import tables
+from podnet.api import listing, tables
 from podnet.api.admission import Admission
 from podnet.api.auth import RequestAttributes, User, require_authorized
 from podnet.api.metrics import ApiMetrics
+from podnet.api.params import QueryParams, parse_delete_options, parse_query, watch_timeout
+from podnet.api.patch import patcher
 from podnet.api.registry import Obj, Registry
-from podnet.api.requests import Target, query_flag, read_body, resolve, selectors
+from podnet.api.requests import Target, read_body, resolve, selectors
 from podnet.api.watchcache import CachedEvent, WatchCache, WatchFilter, direct_events
 from podnet.model import errors
 from podnet.model.kinds import Kind
@@ -25,6 +27,7 @@ BOOKMARK_EVERY = 10.0
 USER = web.RequestKey("user", User)
 VERB = web.RequestKey("verb", str)
 RESOURCE = web.RequestKey("resource", str)
+PARAMS = web.RequestKey("params", QueryParams)
 
 
 def dumps(obj: Any) -> bytes:
@@ -55,7 +58,8 @@ class ResourceHandlers:
 
     async def _dispatch(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
         target = resolve(group, version, request.match_info["tail"])
-        verb = _verb(request.method, target, query_flag(request, "watch"))
+        params = request[PARAMS] = parse_query(request.query)  # 400 before any work
+        verb = _verb(request.method, target, params.watch)
         request[VERB], request[RESOURCE] = verb, target.kind.plural
         handler = getattr(self, f"_{verb}", None)
         if handler is None:
@@ -113,16 +117,16 @@ class ResourceHandlers:
     async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "list", target)
         labels, fields = selectors(request, target.kind)
+        params = request[PARAMS]
+        await listing.check_list_revision(self.registry, params)
         items, revision = await self.registry.list(target.kind, target.namespace, labels, fields)
+        page = listing.paginate(self.registry, target.kind, items, revision, params)
         if tables.wants_table(request.headers.get("Accept", "")):
-            return json_response(tables.table(target.kind, items, str(revision)))
-        body = {
-            "kind": target.kind.list_kind,
-            "apiVersion": target.kind.api_version,
-            "metadata": {"resourceVersion": str(revision)},
-            "items": items,
-        }
-        return json_response(body)
+            table = tables.table(target.kind, page.items, str(page.revision))
+            if page.continue_token:
+                table["metadata"]["continue"] = page.continue_token
+            return json_response(table)
+        return json_response(listing.list_body(target.kind, page))
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "watch", target)
@@ -143,21 +147,14 @@ class ResourceHandlers:
     async def _watch_source(
         self, request: web.Request, wf: WatchFilter
     ) -> AsyncIterator[CachedEvent | int | Obj]:
-        rv = request.query.get("resourceVersion", "")
-        bookmarks = BOOKMARK_EVERY if query_flag(request, "allowWatchBookmarks") else None
-        if rv in ("", "0"):
+        params = request[PARAMS]
+        bookmarks = BOOKMARK_EVERY if params.allow_bookmarks else None
+        revision = params.resource_version
+        if not revision:  # absent or "0": the current state as ADDED events, then changes
             items, revision = await self.registry.list(wf.kind, wf.namespace, wf.labels, wf.fields)
             return _initial_then(items, self.cache.follow(revision, bookmarks))
-        try:
-            revision = int(rv)
-        except ValueError as exc:
-            raise errors.bad_request(f"invalid resourceVersion {rv!r}") from exc
-        from podnet.store.base import Compacted
-
-        try:
-            await self.registry.store.check_revision(revision)
-        except Compacted as exc:
-            raise errors.gone(f"too old resource version: {revision} ({exc})") from exc
+        await listing.check_not_future(self.registry, revision)  # 504, never a hang
+        await listing.check_not_compacted(self.registry, revision, "watch")
         if self.cache.covers(revision):
             return self.cache.follow(revision, bookmarks)
         return direct_events(self.registry, revision)
@@ -174,7 +171,7 @@ class ResourceHandlers:
             headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
         )
         await response.prepare(request)
-        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        timeout = watch_timeout(request[PARAMS])
         self.metrics.watchers.labels(kind.plural).inc()
         first = [True]
         try:
@@ -245,6 +242,7 @@ class ResourceHandlers:
     async def _update(self, request: web.Request, target: Target) -> web.StreamResponse:
         body = await read_body(request)
         _check_type(body, target.kind)
+        _check_namespace(body, target)
         assert target.name is not None
         obj = await self.registry.update(
             target.kind,
@@ -258,12 +256,13 @@ class ResourceHandlers:
 
     async def _patch(self, request: web.Request, target: Target) -> web.StreamResponse:
         body = await read_body(request, patch=True)
+        apply = patcher(request.content_type.lower(), body)  # 400 for a malformed patch
         assert target.name is not None
         obj = await self.registry.patch(
             target.kind,
             target.namespace,
             target.name,
-            body,
+            apply,
             target.subresource,
             self._admit(request, "patch", target),
         )
@@ -271,17 +270,21 @@ class ResourceHandlers:
 
     async def _delete(self, request: web.Request, target: Target) -> web.StreamResponse:
         assert target.name is not None
-        precondition = None
-        if request.can_read_body:
-            with contextlib.suppress(errors.ApiError):
-                options = await read_body(request)
-                if isinstance(options, dict):
-                    precondition = (options.get("preconditions") or {}).get("resourceVersion")
+        options = parse_delete_options(await read_body(request) if request.can_read_body else {})
+        if options.uid is not None:  # checked on a read just before the delete
+            current = await self.registry.get(target.kind, target.namespace, target.name)
+            if current["metadata"].get("uid") != options.uid:
+                raise errors.conflict(
+                    target.kind.plural,
+                    target.name,
+                    f"Precondition failed: UID in precondition: {options.uid}, "
+                    f"UID in object meta: {current['metadata'].get('uid')}",
+                )
         obj = await self.registry.delete(
             target.kind,
             target.namespace,
             target.name,
-            precondition,
+            options.resource_version,
             self._admit(request, "delete", target),
         )
         return json_response(obj)
@@ -311,6 +314,17 @@ def _check_type(body: Any, kind: Kind) -> None:
         raise errors.bad_request(f"the body is a {given!s}, but the URL is for {kind.kind}")
     if api_version is not None and api_version != kind.api_version:
         raise errors.bad_request(f"apiVersion {api_version!s} does not match {kind.api_version}")
+
+
+def _check_namespace(body: dict[str, Any], target: Target) -> None:
+    """A body may repeat the URL's namespace, never name another one (kube: 400)."""
+    meta = body.get("metadata")
+    given = meta.get("namespace") if isinstance(meta, dict) else None
+    if target.kind.namespaced and given and given != target.namespace:
+        raise errors.bad_request(
+            "the namespace of the provided object does not match the namespace sent on "
+            f"the request ({given!s} != {target.namespace})"
+        )
 
 
 async def _initial_then(

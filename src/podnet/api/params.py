@@ -14,6 +14,7 @@ import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from podnet.model import errors
 
@@ -184,3 +185,47 @@ def watch_timeout(params: QueryParams) -> float:
 
 def _short(value: str) -> str:
     return repr(value if len(value) <= 64 else value[:61] + "...")
+
+
+@dataclass(frozen=True)
+class DeleteOptions:
+    """The parts of a DELETE body podnet acts on: its preconditions."""
+
+    resource_version: str | None = None
+    uid: str | None = None
+
+
+def parse_delete_options(body: Any) -> DeleteOptions:
+    """A ``DeleteOptions`` body, checked field by field; 400 for a wrong shape or value."""
+    if not isinstance(body, dict):
+        raise errors.bad_request("DeleteOptions must be a JSON object")
+    if body.get("kind") not in (None, "DeleteOptions"):
+        raise errors.bad_request(f"the body is a {body.get('kind')!s}, not DeleteOptions")
+    pre = body.get("preconditions")
+    if pre is None:
+        pre = {}
+    if not isinstance(pre, dict):
+        raise errors.bad_request("DeleteOptions.preconditions must be an object")
+    for field in ("resourceVersion", "uid"):
+        if pre.get(field) is not None and not isinstance(pre[field], str):
+            raise errors.bad_request(f"DeleteOptions.preconditions.{field} must be a string")
+    _check_delete_fields(body)
+    return DeleteOptions(pre.get("resourceVersion") or None, pre.get("uid") or None)
+
+
+def _check_delete_fields(body: dict[str, Any]) -> None:
+    policy = body.get("propagationPolicy")
+    if policy is not None and policy not in PROPAGATION:
+        raise errors.bad_request(
+            f"DeleteOptions.propagationPolicy: unsupported value {policy!r}: "
+            f"supported: {', '.join(PROPAGATION)}"
+        )
+    grace = body.get("gracePeriodSeconds")
+    if grace is not None and (type(grace) is not int or not 0 <= grace <= MAX_INT64):
+        raise errors.bad_request("DeleteOptions.gracePeriodSeconds must be a non-negative integer")
+    orphan = body.get("orphanDependents")
+    if orphan is not None and not isinstance(orphan, bool):
+        raise errors.bad_request("DeleteOptions.orphanDependents must be true or false")
+    dry_run = body.get("dryRun")
+    if dry_run is not None and (not isinstance(dry_run, list) or dry_run):
+        raise errors.bad_request("DeleteOptions.dryRun is not supported by this server")

@@ -110,7 +110,3 @@ async def _read_limited(request: web.Request) -> bytes:
             raise errors.too_large(f"the request body is larger than {MAX_BODY} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def query_flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "").lower() in ("1", "true", "yes")

@@ -121,3 +121,14 @@ def invalid(kind: str, name: str, causes: list[FieldError]) -> ApiError:
 
 def unavailable(message: str) -> ApiError:
     return ApiError(message, 503, "ServiceUnavailable")
+
+
+def resource_version_too_large(requested: int, current: int) -> ApiError:
+    """504 for a resourceVersion the store has not reached, as kube-apiserver answers it."""
+    cause = FieldError("", "Too large resource version", "ResourceVersionTooLarge")
+    return ApiError(
+        f"Too large resource version: {requested}, current: {current}",
+        504,
+        "Timeout",
+        causes=[cause],
+    )
