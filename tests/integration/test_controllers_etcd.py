@@ -79,8 +79,10 @@ def node(name: str, index: int) -> Obj:
     }
 
 
-async def create_nodes(registry: Registry, names: list[str]) -> None:
-    await asyncio.gather(*(registry.create(NODE, node(n, i)) for i, n in enumerate(names)))
+async def create_nodes(registry: Registry, names: list[str], first: int = 0) -> None:
+    """Create Nodes with distinct InternalIPs (``first`` onwards): a Node IP is unique."""
+    nodes = (node(n, i) for i, n in enumerate(names, start=first))
+    await asyncio.gather(*(registry.create(NODE, body) for body in nodes))
 
 
 async def subnets(registry: Registry) -> dict[str, Obj]:
@@ -227,7 +229,7 @@ async def test_two_managers_with_election_take_turns(
         assert_distinct(allocated)
         await leader.stop()  # hand over: the follower must take the lease
         await wait_until(lambda: follower.ready, timeout=15)
-        await create_nodes(registry, [f"late-{i}" for i in range(5)])
+        await create_nodes(registry, [f"late-{i}" for i in range(5)], first=NODES)
         allocated = await wait_for_subnets(registry, NODES + 5)
         assert_distinct(allocated)
     finally:
