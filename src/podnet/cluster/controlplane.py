@@ -122,6 +122,11 @@ class ControlPlane:
     ) -> None:
         """Record ports for what is asked; refuse a change of size (etcd membership and
         the relays' targets are fixed when the cluster is made)."""
+        if not state.etcd_members and (state.etcd_pid or state.master_pid):
+            raise ControlPlaneError(
+                "this cluster was made by an older podnet (plain etcd); "
+                "`podnet cluster down` first"
+            )
         if state.etcd_members and members and members != len(state.etcd_members):
             raise ControlPlaneError(
                 f"the cluster has {len(state.etcd_members)} etcd members; "
@@ -283,6 +288,10 @@ class ControlPlane:
         for member in state.etcd_members:
             if member.process and member.process.stop(timeout=10):
                 say(f"etcd {member.name} stopped (pid {member.process.pid})")
+        if not state.etcd_members:  # a state written by an older podnet
+            for pid, needle in ((state.master_pid, "podnet"), (state.etcd_pid, "etcd")):
+                if pid and ProcessRecord(pid, needle).stop(timeout=10):
+                    say(f"{needle} stopped (pid {pid})")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         say(f"removed {self.state_dir}")
 
