@@ -282,3 +282,29 @@ def test_two_masters_the_standby_takes_over_allocation(
     assert len(subnets) == 4 and len(set(subnets)) == 4, subnets
     assert len(netids) == len(set(netids)), netids
     assert LEADER_KEY.endswith("leader")
+
+
+# ---- cluster status reports what is really up --------------------------------------------
+
+
+def test_cluster_status_reports_each_member_and_master(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
+    from click.testing import CliRunner
+
+    from podnet.cli.cluster_cmd import cluster
+
+    plane = control_plane(members=3, masters=2)
+    args = ["status", "--state-dir", str(plane.state_dir)]
+    healthy = CliRunner().invoke(cluster, args)
+    assert healthy.exit_code == 0, healthy.output
+    assert healthy.output.count("health ok") == 3 and "control plane: healthy" in healthy.output
+    assert healthy.output.count(", leader") == 1
+    plane.kill_member(2)
+    plane.kill_master(1)
+    degraded = CliRunner().invoke(cluster, args)
+    assert degraded.exit_code == 1, degraded.output
+    lines = degraded.output.splitlines()
+    assert any(line.strip().startswith("etcd3") and "DEAD" in line for line in lines)
+    assert any(line.strip().startswith("master2") and "DEAD" in line for line in lines)
+    assert "control plane: DEGRADED" in degraded.output
