@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from podnet.model import errors
 from podnet.model.kinds import HOST_SUBNET, NODE, Kind
+from podnet.store.base import Store
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,22 @@ def claims(kind: Kind, obj: Mapping[str, Any]) -> list[Claim]:
 
 def _same(kind: Kind, other: Kind) -> bool:
     return (kind.group, kind.plural) == (other.group, other.plural)
+
+
+async def raise_if_claimed(
+    store: Store, kind: Kind, key: str, name: str, wanted: Mapping[str, Claim]
+) -> None:
+    """Raise the error for the first of ``wanted`` (claim key -> claim) that another
+    object holds; return when none is (the transaction failed for another reason)."""
+    for claim_key, claim in wanted.items():
+        holder = await store.get(claim_key)
+        if holder is None or holder.value == key.encode():
+            continue
+        owner = holder.value.decode().rsplit("/", 1)[-1]
+        message = f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
+        if claim.field == kind.unique_field:
+            # The subnet claim's answer since the beginning (the allocator expects it).
+            raise errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
+        # As kube answers a taken unique value (a Service's clusterIP): 422, Duplicate.
+        cause = errors.FieldError(claim.field, message, "FieldValueDuplicate")
+        raise errors.ApiError(message, 422, "Invalid", kind.kind, name, [cause])

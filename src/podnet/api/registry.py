@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from podnet.api.claims import Claim, claims
+from podnet.api.claims import Claim, claims, raise_if_claimed
 from podnet.api.objects import (
     STALE,
     matches,
@@ -176,7 +176,7 @@ class Registry:
         if revision is None:
             if await self.store.get(key) is not None:
                 raise errors.already_exists(kind.plural, name)
-            await self._explain_claims(kind, key, name, held)
+            await raise_if_claimed(self.store, kind, key, name, held)
             raise errors.conflict(kind.plural, name, "a unique value was claimed meanwhile")
         obj["metadata"]["resourceVersion"] = str(revision)
         return obj
@@ -223,24 +223,6 @@ class Registry:
     def _claims(self, kind: Kind, obj: Obj) -> dict[str, Claim]:
         """Claim key -> claim, for every unique value ``obj`` holds."""
         return {self._claim_key(kind, c): c for c in claims(kind, obj)}
-
-    async def _explain_claims(
-        self, kind: Kind, key: str, name: str, wanted: dict[str, Claim]
-    ) -> None:
-        """Raise the error for the first wanted claim that another object holds."""
-        for claim_key, claim in wanted.items():
-            holder = await self.store.get(claim_key)
-            if holder is None or holder.value == key.encode():
-                continue
-            owner = holder.value.decode().rsplit("/", 1)[-1]
-            message = (
-                f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
-            )
-            if claim.field == kind.unique_field:
-                # The subnet claim's answer since the beginning (the allocator expects it).
-                raise errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
-            cause = errors.FieldError(claim.field, message, "FieldValueDuplicate")
-            raise errors.ApiError(message, 422, "Invalid", kind.kind, name, [cause])
 
     async def _commit(
         self, conditions: Sequence[Condition], ops: Sequence[Operation]
@@ -356,7 +338,7 @@ class Registry:
         ops.extend(Delete(k) for k in old_claims if k not in new_claims)
         revision = await self._commit(conditions, ops)
         if revision is None:
-            await self._explain_claims(kind, key, meta["name"], added)
+            await raise_if_claimed(self.store, kind, key, meta["name"], added)
             raise errors.conflict(kind.plural, meta["name"], STALE)
         meta["resourceVersion"] = str(revision)
         return new
