@@ -125,6 +125,32 @@ def test_etcd_refuses_plain_grpc_and_a_peer_certificate(tls_etcd: EtcdProcess) -
     assert asyncio.run(_store_revision(tls_etcd.endpoint, pki.client_tls())) > 0
 
 
+def test_peer_port_refuses_a_client_certificate(tls_etcd: EtcdProcess) -> None:
+    """The peer port trusts only the peer CA: the masters' client certificate cannot
+    talk raft or join the cluster, and neither can a client without a certificate."""
+    assert tls_etcd.pki is not None
+    pki = tls_etcd.pki
+    client = pki.client_tls()
+    for cert in (client, None):
+        context = ssl.create_default_context(cafile=str(pki.peer_ca))
+        context.check_hostname = False
+        if cert is not None:
+            context.load_cert_chain(str(cert.cert), str(cert.key))
+        conn = http.client.HTTPSConnection("127.0.0.1", tls_etcd.peer_port, timeout=5,
+                                           context=context)  # fmt: skip
+        with pytest.raises((ssl.SSLError, OSError)):
+            conn.request("GET", "/members")
+            conn.getresponse()
+    peer = pki.peer("etcd1")  # the control: a member's own peer certificate gets in
+    context = ssl.create_default_context(cafile=str(pki.peer_ca))
+    context.check_hostname = False
+    context.load_cert_chain(str(peer.cert), str(peer.key))
+    conn = http.client.HTTPSConnection("127.0.0.1", tls_etcd.peer_port, timeout=5,
+                                       context=context)  # fmt: skip
+    conn.request("GET", "/members")
+    assert conn.getresponse().status == 200
+
+
 def test_etcd_pki_files_are_private(tls_etcd: EtcdProcess) -> None:
     assert tls_etcd.pki is not None
     directory = tls_etcd.pki.directory
