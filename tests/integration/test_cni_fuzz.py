@@ -58,7 +58,7 @@ JSON = st.recursive(
     max_leaves=12,
 )
 ENV_TEXT = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
+    st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40
 )
 
 
@@ -93,7 +93,7 @@ def env_strategy() -> st.SearchStrategy[dict[str, str]]:
 def _attachments(cid: str = "fuzz-c1") -> st.SearchStrategy[Any]:
     base = [{"containerID": c, "ifname": i} for c, i in BASELINE]
     good = st.just(base) | st.just([*base, {"containerID": cid, "ifname": "eth0"}])
-    bad = st.sampled_from(
+    bad: st.SearchStrategy[Any] = st.sampled_from(
         [None, {}, "all", 0, True, [None], [1], [{}], [{"containerID": 1, "ifname": "eth0"}]]
     ) | st.lists(JSON, min_size=1, max_size=3).filter(
         lambda v: not all(isinstance(i, dict) for i in v)
