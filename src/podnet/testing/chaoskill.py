@@ -14,7 +14,7 @@ import random
 import secrets
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +49,12 @@ def victims(state: ClusterState) -> list[Victim]:
     return agents + masters + members
 
 
-def pick(rng: random.Random, state: ClusterState) -> Victim:
-    """A victim: first the kind (agent, master, etcd) evenly, then which one."""
-    kind = rng.choice(["agent", "master", "etcd"])
+KINDS = ("agent", "master", "etcd")
+
+
+def pick(rng: random.Random, state: ClusterState, kinds: Sequence[str] = KINDS) -> Victim:
+    """A victim: first the kind (of ``kinds``) evenly, then which one."""
+    kind = rng.choice(list(kinds))
     return rng.choice([v for v in victims(state) if v.kind == kind])
 
 
