@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -251,6 +252,13 @@ def test_a_silent_node_goes_unknown_within_the_grace_and_ready_again(
         with client_for(master.kubeconfig) as api:
             table = api.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
         assert [i["metadata"]["name"] for i in table.json()["items"]] == [NODE]
+        kubectl = ["kubectl", "--kubeconfig", str(master.kubeconfig), "get", "leases"]
+        shown = subprocess.run(
+            [*kubectl, "-n", "kube-node-lease"], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, shown.stderr
+        header, row = shown.stdout.splitlines()
+        assert header.split()[:2] == ["NAME", "HOLDER"] and row.split()[:2] == [NODE, NODE]
     finally:
         if running is not None:
             running.stop()
