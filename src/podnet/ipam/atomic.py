@@ -89,6 +89,19 @@ def replace(dfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
             os.unlink(tmp, dir_fd=dfd)
 
 
+def overwrite(dfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` over ``name`` in place (the round-robin cursor). Not atomic, on
+    purpose: a cursor torn by a crash reads as absent and allocation restarts at
+    rangeStart, as the reference does, with O_EXCL still deciding; and an O_TRUNC to zero
+    would force a data flush on close on ext4 (auto_da_alloc, ~0.3 ms per ADD)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode, dir_fd=dfd)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temps(dfd: int) -> list[str]:
     """Remove temporary files a killed writer left (call with the flock held)."""
     stale = [n for n in os.listdir(dfd) if n.startswith(TEMP_PREFIX)]
