@@ -15,7 +15,57 @@ from typing import Any
 
 from podnet.model.kinds import KINDS, Kind
 
-QUERY_PARAMS = ("fieldValidation", "fieldManager", "dryRun")
+STRING = {"type": "string"}
+BOOLEAN = {"type": "boolean"}
+INTEGER = {"type": "integer", "minimum": 0}
+NAME_PATTERN = "^[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?$"
+WRITE_PARAMS = {
+    "dryRun": STRING,
+    "fieldManager": STRING,
+    "fieldValidation": {"type": "string", "enum": ["Ignore", "Warn", "Strict"]},
+    "pretty": STRING,
+}
+# The query parameters of each action, with the types podnet.api.params checks.
+QUERY_PARAMS: dict[str, dict[str, Any]] = {
+    "list": {
+        "allowWatchBookmarks": BOOLEAN,
+        "continue": STRING,
+        "fieldSelector": STRING,
+        "labelSelector": STRING,
+        "limit": INTEGER,
+        "pretty": STRING,
+        "resourceVersion": STRING,
+        "resourceVersionMatch": {"type": "string", "enum": ["NotOlderThan", "Exact"]},
+        "timeoutSeconds": INTEGER,
+        "watch": BOOLEAN,
+    },
+    "get": {"pretty": STRING},
+    "post": WRITE_PARAMS,
+    "put": WRITE_PARAMS,
+    "patch": {**WRITE_PARAMS, "force": BOOLEAN},
+    "delete": {
+        "dryRun": STRING,
+        "gracePeriodSeconds": INTEGER,
+        "propagationPolicy": {"type": "string", "enum": ["Orphan", "Background", "Foreground"]},
+        "pretty": STRING,
+    },
+}
+PATCH_BODIES = {
+    "application/merge-patch+json": {"type": "object"},
+    "application/strategic-merge-patch+json": {"type": "object"},
+    "application/json-patch+json": {"type": "array", "items": {"type": "object"}},
+}
+DELETE_OPTIONS = {
+    "type": "object",
+    "properties": {
+        "gracePeriodSeconds": {"type": "integer"},
+        "preconditions": {
+            "type": "object",
+            "properties": {"resourceVersion": STRING, "uid": STRING},
+        },
+        "propagationPolicy": STRING,
+    },
+}
 
 
 def _gv_path(group_version: str) -> str:
@@ -26,15 +76,41 @@ def _gvk(kind: Kind) -> dict[str, str]:
     return {"group": kind.group, "version": kind.version, "kind": kind.kind}
 
 
-def _operation(kind: Kind, action: str) -> dict[str, Any]:
-    params = [{"name": p, "in": "query", "schema": {"type": "string"}} for p in QUERY_PARAMS]
-    return {
+def _schema_ref(kind: Kind) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{kind.group or 'core'}.{kind.version}.{kind.kind}"}
+
+
+def _body(action: str, kind: Kind) -> dict[str, Any] | None:
+    """The requestBody of an action, in the media types the server reads."""
+    if action in ("post", "put"):
+        media = ("application/json", "application/yaml")
+        return {"required": True, "content": {m: {"schema": _schema_ref(kind)} for m in media}}
+    if action == "patch":
+        return {"required": True, "content": {m: {"schema": s} for m, s in PATCH_BODIES.items()}}
+    if action == "delete":
+        return {"content": {"application/json": {"schema": DELETE_OPTIONS}}}
+    return None
+
+
+def _operation(kind: Kind, action: str, path_params: tuple[str, ...]) -> dict[str, Any]:
+    params = [
+        {"name": p, "in": "path", "required": True, "schema": STRING} for p in path_params
+    ] + [{"name": p, "in": "query", "schema": s} for p, s in QUERY_PARAMS[action].items()]
+    operation: dict[str, Any] = {
         "operationId": f"{action}{kind.kind}",
         "parameters": params,
-        "responses": {"200": {"description": "OK"}},
+        "responses": {
+            "200": {"description": "OK"},
+            "201": {"description": "Created"},
+            "default": {"description": "a Status object"},
+        },
         "x-kubernetes-action": action,
         "x-kubernetes-group-version-kind": _gvk(kind),
     }
+    body = _body(action, kind)
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
 
 
 def _paths(kind: Kind) -> dict[str, Any]:
@@ -44,21 +120,33 @@ def _paths(kind: Kind) -> dict[str, Any]:
         if kind.namespaced
         else f"{base}/{kind.plural}"
     )
+    ns: tuple[str, ...] = ("namespace",) if kind.namespaced else ()
+    one = (*ns, "name")
     return {
-        scope: {"get": _operation(kind, "list"), "post": _operation(kind, "post")},
+        scope: {"get": _operation(kind, "list", ns), "post": _operation(kind, "post", ns)},
         f"{scope}/{{name}}": {
-            "get": _operation(kind, "get"),
-            "put": _operation(kind, "put"),
-            "patch": _operation(kind, "patch"),
-            "delete": _operation(kind, "delete"),
-        },
+            action: _operation(kind, action, one) for action in ("get", "put", "patch")
+        }
+        | {"delete": _operation(kind, "delete", one)},
     }
 
 
 def _schema(kind: Kind) -> dict[str, Any]:
+    # Open beyond the type fields and metadata: the master validates the rest itself.
     return {
         "type": "object",
         "description": f"{kind.kind} ({kind.api_version}); validated by the podnet master",
+        "properties": {
+            "apiVersion": {"type": "string", "enum": [kind.api_version]},
+            "kind": {"type": "string", "enum": [kind.kind]},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 63},
+                    "labels": {"type": "object", "additionalProperties": STRING},
+                },
+            },
+        },
         "x-kubernetes-group-version-kind": [_gvk(kind)],
         "x-kubernetes-preserve-unknown-fields": True,
     }
