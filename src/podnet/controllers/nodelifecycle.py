@@ -183,7 +183,9 @@ class NodeLifecycleController:
         if node is None:
             return None
         silent = self.clock() - self._seen_at.get(name, self.clock())
-        change = ready_transition(node, silent, self.grace, name in self._heard)
+        # One monitor period early, so the mark lands within the grace, never after it.
+        limit = self.grace - self.period
+        change = ready_transition(node, silent, limit, name in self._heard)
         if change is None:
             return None
         updated = await self._write(name, change)
