@@ -107,3 +107,24 @@ def test_json_patch_copy_bomb_is_refused() -> None:
     with pytest.raises(ApiError) as caught:
         patcher(JSON_PATCH, ops)(old)
     assert caught.value.code == 413
+
+
+def test_strategic_merge_merges_keyed_lists() -> None:
+    old = {
+        "metadata": {"name": "s"},
+        "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]},
+    }
+    patch = {
+        "spec": {
+            "ports": [{"port": 80, "targetPort": 8080}, {"port": 53, "name": "dns"}],
+            "$setElementOrder/ports": [{"port": 53}, {"port": 80}, {"port": 443}],
+        }
+    }
+    ports = patcher(STRATEGIC, patch)(old)["spec"]["ports"]
+    assert ports == [
+        {"port": 53, "name": "dns"},
+        {"port": 80, "name": "http", "targetPort": 8080},
+        {"port": 443, "name": "https"},
+    ]
+    gone = patcher(STRATEGIC, {"spec": {"ports": [{"port": 443, "$patch": "delete"}]}})(old)
+    assert gone["spec"]["ports"] == [{"port": 80, "name": "http"}]

@@ -2,10 +2,11 @@
 
 - ``application/merge-patch+json``: RFC 7386 merge patch.
 - ``application/strategic-merge-patch+json``: what kubectl sends for built-in kinds
-  (``kubectl label``, ``annotate``, ``patch``). For maps it is a merge patch; lists are
-  replaced (podnet's kinds have no list whose items kubectl merges by key in practice),
-  and the directives ``$patch: replace|delete`` are honoured while bookkeeping keys such
-  as ``$setElementOrder/...`` and ``$retainKeys`` are dropped.
+  (``kubectl label``, ``annotate``, ``patch``, ``apply``). For maps it is a merge patch.
+  Lists of objects that Kubernetes merges by key (containers by name, ports by port,
+  conditions by type, ...: ``MERGE_KEYS``) are merged item by item, in the order of a
+  ``$setElementOrder/<list>`` directive when one is given; other lists are replaced. The
+  directives ``$patch: replace|delete`` are honoured; ``$retainKeys`` is ignored.
 - ``application/json-patch+json``: RFC 6902 operations, applied with ``jsonpatch``. A
   ``copy`` can double the object each time, so copied bytes are counted and capped, as
   kube caps them (CVE-2019-1002100).
@@ -85,6 +86,49 @@ def apply_json_patch(old: Obj, operations: list[Obj]) -> Any:
     return doc
 
 
+# List field -> the keys that identify an item (the first one an item has is used), from
+# the patchMergeKey tags of k8s.io/api for the lists podnet's kinds hold.
+MERGE_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "ports": ("containerPort", "port"),
+    "conditions": ("type",),
+    "addresses": ("type",),
+    "imagePullSecrets": ("name",),
+}
+
+
+def _item_key(item: Any, names: tuple[str, ...]) -> Any:
+    if not isinstance(item, dict):
+        return None
+    return next(((n, item[n]) for n in names if n in item), None)
+
+
+def _merge_list(old: Any, patch: list[Any], names: tuple[str, ...], order: Any) -> list[Any]:
+    """Merge a keyed list: patch items update the old item with the same key, or are added."""
+    if not isinstance(old, list) or any(_item_key(i, names) is None for i in patch):
+        return copy.deepcopy(patch)
+    result = list(old)
+    for item in patch:
+        key = _item_key(item, names)
+        at = next((i for i, o in enumerate(result) if _item_key(o, names) == key), None)
+        if item.get("$patch") == "delete":
+            if at is not None:
+                del result[at]
+        elif at is None:
+            result.append(apply_strategic({}, item))
+        else:
+            result[at] = apply_strategic(result[at], item)
+    if isinstance(order, list):
+        wanted = [_item_key(o, names) for o in order]
+        rank = {k: i for i, k in enumerate(wanted) if k is not None}
+        result.sort(key=lambda o: rank.get(_item_key(o, names), len(rank)))
+    return result
+
+
 def apply_strategic(old: Any, patch: Any) -> Any:
     """Strategic merge patch with map semantics: directives honoured, lists replaced."""
     if not isinstance(patch, dict):
@@ -100,6 +144,9 @@ def apply_strategic(old: Any, patch: Any) -> Any:
             continue  # $setElementOrder/..., $retainKeys: list bookkeeping we do not need
         if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
+        elif isinstance(value, list) and key in MERGE_KEYS:
+            order = patch.get(f"$setElementOrder/{key}")
+            result[key] = _merge_list(result.get(key), value, MERGE_KEYS[key], order)
         else:
             result[key] = apply_strategic(result.get(key), value)
     return result
