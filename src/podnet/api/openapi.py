@@ -19,11 +19,11 @@ STRING = {"type": "string"}
 BOOLEAN = {"type": "boolean"}
 INTEGER = {"type": "integer", "minimum": 0}
 NAME_PATTERN = "^[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?$"
+# dryRun is not declared: podnet refuses it (400) rather than half-support it.
 WRITE_PARAMS = {
-    "dryRun": STRING,
-    "fieldManager": STRING,
+    "fieldManager": {"type": "string", "maxLength": 128, "pattern": "^[ -~]*$"},
     "fieldValidation": {"type": "string", "enum": ["Ignore", "Warn", "Strict"]},
-    "pretty": STRING,
+    "pretty": BOOLEAN,
 }
 # The query parameters of each action, with the types podnet.api.params checks.
 QUERY_PARAMS: dict[str, dict[str, Any]] = {
@@ -33,21 +33,20 @@ QUERY_PARAMS: dict[str, dict[str, Any]] = {
         "fieldSelector": STRING,
         "labelSelector": STRING,
         "limit": INTEGER,
-        "pretty": STRING,
+        "pretty": BOOLEAN,
         "resourceVersion": STRING,
         "resourceVersionMatch": {"type": "string", "enum": ["NotOlderThan", "Exact"]},
         "timeoutSeconds": INTEGER,
         "watch": BOOLEAN,
     },
-    "get": {"pretty": STRING},
+    "get": {"pretty": BOOLEAN},
     "post": WRITE_PARAMS,
     "put": WRITE_PARAMS,
     "patch": {**WRITE_PARAMS, "force": BOOLEAN},
     "delete": {
-        "dryRun": STRING,
         "gracePeriodSeconds": INTEGER,
         "propagationPolicy": {"type": "string", "enum": ["Orphan", "Background", "Foreground"]},
-        "pretty": STRING,
+        "pretty": BOOLEAN,
     },
 }
 PATCH_BODIES = {
