@@ -139,3 +139,29 @@ def test_strategic_merge_patch(master: MasterProcess) -> None:
         for wrong in ([1], "x", {"metadata": []}):
             answer = _patch(api, f"{NS}/smp", "merge-patch+json", wrong)
             assert answer.status_code in (400, 422), answer.text
+
+
+SERVICE = """
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  selector: {{app: web}}
+  ports:
+  - {{name: http, port: 80, targetPort: {http}}}
+  - {{name: https, port: 443, targetPort: 8443}}
+"""
+
+
+@kubectl_only
+def test_kubectl_apply_twice_merges_keyed_lists(master: MasterProcess) -> None:
+    """Re-apply sends a strategic merge patch of the changed port only; both ports stay."""
+    for target in (8080, 9090):
+        done = run_kubectl(master.kubeconfig, "apply", "-f", "-", stdin=SERVICE.format(http=target))
+        assert done.returncode == 0, done.stderr
+    with client_for(master.kubeconfig) as api:
+        ports = api.get("/api/v1/namespaces/default/services/web").json()["spec"]["ports"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in ports] == [
+        ("http", 80, 9090),
+        ("https", 443, 8443),
+    ]
