@@ -52,6 +52,8 @@ async def check_not_compacted(registry: Registry, revision: int, what: str) -> N
 
 async def check_list_revision(registry: Registry, params: QueryParams) -> None:
     """The list rules for ``resourceVersion``/``resourceVersionMatch`` and ``continue``."""
+    if not params.resource_version and params.continue_token is None:
+        return  # the usual list: latest state, no extra etcd round trip
     current = await check_not_future(registry, params.resource_version)
     if params.resource_version_match == "Exact" and params.resource_version != current:
         raise errors.gone(
