@@ -119,3 +119,32 @@ def test_malformed_envelopes_are_400(body: bytes) -> None:
     with pytest.raises(ApiError) as caught:
         protobuf.decode_object(body)
     assert caught.value.code == 400
+
+
+# Bodies captured from kubectl 1.32 (`create namespace capns`, `create service clusterip api
+# --tcp=80:8080`) against a stub server: the real bytes, decoded independently of our encoders.
+KUBECTL_NAMESPACE = bytes.fromhex(
+    "6b3873000a0f0a02763112094e616d657370616365121d0a150a056361706e7312001a0022002a00"
+    "32003800420012001a020a001a002200"
+)
+KUBECTL_SERVICE = bytes.fromhex(
+    "6b3873000a0d0a02763112075365727669636512690a1f0a0361706912001a0022002a0032003800"
+    "42005a0a0a03617070120361706912420a1b0a0738302d3830383012035443501850220708001090"
+    "3f1a002800120a0a0361707012036170691a002209436c757374657249503a00420052005a006000"
+    "68001a020a001a002200"
+)
+
+
+def test_real_kubectl_bodies() -> None:
+    assert protobuf.decode_object(KUBECTL_NAMESPACE) == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "capns"},
+    }
+    service = protobuf.decode_object(KUBECTL_SERVICE)
+    assert service["metadata"] == {"name": "api", "labels": {"app": "api"}}
+    assert service["spec"] == {
+        "ports": [{"name": "80-8080", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+        "selector": {"app": "api"},
+        "type": "ClusterIP",
+    }

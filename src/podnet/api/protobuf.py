@@ -34,6 +34,7 @@ MAX_NESTING = 16
 FieldType = Union[str, "Message", tuple[Any, ...]]
 Message = dict[int, tuple[str, FieldType]]
 
+INT_OR_STRING: Message = {1: ("type", "int64"), 2: ("intVal", "int32"), 3: ("strVal", "string")}
 TIME: Message = {1: ("seconds", "int64"), 2: ("nanos", "int32")}
 OWNER_REFERENCE: Message = {
     1: ("kind", "string"),
@@ -65,6 +66,30 @@ NAMESPACE: Message = {
     2: ("spec", {1: ("finalizers", ("repeated", "string"))}),
     3: ("status", {1: ("phase", "string")}),
 }
+SERVICE_PORT: Message = {
+    1: ("name", "string"),
+    2: ("protocol", "string"),
+    3: ("port", "int32"),
+    4: ("targetPort", "intorstring"),
+    5: ("nodePort", "int32"),
+    6: ("appProtocol", "string"),
+}
+SERVICE: Message = {
+    1: ("metadata", OBJECT_META),
+    2: (
+        "spec",
+        {
+            1: ("ports", ("repeated", SERVICE_PORT)),
+            2: ("selector", ("map",)),
+            3: ("clusterIP", "string"),
+            4: ("type", "string"),
+            5: ("externalIPs", ("repeated", "string")),
+            7: ("sessionAffinity", "string"),
+            10: ("externalName", "string"),
+            18: ("clusterIPs", ("repeated", "string")),
+        },
+    ),
+}
 RESOURCE_ATTRIBUTES: Message = {
     1: ("namespace", "string"),
     2: ("verb", "string"),
@@ -87,6 +112,7 @@ SELF_SUBJECT_ACCESS_REVIEW: Message = {
 # (apiVersion, kind) -> the message of ``raw``.
 KINDS: dict[tuple[str, str], Message] = {
     ("v1", "Namespace"): NAMESPACE,
+    ("v1", "Service"): SERVICE,
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): SELF_SUBJECT_ACCESS_REVIEW,
 }
 UNKNOWN: Message = {
@@ -170,6 +196,9 @@ def _scalar_or_message(ftype: FieldType, wire: int, value: Any, depth: int) -> A
             raise WireError("a string field is not UTF-8") from exc
     if ftype == "bytes":
         return _need_bytes(wire, value)
+    if ftype == "intorstring":  # {type: 0 int | 1 string, intVal, strVal}
+        both = decode_message(_need_bytes(wire, value), INT_OR_STRING, depth + 1)
+        return both.get("strVal", "") if both.get("type") == 1 else both.get("intVal", 0)
     if ftype == "time":
         seconds = decode_message(_need_bytes(wire, value), TIME, depth + 1).get("seconds", 0)
         return _rfc3339(seconds) if seconds else None
