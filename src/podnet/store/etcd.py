@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -37,6 +38,10 @@ TRANSIENT = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
+# Errors after which a write may or may not have been applied (the leader member died
+# with the proposal, or the connection broke after sending it): read back, then retry.
+AMBIGUOUS = ("request timed out", "leader changed", "Socket closed", "Connection reset")
+AMBIGUOUS_RETRIES = 2
 PAGE = 2000  # keys per range request (a page of pods stays far below 4 MiB)
 
 
@@ -81,8 +86,19 @@ class EtcdStore:
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
 
+    async def _read(self, request: Any) -> Any:
+        """A Range, retried (it changes nothing) when the etcd leader just changed."""
+        for attempt in range(AMBIGUOUS_RETRIES + 1):
+            try:
+                return await self._call(self._client.kvstub.Range, request)
+            except StoreUnavailable as exc:
+                if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc):
+                    raise
+                await asyncio.sleep(random.uniform(0.05, 0.2))
+        raise AssertionError("unreachable")
+
     async def get(self, key: str) -> KeyValue | None:
-        resp = await self._call(self._client.kvstub.Range, rpc.RangeRequest(key=key.encode()))
+        resp = await self._read(rpc.RangeRequest(key=key.encode()))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
@@ -92,7 +108,7 @@ class EtcdStore:
         revision = 0
         while True:
             request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE, revision=revision)
-            resp = await self._call(self._client.kvstub.Range, request)
+            resp = await self._read(request)
             revision = revision or resp.header.revision
             items.extend(_kv(kv) for kv in resp.kvs)
             if not resp.more or not resp.kvs:
@@ -107,8 +123,33 @@ class EtcdStore:
             success=[_request_op(op) for op in operations],
             failure=[],
         )
-        resp = await self._call(self._client.kvstub.Txn, request)
-        return resp.header.revision if resp.succeeded else None
+        for attempt in range(AMBIGUOUS_RETRIES + 1):
+            try:
+                resp = await self._call(self._client.kvstub.Txn, request)
+                return resp.header.revision if resp.succeeded else None
+            except StoreUnavailable as exc:
+                # The etcd leader died with our proposal: it may or may not have been
+                # committed. Read back; if our writes are there, it was; otherwise the
+                # conditions decide again on the new leader.
+                if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc):
+                    raise
+                applied = await self._applied(operations)
+                if applied is not None:
+                    return applied
+        raise AssertionError("unreachable")
+
+    async def _applied(self, operations: Sequence[Operation]) -> int | None:
+        """The revision at which ``operations`` show in the store, or None if they don't."""
+        revision = 0
+        for op in operations:
+            kv = await self.get(op.key)
+            if isinstance(op, Put):
+                if kv is None or kv.value != op.value:
+                    return None
+                revision = max(revision, kv.mod_revision)
+            elif kv is not None:
+                return None
+        return revision or await self.revision()
 
     async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchEvent]:
         start = prefix.encode()
@@ -132,9 +173,7 @@ class EtcdStore:
             await watch.cancel()
 
     async def revision(self) -> int:
-        resp = await self._call(
-            self._client.kvstub.Range, rpc.RangeRequest(key=b"\0", count_only=True)
-        )
+        resp = await self._read(rpc.RangeRequest(key=b"\0", count_only=True))
         return int(resp.header.revision)
 
     async def check_revision(self, revision: int) -> None:
@@ -163,6 +202,10 @@ class EtcdStore:
     def client(self) -> aetcd.Client:
         """The raw client, for leases and leader election."""
         return self._client
+
+
+def _ambiguous(exc: StoreUnavailable) -> bool:
+    return any(text in str(exc) for text in AMBIGUOUS)
 
 
 def _compare(cond: Condition) -> Any:
