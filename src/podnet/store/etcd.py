@@ -42,6 +42,7 @@ TRANSIENT = frozenset(
 # with the proposal, or the connection broke after sending it): read back, then retry.
 AMBIGUOUS = ("request timed out", "leader changed", "Socket closed", "Connection reset")
 AMBIGUOUS_RETRIES = 2
+READ_RETRY = ("leader changed", "Socket closed", "Connection reset")
 PAGE = 2000  # keys per range request (a page of pods stays far below 4 MiB)
 
 
@@ -92,7 +93,8 @@ class EtcdStore:
             try:
                 return await self._call(self._client.kvstub.Range, request)
             except StoreUnavailable as exc:
-                if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc):
+                # Not after "request timed out": that read already waited 7 s for a leader.
+                if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc, READ_RETRY):
                     raise
                 await asyncio.sleep(random.uniform(0.05, 0.2))
         raise AssertionError("unreachable")
@@ -204,8 +206,8 @@ class EtcdStore:
         return self._client
 
 
-def _ambiguous(exc: StoreUnavailable) -> bool:
-    return any(text in str(exc) for text in AMBIGUOUS)
+def _ambiguous(exc: StoreUnavailable, texts: tuple[str, ...] = AMBIGUOUS) -> bool:
+    return any(text in str(exc) for text in texts)
 
 
 def _compare(cond: Condition) -> Any:
