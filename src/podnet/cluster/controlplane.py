@@ -124,8 +124,7 @@ class ControlPlane:
         the relays' targets are fixed when the cluster is made)."""
         if not state.etcd_members and (state.etcd_pid or state.master_pid):
             raise ControlPlaneError(
-                "this cluster was made by an older podnet (plain etcd); "
-                "`podnet cluster down` first"
+                "this cluster was made by an older podnet (plain etcd); `podnet cluster down` first"
             )
         if state.etcd_members and members and members != len(state.etcd_members):
             raise ControlPlaneError(

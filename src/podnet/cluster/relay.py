@@ -122,9 +122,7 @@ def connection_handler(target: int | list[int] | list[Address]) -> Handler:
     return handle
 
 
-async def relay(
-    namespace: str | None, port: int, targets: int | list[int] | list[Address]
-) -> None:
+async def relay(namespace: str | None, port: int, targets: int | list[int] | list[Address]) -> None:
     """Forward connections until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
