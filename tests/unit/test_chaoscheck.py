@@ -85,3 +85,19 @@ def test_victims_cover_agents_masters_and_members() -> None:
     picked = {pick(random.Random(seed), state).kind for seed in range(50)}
     assert picked == {"agent", "master", "etcd"}
     assert Victim("etcd", index=2) in victims(state)
+
+
+def test_wait_exited_returns_once_the_killed_process_is_a_zombie_or_gone() -> None:
+    import os
+    import signal
+    import subprocess
+
+    from podnet.testing.chaoskill import process_state, wait_exited
+
+    assert process_state(os.getpid()) == "R"
+    child = subprocess.Popen(["sleep", "30"])
+    assert process_state(child.pid) not in ("", "Z")
+    os.kill(child.pid, signal.SIGKILL)
+    wait_exited(child.pid)  # reaps our own child
+    assert process_state(child.pid) == ""
+    child.returncode = -9  # already reaped: keep Popen from waiting on a recycled PID

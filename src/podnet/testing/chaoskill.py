@@ -73,14 +73,33 @@ def kill(state_dir: Path, victim: Victim) -> int:
         pid = control.kill_member(victim.index)
     if not pid:
         raise RuntimeError(f"{victim} was not running before the kill")
-    _reap(pid)
+    wait_exited(pid)
     return pid
 
 
-def _reap(pid: int) -> None:
-    """Collect ``pid`` if it is our child (the control plane is started by this process)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+def wait_exited(pid: int, timeout: float = 10.0) -> None:
+    """Until ``pid`` has finished exiting: gone, or a zombie (reaped if it is our child).
+
+    An empty command line is not enough: the kernel drops a dying process's memory
+    (and so its cmdline) before its files, so for a moment its listening sockets still
+    hold their ports and accept connections; a restart then fails to bind."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if process_state(pid) in ("Z", ""):
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"pid {pid} still exiting {timeout}s after SIGKILL")
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` from /proc (``""`` if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2 :][:1]
 
 
 def restart(state_dir: Path, victim: Victim, timeout: float = 90.0) -> None:
