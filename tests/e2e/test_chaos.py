@@ -1,6 +1,7 @@
-"""Chaos: SIGKILL of a node agent, the master or the etcd member at a random point of pod
-ADD/DEL churn, again and again, on a real 2-node cluster (real etcd, master, agents in
-node namespaces, the real CNI shim, the real kernel). Issue 8's acceptance point.
+"""Chaos: SIGKILL of a node agent, a master or an etcd member at a random point of pod
+ADD/DEL churn, again and again, on a real 2-node cluster (3 etcd members with TLS, 2
+masters, agents in node namespaces, the real CNI shim, the real kernel). Issue 8's
+acceptance point.
 
 Each iteration picks a victim with a seeded RNG (the seed is printed; rerun one with
 ``PODNET_CHAOS_SEED``), starts churn on both nodes, kills the victim at a random moment
