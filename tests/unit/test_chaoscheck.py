@@ -92,7 +92,7 @@ def test_wait_exited_returns_once_the_killed_process_is_a_zombie_or_gone() -> No
     import signal
     import subprocess
 
-    from podnet.testing.chaoskill import process_state, wait_exited
+    from podnet.cluster.state import process_state, wait_exited
 
     assert process_state(os.getpid()) == "R"
     child = subprocess.Popen(["sleep", "30"])

@@ -31,6 +31,7 @@ from podnet.cluster.state import (
     MasterRecord,
     ProcessRecord,
     spawn,
+    wait_exited,
 )
 from podnet.store.etcd_pki import EtcdPki, EtcdTls, ensure_etcd_pki
 from podnet.store.etcd_process import EtcdProcess, free_port, pid_alive, wait_healthy
@@ -314,7 +315,6 @@ def _signal(record: ProcessRecord | None, sig: int) -> int:
     if record is None or not record.alive():
         return 0
     os.kill(record.pid, sig)
-    deadline = time.monotonic() + 10
-    while sig == signal.SIGKILL and record.alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    if sig == signal.SIGKILL:
+        wait_exited(record.pid)
     return record.pid

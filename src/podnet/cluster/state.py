@@ -43,6 +43,31 @@ def proc_start_time(pid: int) -> int:
     return int(fields[19]) if len(fields) > 19 else 0
 
 
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` from /proc (``""`` if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2 :][:1]
+
+
+def wait_exited(pid: int, timeout: float = 10.0) -> None:
+    """Until ``pid`` has finished exiting: gone, or a zombie (reaped if it is our child).
+
+    An empty command line is not enough: the kernel drops a dying process's memory (and
+    so its cmdline) before its files, so for a moment its listening sockets still hold
+    their ports and accept connections, and a restart on the same port fails to bind."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        if process_state(pid) in ("Z", ""):
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"pid {pid} still exiting {timeout}s after it was killed")
+
+
 def proc_cmdline(pid: int) -> str:
     """The command line of ``pid`` joined with spaces ('' if it is gone or a zombie)."""
     try:
@@ -79,11 +104,19 @@ class ProcessRecord:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
+                _wait_gone(self.pid)
                 return True
             time.sleep(0.02)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
+        _wait_gone(self.pid)
         return True
+
+
+def _wait_gone(pid: int) -> None:
+    # A process stuck in the kernel must not make ``stop`` raise: it was signalled.
+    with contextlib.suppress(TimeoutError):
+        wait_exited(pid)
 
 
 def spawn(

@@ -21,7 +21,7 @@ from pathlib import Path
 from podnet.cluster import nodes
 from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.pods import admin_api
-from podnet.cluster.state import ClusterState
+from podnet.cluster.state import ClusterState, wait_exited
 from podnet.store.etcd_process import wait_healthy
 from podnet.testing.chaos import load_state
 
@@ -75,31 +75,6 @@ def kill(state_dir: Path, victim: Victim) -> int:
         raise RuntimeError(f"{victim} was not running before the kill")
     wait_exited(pid)
     return pid
-
-
-def wait_exited(pid: int, timeout: float = 10.0) -> None:
-    """Until ``pid`` has finished exiting: gone, or a zombie (reaped if it is our child).
-
-    An empty command line is not enough: the kernel drops a dying process's memory
-    (and so its cmdline) before its files, so for a moment its listening sockets still
-    hold their ports and accept connections; a restart then fails to bind."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        if process_state(pid) in ("Z", ""):
-            return
-        time.sleep(0.005)
-    raise TimeoutError(f"pid {pid} still exiting {timeout}s after SIGKILL")
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` from /proc (``""`` if it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rfind(")") + 2 :][:1]
 
 
 def restart(state_dir: Path, victim: Victim, timeout: float = 90.0) -> None:
