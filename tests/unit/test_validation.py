@@ -488,3 +488,14 @@ def test_valid_host_subnets_round_trip(obj: dict[str, Any]) -> None:
     out = validate(K.HOST_SUBNET, obj)
     assert out == obj
     assert validate(K.HOST_SUBNET, out, old=out) == obj
+
+
+def test_service_port_name_is_a_dns_label_as_in_kube() -> None:
+    """kubectl create service clusterip x --tcp=80:8080 names its port "80-8080"."""
+    from podnet.model.schemas_core import ServicePort
+
+    assert ServicePort(name="80-8080", port=80).name == "80-8080"
+    assert ServicePort(name="", port=80).name == ""
+    for bad in ("Web", "web_", "-web", "a" * 64):
+        with pytest.raises(ValueError, match="DNS-1123 label"):
+            ServicePort(name=bad, port=80)

@@ -12,7 +12,16 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, model_validator
 
 from podnet.model.kinds import ENDPOINTS, EVENT, NAMESPACE, NODE, POD, SERVICE
-from podnet.model.schemas_common import DUPLICATE, REQUIRED, Open, Problem, Schema, Strict, reject
+from podnet.model.schemas_common import (
+    DUPLICATE,
+    REQUIRED,
+    Open,
+    Problem,
+    Schema,
+    Strict,
+    fail,
+    reject,
+)
 from podnet.model.schemas_names import dns1035_label_problem, dns_label_problem, quote
 from podnet.model.schemas_types import (
     Cidr,
@@ -43,6 +52,19 @@ def _cluster_ip(value: str) -> str:
 
 
 ClusterIP = Annotated[str, AfterValidator(_cluster_ip)]
+
+
+def _service_port_name(value: str) -> str:
+    """A Service port name is a DNS-1123 label (kube's rule, unlike a container port's
+    IANA service name: ``kubectl create service --tcp=80:8080`` names it "80-8080"), or
+    empty when the Service has one port."""
+    why = dns_label_problem(value) if value else None
+    if why:
+        fail(f"{quote(value)} is not a valid DNS-1123 label: {why}")
+    return value
+
+
+ServicePortName = Annotated[str, AfterValidator(_service_port_name)]
 
 
 # --- Pod ---------------------------------------------------------------------------------
@@ -87,7 +109,7 @@ class PodBody(Strict):
 
 
 class ServicePort(Open):
-    name: PortName | None = None
+    name: ServicePortName | None = None
     protocol: Protocol = "TCP"
     port: PortNumber
     targetPort: PortOrName | None = None
