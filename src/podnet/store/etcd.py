@@ -107,10 +107,18 @@ class EtcdStore:
         """Read in pages at one revision, so a large prefix never exceeds gRPC's limit."""
         start, end = prefix.encode(), prefix_range_end(prefix.encode())
         items: list[KeyValue] = []
-        revision = 0
+        revision, page = 0, PAGE
         while True:
-            request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE, revision=revision)
-            resp = await self._read(request)
+            request = rpc.RangeRequest(key=start, range_end=end, limit=page, revision=revision)
+            try:
+                resp = await self._read(request)
+            except (StoreError, StoreUnavailable) as exc:
+                # A page of large objects (events, big pods) over gRPC's message limit:
+                # read that part in smaller pages instead of failing the whole list.
+                if "RESOURCE_EXHAUSTED" not in str(exc) or page == 1:
+                    raise
+                page = max(1, page // 4)
+                continue
             revision = revision or resp.header.revision
             items.extend(_kv(kv) for kv in resp.kvs)
             if not resp.more or not resp.kvs:
