@@ -163,11 +163,6 @@ def test_sigkill_during_churn_leaks_nothing_and_pods_keep_talking(
     wait_master_ready(cluster, 60)  # the controllers too, once the last lease is out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent bug found by the chaos test (notes/chaos.md): the Pod IP write is lost "
-    "when the agent dies right after ADD; the restarted agent never writes it",
-)
 def test_pod_ip_reaches_the_api_when_the_agent_dies_right_after_add(
     cluster: Path, runtime: Runtime
 ) -> None:

@@ -573,3 +573,60 @@ async def test_agent_refuses_to_start_when_remote_nodes_are_refused(
         await asyncio.wait_for(running.task, 20)
     assert not running.agent.serving.is_set()
     assert not config.socket_path.exists()
+
+
+class RecordingWriter:
+    """Stands in for PodStatusWriter: the status wishes a manager makes."""
+
+    def __init__(self) -> None:
+        self.running_calls: list[tuple[PodRef, str, str]] = []
+
+    def running(self, ref: PodRef, ip: IPv4Address, container_id: str) -> None:
+        self.running_calls.append((ref, str(ip), container_id))
+
+    def released(self, ref: PodRef, ip: IPv4Address) -> None:
+        pass
+
+    async def check_api(self, ref: PodRef) -> None:
+        pass
+
+
+async def test_a_restarted_agent_writes_the_status_a_killed_one_left_pending(
+    tmp_path: Path,
+) -> None:
+    """Found by the chaos test: the agent answers ADD, then writes the Pod's IP in the
+    background; killed in between, the restarted agent must write it again."""
+    from podnet.agent.podrefs import PodRefs
+
+    first = await make_manager(tmp_path)
+    first.refs = PodRefs(tmp_path / "pods")
+    await first.handle(cni("ADD", cid="web", args="K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-1"))
+    await first.handle(cni("ADD", cid="gone"))
+    await first.handle(cni("DEL", cid="gone"))  # its record goes with it
+    writer = RecordingWriter()
+    restarted = PodManager(
+        fake(first),
+        HostLocalStore(tmp_path / "ipam", "podnet"),
+        first.node,
+        writer,  # type: ignore[arg-type]
+        refs=PodRefs(tmp_path / "pods"),
+    )
+    await restarted.reconcile()
+    assert writer.running_calls == [(PodRef("shop", "web-1"), "10.128.0.2", "web")]
+    await restarted.handle(cni("DEL", cid="web"))
+    assert list((tmp_path / "pods").iterdir()) == []
+
+
+def test_pod_records_survive_only_whole(tmp_path: Path) -> None:
+    from podnet.agent.podrefs import PodRefs
+
+    refs = PodRefs(tmp_path / "pods")
+    refs.record(("c1", "eth0"), ("ns", "p1"))
+    refs.record(("c2", "net1"), ("ns", "p2"))
+    (tmp_path / "pods" / "torn.json").write_text('{"containerID": "c3", "ifn')
+    (tmp_path / "pods" / ".x.json.tmp").write_text("{}")  # killed mid-write
+    assert refs.load() == {("c1", "eth0"): ("ns", "p1"), ("c2", "net1"): ("ns", "p2")}
+    assert len(list((tmp_path / "pods").iterdir())) == 2  # damaged ones removed
+    refs.forget(("c1", "eth0"))
+    refs.forget(("c1", "eth0"))
+    assert refs.load() == {("c2", "net1"): ("ns", "p2")}

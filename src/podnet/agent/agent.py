@@ -58,6 +58,7 @@ from podnet.agent.config import (
 )
 from podnet.agent.events import NodeEvents
 from podnet.agent.heartbeat import NodeHeartbeat
+from podnet.agent.podrefs import PodRefs
 from podnet.agent.pods import PodManager, PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
@@ -324,6 +325,7 @@ class NodeAgent:
             self.status_writer,
             self.config.pod_namespace,
             report=lambda message: self.events.warn("IPAMFileRepaired", message),
+            refs=PodRefs(self.config.state_dir / "pods"),
         )
         await self.pods.reconcile()
         self.pods.ready = True

@@ -35,6 +35,7 @@ from podnet.agent.cniserver import (
     cni_result,
 )
 from podnet.agent.ipamrepair import Report, repair_damaged
+from podnet.agent.podrefs import PodRefs
 from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
@@ -288,6 +289,7 @@ class PodManager:
         status_writer: PodStatusWriter | None = None,
         default_namespace: str = "default",
         report: Report | None = None,
+        refs: PodRefs | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.store = store
@@ -295,6 +297,7 @@ class PodManager:
         self.status_writer = status_writer
         self.default_namespace = default_namespace
         self.report = report  # where repairs of damaged IPAM files are reported
+        self.refs = refs  # who each attachment is, on disk, for a restarted agent
         self.locks = ContainerLocks()
         self.ready = False  # set once the data plane is in place and pods reconciled
         self._range_sets = [node_range_set(node)]
@@ -330,6 +333,8 @@ class PodManager:
             await self._undo_add(req)
             raise
         self._remember(pair, attachment, ref)
+        if self.refs is not None:
+            await asyncio.to_thread(self.refs.record, pair, (ref.namespace, ref.name))
         if self.status_writer is not None:
             self.status_writer.running(ref, allocation.address.ip, req.container_id)
         return cni_result(attachment, self.node.cluster_networks)
@@ -397,6 +402,7 @@ class PodManager:
         plan = plan_restart_cleanup(attachments, await self._allocations(), self.node.subnet)
         await self._undo(plan, "start-up cleanup")
         self._attached = {(a.container_id, a.ifname): a for a in plan.healthy}
+        await self._republish(plan.healthy)
         log.info(
             "%d pods attached and healthy; %d detached, %d addresses released",
             len(plan.healthy),
@@ -404,6 +410,23 @@ class PodManager:
             len(plan.release),
         )
         return plan
+
+    async def _republish(self, healthy: list[PodAttachment]) -> None:
+        """Write every healthy pod's status again: a killed agent may have answered an
+        ADD without writing it. Records of pods no longer attached are dropped."""
+        if self.refs is None:
+            return
+        refs = await asyncio.to_thread(self.refs.load)
+        for a in healthy:
+            pair = (a.container_id, a.ifname)
+            ref = refs.pop(pair, None)
+            if ref is None:
+                continue
+            self._pods[pair] = PodRef(*ref)
+            if self.status_writer is not None:
+                self.status_writer.running(PodRef(*ref), a.address.ip, a.container_id)
+        for pair in refs:
+            await asyncio.to_thread(self.refs.forget, pair)
 
     async def _allocate(self, pair: Pair) -> list[Allocation]:
         return await asyncio.to_thread(self.store.allocate, *pair, self._range_sets)
@@ -426,6 +449,8 @@ class PodManager:
         )
 
     def _forget(self, pair: Pair) -> PodRef | None:
+        if self.refs is not None:
+            self.refs.forget(pair)
         self._attached.pop(pair, None)
         self._added_at.pop(pair, None)
         return self._pods.pop(pair, None)
