@@ -60,9 +60,10 @@ def wait_exited(pid: int, timeout: float = 10.0) -> None:
     their ports and accept connections, and a restart on the same port fails to bind."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        if process_state(pid) in ("Z", ""):
+        state = process_state(pid)
+        if state in ("Z", ""):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # a zombie that is our own child: reap it
             return
         time.sleep(0.005)
     raise TimeoutError(f"pid {pid} still exiting {timeout}s after it was killed")
