@@ -189,28 +189,7 @@ def _load_or_create_ca(
 def _issue_server(
     ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, names: set[SanName]
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    usage = x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-        encipher_only=False, decipher_only=False,
-    )  # fmt: skip
-    ordered = sorted(names, key=lambda n: (isinstance(n, x509.DNSName), str(n.value)))
-    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (
-        _builder(_name(SERVER_COMMON_NAME), key, SERVER_VALIDITY)
-        .issuer_name(ca_cert.subject)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(usage, critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(ordered), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert, key
+    return issue_leaf(ca_cert, ca_key, SERVER_COMMON_NAME, names, [ExtendedKeyUsageOID.SERVER_AUTH])
 
 
 def issue_leaf(
