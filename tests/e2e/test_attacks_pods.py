@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -37,6 +37,7 @@ from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.desired import vtep_mac
 from podnet.model.kinds import NETWORK_POLICY
+from podnet.testing.e2e import wait_for
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -71,15 +72,6 @@ class Cluster:
 
     def node_ip(self, node: str) -> IPv4Address:
         return IPv4Address(self.state.nodes[node].ip)
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def udp_echo(src_ns: str, ip: IPv4Address, port: int = ECHO_PORT) -> bool:

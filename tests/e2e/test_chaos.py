@@ -33,6 +33,7 @@ from podnet.cluster.state import ClusterState
 from podnet.testing.chaos import Churn, Runtime
 from podnet.testing.chaoscheck import check_all, leak_problems, wait_api_agrees
 from podnet.testing.chaoskill import Victim, kill, pick, restart, seeded, wait_master_ready
+from podnet.testing.e2e import load_state as load
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -73,12 +74,6 @@ def runtime(cluster: Path) -> Iterator[Runtime]:
         chaos_runtime.close()
         left = [n for n in chaos_runtime.made if netns.exists(n)]
         assert not left, f"sandbox namespaces left behind: {left}"
-
-
-def load(state_dir: Path) -> ClusterState:
-    state = ClusterState.load(state_dir)
-    assert state is not None
-    return state
 
 
 def logs(state_dir: Path) -> str:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ from podnet import netns
 from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
+from podnet.testing.e2e import load_state as load
+from podnet.testing.e2e import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -77,21 +79,6 @@ def _down_and_check(state_dir: Path) -> None:
     records = [n.agent for n in state.nodes.values()] + [p.process for p in state.pods.values()]
     assert not [r.pid for r in records if r is not None and r.alive()], "processes left"
     assert not state_dir.exists()
-
-
-def load(state_dir: Path) -> ClusterState:
-    state = ClusterState.load(state_dir)
-    assert state is not None
-    return state
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def ip_json(namespace: str, *args: str) -> list[dict[str, Any]]:

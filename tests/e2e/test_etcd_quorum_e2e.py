@@ -12,7 +12,7 @@ import json
 import secrets
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ from podnet import netns
 from podnet.cluster import lifecycle, pods
 from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.nodes import node_paths
-from podnet.cluster.state import ClusterState, PodRecord
+from podnet.cluster.state import PodRecord
+from podnet.testing.e2e import load_state as load
+from podnet.testing.e2e import wait_for
 
 PINGS = 400  # at 50 ms: 20 s, longer than the outage below
 
@@ -40,21 +42,6 @@ def ha_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     finally:
         lifecycle.cluster_down(state_dir, say=print)
         assert not state_dir.exists()
-
-
-def load(state_dir: Path) -> ClusterState:
-    state = ClusterState.load(state_dir)
-    assert state is not None
-    return state
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def bare_pod(state_dir: Path, node: str) -> PodRecord:

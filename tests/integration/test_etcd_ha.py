@@ -27,25 +27,12 @@ from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_pki import EtcdTls, ensure_etcd_pki
 from podnet.store.etcd_process import EtcdProcess, free_port
 from podnet.testing.api import client_for, namespace, node
+from podnet.testing.e2e import wait_for as _wait_for
 
 NAMESPACES = "/api/v1/namespaces"
 NODES = "/api/v1/nodes"
 HOSTSUBNETS = "/apis/network.openshift.io/v1/hostsubnets"
 NETNAMESPACES = "/apis/network.openshift.io/v1/netnamespaces"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` until truthy (bounded in time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def quiet(line: str) -> None:
@@ -336,3 +323,8 @@ def test_cluster_status_reports_each_member_and_master(
     assert any(line.strip().startswith("etcd3") and "DEAD" in line for line in lines)
     assert any(line.strip().startswith("master2") and "DEAD" in line for line in lines)
     assert "control plane: DEGRADED" in degraded.output
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` until truthy; an HTTP error (a master coming back) is "not yet"."""
+    return _wait_for(check, timeout, what, ignore=(httpx.HTTPError,))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,12 @@ from podnet.model.kinds import HOST_SUBNET
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import async_client_for, client_for, node
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
 HS = "/apis/network.openshift.io/v1/hostsubnets"
 NODES = "/api/v1/nodes"
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def subnets(api: httpx.Client) -> dict[str, dict[str, Any]]:

@@ -38,7 +38,7 @@ from typing import Any
 from podnet import netns
 from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api, ensure_namespace
-from podnet.cluster.state import ClusterState
+from podnet.testing.e2e import load_state
 
 ECHO_PORT = 8080
 IFNAME = "eth0"
@@ -74,13 +74,6 @@ class CniAnswer:
     def code(self) -> int:
         """The CNI error code (0 on success, -1 if the output was no error JSON)."""
         return 0 if self.ok else int(self.body.get("code", -1))
-
-
-def load_state(state_dir: Path) -> ClusterState:
-    state = ClusterState.load(state_dir)
-    if state is None:
-        raise RuntimeError(f"no cluster at {state_dir}")
-    return state
 
 
 def run_cni(
