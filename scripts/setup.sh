@@ -18,6 +18,16 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 # Debian's etcd-server package may start a system etcd; podnet runs its own on free ports.
 
+# kubectl >= 1.28 comes with this machine kind's image (Debian's kubernetes-client is 1.20,
+# too old for the API's OpenAPI v3 and protobuf paths). The test suite fails without it.
+kubectl_minor=$(/usr/bin/kubectl version --client -o json 2>/dev/null \
+  | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1 || true)
+if [ -z "$kubectl_minor" ]; then
+  echo "!! /usr/bin/kubectl is missing: podnet's tests need kubectl >= 1.28 (not Debian's 1.20)" >&2
+elif [ "$kubectl_minor" -lt 28 ]; then
+  echo "!! /usr/bin/kubectl is 1.$kubectl_minor: podnet's tests need kubectl >= 1.28" >&2
+fi
+
 # The real interpreter, not a pyenv shim (shims cost ~70 ms per start, see REFERENCE.md).
 PYTHON="${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}"
 if [ ! -x .venv/bin/python ]; then

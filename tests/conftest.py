@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from podnet.store.etcd_process import EtcdProcess, start_etcd
+from podnet.testing.cli import KUBECTL, kubectl_problem
 from podnet.testing.processes import MasterProcess, launch_master
 
 
@@ -45,6 +46,15 @@ def master(etcd: EtcdProcess, tmp_path: Path, prefix: str) -> Iterator[MasterPro
 def kubeconfig_env(master: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KUBECONFIG", str(master.kubeconfig))
     return master.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> str:
+    """The real kubectl (>= 1.28). A missing or old one fails the test, never skips it."""
+    problem = kubectl_problem()
+    if problem:
+        pytest.fail(problem)
+    return KUBECTL
 
 
 def pytest_configure(config: pytest.Config) -> None:

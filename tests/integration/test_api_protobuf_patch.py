@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from podnet.testing.api import client_for, namespace, pod
-from podnet.testing.cli import KUBECTL, run_kubectl
+from podnet.testing.cli import run_kubectl
 from podnet.testing.processes import MasterProcess
 
 NS = "/api/v1/namespaces"
 PODS = "/api/v1/namespaces/default/pods"
 PROTOBUF = {"Content-Type": "application/vnd.kubernetes.protobuf"}
-kubectl_only = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl not installed")
+kubectl_only = pytest.mark.usefixtures("kubectl")
 
 
 def _varint(n: int) -> bytes:

@@ -14,10 +14,10 @@ import pytest
 from podnet.api.auth import ensure_proxy_token, ensure_router_token
 from podnet.master import node_credentials
 from podnet.testing.api import client_for
-from podnet.testing.cli import KUBECTL, run_kubectl
+from podnet.testing.cli import run_kubectl
 from podnet.testing.processes import MasterProcess
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl not installed")
+pytestmark = pytest.mark.usefixtures("kubectl")
 SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 

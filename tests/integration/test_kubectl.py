@@ -13,7 +13,7 @@ import yaml
 from podnet.testing.cli import KUBECTL, run_kubectl
 from podnet.testing.processes import MasterProcess
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl not installed")
+pytestmark = pytest.mark.usefixtures("kubectl")
 
 MANIFEST = """
 apiVersion: v1
