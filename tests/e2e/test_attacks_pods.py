@@ -35,7 +35,7 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
-from podnet.dataplane.desired import vtep_mac
+from podnet.dataplane.linux.desired import vtep_mac
 from podnet.model.kinds import NETWORK_POLICY
 from podnet.testing.e2e import wait_for
 from podnet.testing.vxlan import Forgery, Receiver, inject

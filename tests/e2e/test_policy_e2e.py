@@ -37,8 +37,8 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.controllers.config import plugin_name
-from podnet.dataplane.policyscript import parse_listing, transaction
-from podnet.dataplane.policytable import TABLE_KEY, PolicyRenderer
+from podnet.dataplane.linux.policyscript import parse_listing, transaction
+from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import NAMESPACE, NETWORK_POLICY, POD
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet

@@ -57,9 +57,7 @@ JSON = st.recursive(
     ),
     max_leaves=12,
 )
-ENV_TEXT = st.text(
-    st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40
-)
+ENV_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40)
 
 
 def _odd(valid: list[str]) -> st.SearchStrategy[str]:

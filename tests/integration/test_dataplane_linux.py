@@ -20,8 +20,8 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from podnet import netns
-from podnet.dataplane.desired import host_veth_name, vtep_mac
 from podnet.dataplane.interface import DataPlaneError, NodeSetupRefused, PodNetwork, RemoteNode
+from podnet.dataplane.linux.desired import host_veth_name, vtep_mac
 from podnet.testing.lab import (
     CLIENT,
     EXTERNAL_IP,

@@ -25,7 +25,7 @@ import pytest
 from podnet import netns
 from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.dataplane.linux import LinuxDataPlane
-from podnet.dataplane.policytable import TABLE_KEY
+from podnet.dataplane.linux.policytable import TABLE_KEY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet

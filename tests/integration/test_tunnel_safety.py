@@ -17,8 +17,8 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from podnet.dataplane.desired import vtep_mac
 from podnet.dataplane.linux import LinuxDataPlane
+from podnet.dataplane.linux.desired import vtep_mac
 from podnet.testing.lab import EXTERNAL_IP, Lab, ping, sh, up
 from podnet.testing.vxlan import Forgery, Receiver, inject
 

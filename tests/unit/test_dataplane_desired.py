@@ -7,7 +7,9 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 import pytest
 
 from podnet.dataplane import desired
-from podnet.dataplane.desired import (
+from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode, pod_mac
+from podnet.dataplane.linux import nftables
+from podnet.dataplane.linux.desired import (
     FdbEntry,
     NeighEntry,
     PodPort,
@@ -18,9 +20,7 @@ from podnet.dataplane.desired import (
     remote_entries,
     vtep_mac,
 )
-from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode, pod_mac
-from podnet.dataplane.linux import nftables
-from podnet.dataplane.nftrules import render_ruleset
+from podnet.dataplane.linux.nftrules import render_ruleset
 
 CLUSTER = IPv4Network("10.128.0.0/14")
 IP = IPv4Address

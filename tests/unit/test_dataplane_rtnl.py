@@ -15,8 +15,8 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from pyroute2.nftables.main import NFTSetElem
 
-from podnet.dataplane.desired import PodPort
 from podnet.dataplane.linux import nftables, portset, rtnl
+from podnet.dataplane.linux.desired import PodPort
 
 HEADER = struct.Struct("=IHHII")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from podnet.controllers.config import MULTITENANT, NETWORKPOLICY
-from podnet.dataplane.policyscript import parse_listing, transaction
-from podnet.dataplane.policytable import (
+from podnet.dataplane.linux.policyscript import parse_listing, transaction
+from podnet.dataplane.linux.policytable import (
     BUCKETS,
     PolicyRenderer,
     PolicyTable,

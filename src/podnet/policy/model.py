@@ -13,7 +13,7 @@ How a backend renders it, with a rule count that does not grow with pods x pods:
   cluster (all nodes). A non-pod address (the node, its gateway, the outside) is VNID 0.
   The whole policy is a fixed handful of rules: pass when the source VNID is 0, or the
   destination VNID is 0, or both are equal; drop otherwise. Pods whose project has no
-  VNID yet (``unassigned``) meet only VNID 0. (nftables: ``podnet.dataplane.policytable``,
+  VNID yet (``unassigned``) meet only VNID 0. (nftables: ``podnet.dataplane.linux.policytable``,
   a verdict map from a source pod to the chain of its VNID.)
 - ``plugin`` networkpolicy: replies of allowed connections pass (conntrack, a backend
   concern). A pod isolated for egress needs an egress ``PolicyRule`` whose targets hold
@@ -23,7 +23,7 @@ How a backend renders it, with a rule count that does not grow with pods x pods:
   ``peers`` is pod IPs plus blocks; ``every_address``/``every_packet`` mean no match at
   all on that side. A pod and its own node (``node_addresses``: its IP and gateway)
   always reach each other, as Kubernetes defines. nftables: see
-  ``podnet.dataplane.policytable``; in OpenFlow the same rules become conjunctive matches.
+  ``podnet.dataplane.linux.policytable``; in OpenFlow the same rules become conjunctive matches.
 - Sets are shared: rules with equal members use one set, named by a digest of its
   members (``distinct_sets``, ``SetDigests``). ``size`` counts what such a rendering
   holds, so rules grow with policy rules and elements with pods + peers.

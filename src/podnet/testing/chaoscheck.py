@@ -34,7 +34,7 @@ from podnet import netns
 from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState
-from podnet.dataplane.desired import BRIDGE, host_veth_name, is_host_veth_name
+from podnet.dataplane.linux.desired import BRIDGE, host_veth_name, is_host_veth_name
 from podnet.ipam.hostlocal import parse_owner
 from podnet.testing.chaos import ECHO_PORT, IFNAME, Runtime, Sandbox
 

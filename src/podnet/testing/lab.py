@@ -14,7 +14,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from podnet import netns
 from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode
 from podnet.dataplane.linux import LinuxDataPlane
-from podnet.dataplane.policytable import TABLE_KEY
+from podnet.dataplane.linux.policytable import TABLE_KEY
 
 UNDERLAY = IPv4Network("198.51.100.0/24")
 EXTERNAL_IP = IPv4Address("198.51.100.100")

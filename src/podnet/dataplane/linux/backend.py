@@ -24,7 +24,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from podnet.dataplane.desired import PodPort, host_veth_name
 from podnet.dataplane.interface import (
     DataPlane,
     DataPlaneError,
@@ -36,9 +35,11 @@ from podnet.dataplane.interface import (
 )
 from podnet.dataplane.linux import node as node_setup
 from podnet.dataplane.linux import pods
+from podnet.dataplane.linux.desired import PodPort, host_veth_name
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.pods import PodSockets
 from podnet.dataplane.linux.policy import PolicyTableSync
+from podnet.dataplane.linux.policytable import PolicyRenderer
 from podnet.dataplane.linux.rtnl import LinkDeletion
 from podnet.dataplane.linux.workers import (
     KeyedLocks,
@@ -46,7 +47,6 @@ from podnet.dataplane.linux.workers import (
     SharedExclusive,
     namespace_id,
 )
-from podnet.dataplane.policytable import PolicyRenderer
 from podnet.policy.model import RuleSet
 
 T = TypeVar("T")

@@ -18,8 +18,8 @@ from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError
 
-from podnet.dataplane.desired import ROUTE_PROTO, FdbEntry, NeighEntry, RouteEntry
 from podnet.dataplane.interface import DataPlaneError
+from podnet.dataplane.linux.desired import ROUTE_PROTO, FdbEntry, NeighEntry, RouteEntry
 
 IFF_UP = 0x1
 RTNH_F_ONLINK = 0x4

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, VTEP_PEERS_SET, PodPort
 from podnet.dataplane.interface import DataPlaneError
+from podnet.dataplane.linux.desired import NFT_TABLE, POD_PORTS_SET, VTEP_PEERS_SET, PodPort
 
 NFT = "nft"
 TIMEOUT = 10.0

@@ -12,18 +12,17 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
-from podnet.dataplane import desired
-from podnet.dataplane.desired import (
+from podnet.dataplane.interface import DataPlaneError, NodeNetwork, NodeSetupRefused, RemoteNode
+from podnet.dataplane.linux import desired, nftables, pods
+from podnet.dataplane.linux.desired import (
     BRIDGE,
     VXLAN,
     VXLAN_OVERHEAD,
     PodPort,
     RemoteEntries,
 )
-from podnet.dataplane.interface import DataPlaneError, NodeNetwork, NodeSetupRefused, RemoteNode
-from podnet.dataplane.linux import nftables, pods
 from podnet.dataplane.linux.netlink import Link, Netlink
-from podnet.dataplane.nftrules import render_inet_table, render_ruleset
+from podnet.dataplane.linux.nftrules import render_inet_table, render_ruleset
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,9 @@ import os
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 
-from podnet.dataplane.desired import (
+from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork
+from podnet.dataplane.linux import nftables, rtnl
+from podnet.dataplane.linux.desired import (
     BRIDGE,
     NFT_TABLE,
     PodPort,
@@ -29,8 +31,6 @@ from podnet.dataplane.desired import (
     parse_pod_alias,
     pod_alias,
 )
-from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork
-from podnet.dataplane.linux import nftables, rtnl
 from podnet.dataplane.linux.netlink import Link, Netlink
 from podnet.dataplane.linux.portset import PodPortSet
 from podnet.dataplane.linux.rtnl import NetlinkBatch, RequestFailed

@@ -1,4 +1,4 @@
-"""Applies the rendered ``PolicyTable`` (``podnet.dataplane.policytable``) to the kernel.
+"""Applies the rendered ``PolicyTable`` (``podnet.dataplane.linux.policytable``) to the kernel.
 
 Runs on the backend's node thread (``nft`` inherits the thread's namespace). The table
 last applied is kept, so a change costs one ``nft -f`` transaction with only the
@@ -13,8 +13,8 @@ import logging
 
 from podnet.dataplane.interface import DataPlaneError
 from podnet.dataplane.linux import nftables
-from podnet.dataplane.policyscript import parse_listing, transaction
-from podnet.dataplane.policytable import TABLE_KEY, PolicyTable
+from podnet.dataplane.linux.policyscript import parse_listing, transaction
+from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyTable
 
 log = logging.getLogger(__name__)
 

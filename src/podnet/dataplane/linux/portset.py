@@ -12,7 +12,7 @@ import errno
 import struct
 from collections.abc import Iterable
 
-from podnet.dataplane.desired import NFT_TABLE, POD_PORTS_SET, PodPort
+from podnet.dataplane.linux.desired import NFT_TABLE, POD_PORTS_SET, PodPort
 from podnet.dataplane.linux.nftables import element_key
 from podnet.dataplane.linux.rtnl import (
     NETLINK_NETFILTER,

@@ -11,7 +11,7 @@ disagree about what "right" means.
 - VTEP MACs come from node IPs (``0e:58:`` + the four IP bytes), so nodes need not
   exchange them; pod MACs use ``0a:58:`` so the two schemes never collide.
 - Host veth names come from a hash of ``container_id`` and ``ifname``.
-- The nftables tables are rendered in ``podnet.dataplane.nftrules``.
+- The nftables tables are rendered in ``podnet.dataplane.linux.nftrules``.
 - Tunnel safety: a node takes VXLAN only from its peers (the remote nodes' underlay
   addresses, the ``vtep_peers`` set, kept equal to the FDB's destinations) arriving on the
   underlay interface, and pods never reach any node's tunnel port.

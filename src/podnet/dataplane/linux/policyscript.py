@@ -3,7 +3,7 @@ back from ``nft -t list table`` (pure; see ``policytable`` for what the table ho
 
 from __future__ import annotations
 
-from podnet.dataplane.policytable import TABLE_KEY, Chain, NftSet, PolicyTable
+from podnet.dataplane.linux.policytable import TABLE_KEY, Chain, NftSet, PolicyTable
 
 # --- the transaction -----------------------------------------------------------------------
 

@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, collapse_addresses
 
-from podnet.dataplane.desired import (
+from podnet.dataplane.interface import NodeNetwork
+from podnet.dataplane.linux.desired import (
     HOST_VETH_PREFIX,
     NFT_TABLE,
     POD_PORTS_SET,
     VTEP_PEERS_SET,
     PodPort,
 )
-from podnet.dataplane.interface import NodeNetwork
 
 
 @dataclass(frozen=True)
