@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from podnet.store.etcd_process import EtcdProcess, start_etcd
-from podnet.testing.cli import KUBECTL, kubectl_problem
+from podnet.testing import tools
 from podnet.testing.processes import MasterProcess, launch_master
 
 
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
     """One etcd for this test worker, on free loopback ports; removed even on failure."""
-    if not Path("/usr/bin/etcd").exists():
-        pytest.fail("etcd is not installed: run the README's test command, which installs it")
+    tools.require("etcd")
     process = start_etcd(tmp_path_factory.mktemp("etcd"))
     try:
         yield process
@@ -51,10 +50,16 @@ def kubeconfig_env(master: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> Pa
 @pytest.fixture(scope="session")
 def kubectl() -> str:
     """The real kubectl (>= 1.28). A missing or old one fails the test, never skips it."""
-    problem = kubectl_problem()
-    if problem:
-        pytest.fail(problem)
-    return KUBECTL
+    return tools.require("kubectl", tools.KUBECTL_MIN)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Kernel tests (marked ``root``) fail, never skip, without root, nft or ip; before
+    any of their fixtures runs, so the reason is this and not a fixture's odd error."""
+    if item.get_closest_marker("root"):
+        tools.require_root()
+        tools.require("nft")
+        tools.require("ip")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -9,7 +9,6 @@ of it is left. Every traffic loop is bounded (ping counts, timeouts).
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from podnet import netns
 from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
+from podnet.testing import tools
 from podnet.testing.e2e import load_state as load
 from podnet.testing.e2e import wait_for
 
@@ -35,28 +35,15 @@ NODES = 3
 PODS_PER_NODE = 2
 
 
-def _preconditions() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    from podnet.cli.main import COMMANDS
-
-    if "node" not in COMMANDS:
-        return "blocked: `podnet node` (the node agent) is not registered in podnet.cli.main"
-    return None
-
-
 @pytest.fixture(scope="module", params=["vxlan", "host-gw"])
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
     """A 3-node cluster with 2 echo pods per node; yields its state dir."""
-    if reason := _preconditions():
-        pytest.skip(reason)
-    if not Path("/usr/bin/ping").exists() and not Path("/bin/ping").exists():
-        pytest.fail("ping is not installed (apt-get install iputils-ping)")
+    tools.require("ping")
     state_dir = tmp_path_factory.mktemp(f"pn-{request.param}")
     try:
-        spec = lifecycle.ClusterSpec(nodes=NODES, backend=request.param)
+        spec = lifecycle.ClusterSpec(nodes=NODES, tunnel=request.param)
         lifecycle.cluster_up(state_dir, spec, say=print)
         for k in range(1, NODES + 1):
             for j in range(PODS_PER_NODE):
@@ -142,7 +129,7 @@ def test_full_mesh_ping_and_tcp(cluster: Path) -> None:
 def test_cluster_up_again_changes_nothing(cluster: Path) -> None:
     before = load(cluster)
     lifecycle.cluster_up(
-        cluster, lifecycle.ClusterSpec(nodes=NODES, backend=before.backend), say=print
+        cluster, lifecycle.ClusterSpec(nodes=NODES, tunnel=before.tunnel), say=print
     )
     after = load(cluster)
     assert after.namespaces == before.namespaces

@@ -11,7 +11,6 @@ of everything nothing is left.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -36,8 +35,6 @@ NETWORK = "podnet"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
     state_dir = tmp_path_factory.mktemp("pn-crash")
     try:
         lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=1), say=print)

@@ -24,15 +24,14 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
-from podnet.testing.podman import IMAGE, PodmanEnv, podman_available
+from podnet.testing import tools
+from podnet.testing.podman import IMAGE, PodmanEnv
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
     state_dir = tmp_path_factory.mktemp("pn-runtime")
     try:
         lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=2), say=print)
@@ -150,8 +149,8 @@ def test_fifty_concurrent_adds_then_dels_leave_nothing(cluster: Path) -> None:
 
 @pytest.fixture(scope="module")
 def podman(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodmanEnv]:
-    if not podman_available():
-        pytest.fail("podman, runc or busybox-static missing: run scripts/setup.sh")
+    for tool in ("podman", "runc", "busybox", "host-local"):
+        tools.require(tool)
     paths = nodes.node_paths(cluster, "node1")
     env = PodmanEnv(
         tmp_path_factory.mktemp("podman"),

@@ -8,7 +8,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from ipaddress import IPv4Network
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from podnet.model.errors import ApiError
 from podnet.model.kinds import HOST_SUBNET, NODE
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess, pid_alive, start_etcd
+from podnet.testing import tools
 
 Obj = dict[str, Any]
 NODES = 500
@@ -32,8 +32,7 @@ NODES = 500
 @pytest.fixture(scope="module")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
     """One etcd for this module, on free loopback ports; removed even on failure."""
-    if not Path("/usr/bin/etcd").exists():
-        pytest.skip("etcd is not installed")
+    tools.require("etcd")
     process = start_etcd(tmp_path_factory.mktemp("controllers-etcd"))
     pid = process.pid
     try:

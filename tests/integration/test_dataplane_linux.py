@@ -33,10 +33,7 @@ from podnet.testing.lab import (
     up,
 )
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
-]
+pytestmark = [pytest.mark.root]  # root, nft and ip are required (tests/conftest.py)
 
 
 @pytest.fixture
@@ -107,7 +104,7 @@ async def test_vxlan_pods_reach_each_other_and_the_outside(lab: Lab) -> None:
 
 
 async def test_host_gw_pods_reach_each_other(lab: Lab) -> None:
-    planes = await up(lab, [1, 2], backend="host-gw")
+    planes = await up(lab, [1, 2], tunnel="host-gw")
     a_ns, a = lab.pod(1, 10, "a")
     c_ns, c = lab.pod(2, 10, "c")
     await planes[1].attach_pod(a)
@@ -120,7 +117,7 @@ async def test_host_gw_pods_reach_each_other(lab: Lab) -> None:
     assert (await planes[1].check_node(lab.network(1, "host-gw"))).ok
 
 
-async def test_switching_backend_replaces_vxlan_with_host_gw(lab: Lab) -> None:
+async def test_switching_tunnel_replaces_vxlan_with_host_gw(lab: Lab) -> None:
     planes = await up(lab, [1, 2])
     hostgw = {i: lab.network(i, "host-gw") for i in (1, 2)}
     for i in (1, 2):
@@ -190,7 +187,7 @@ async def test_sync_remote_nodes_applies_only_the_difference(lab: Lab) -> None:
 
 
 async def test_host_gw_refuses_a_node_that_is_not_adjacent(lab: Lab) -> None:
-    planes = await up(lab, [1], backend="host-gw")
+    planes = await up(lab, [1], tunnel="host-gw")
     far = RemoteNode("far", IPv4Address("203.0.113.50"), IPv4Network("10.128.8.0/23"))
     with pytest.raises(NodeSetupRefused, match="far"):
         await planes[1].sync_remote_nodes(lab.network(1, "host-gw"), [lab.remote(2), far])

@@ -32,10 +32,7 @@ from podnet.policy.model import RuleSet
 from podnet.testing.lab import Lab, policy_table, sh
 from podnet.testing.probe import SourcePorts, probe_pairs
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
-]
+pytestmark = [pytest.mark.root]  # root, nft and ip are required (tests/conftest.py)
 
 Obj = dict[str, Any]
 PODS = {"x/a": (1, 10), "y/a": (1, 11), "x/b": (2, 10), "y/b": (2, 11)}  # node, host part

@@ -21,14 +21,17 @@ import pytest
 
 from podnet.ipam.config import RangeSet, load_ipam_config
 from podnet.ipam.hostlocal import HostLocalStore, IpamConflict, IpamExhausted
+from podnet.testing import tools
 
 HOST_LOCAL = Path("/usr/lib/cni/host-local")
 NETWORK = "compat"
 
-pytestmark = pytest.mark.skipif(
-    not HOST_LOCAL.exists(),
-    reason=f"reference plugin {HOST_LOCAL} is not installed (Debian: containernetworking-plugins)",
-)
+
+@pytest.fixture(autouse=True)
+def _reference_plugin() -> None:
+    """The reference plugin is required: a missing one fails these tests, never skips."""
+    tools.require("host-local")
+
 
 V4 = IPv4Address
 

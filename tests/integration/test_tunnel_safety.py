@@ -22,10 +22,7 @@ from podnet.dataplane.linux.desired import vtep_mac
 from podnet.testing.lab import EXTERNAL_IP, Lab, ping, sh, up
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
-]
+pytestmark = [pytest.mark.root]  # root, nft and ip are required (tests/conftest.py)
 
 PORT = 4789
 VNI = 1
@@ -131,7 +128,7 @@ async def test_peer_set_follows_the_remote_nodes(lab: Lab) -> None:
 
 async def test_host_gw_pods_cannot_reach_the_tunnel_port(lab: Lab) -> None:
     """No vxlan0 to decapsulate, but pods are kept off the port all the same."""
-    planes = await up(lab, [1, 2], backend="host-gw")
+    planes = await up(lab, [1, 2], tunnel="host-gw")
     attacker_ns, pod = lab.pod(1, 10, "attacker")
     await planes[1].attach_pod(pod)
     receiver = Receiver(lab.node_ns(2), PORT, stop="-", seconds=4)

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-KUBECTL = "/usr/bin/kubectl"
-KUBECTL_MIN_MINOR = 28  # Debian's own kubernetes-client (1.20) is too old for our API
-
-
-def kubectl_problem(path: str = KUBECTL) -> str | None:
-    """Why the kubectl at ``path`` cannot serve the tests (None when it can)."""
-    if not Path(path).exists():
-        return (
-            f"{path} is missing: kubectl >= 1.{KUBECTL_MIN_MINOR} is part of this machine's image"
-        )
-    try:
-        out = subprocess.run(
-            [path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30
-        ).stdout
-        minor = int("".join(c for c in json.loads(out)["clientVersion"]["minor"] if c.isdigit()))
-    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
-        return f"{path} does not report its version: {exc}"
-    if minor < KUBECTL_MIN_MINOR:
-        return f"{path} is 1.{minor}; podnet's tests need kubectl >= 1.{KUBECTL_MIN_MINOR}"
-    return None
+KUBECTL = "/usr/bin/kubectl"  # the kubectl fixture (tests/conftest.py) checks its version
 
 
 def run_podnet(

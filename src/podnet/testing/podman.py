@@ -21,12 +21,6 @@ BUSYBOX = Path("/bin/busybox")
 IMAGE = "localhost/podnet-bb"
 
 
-def podman_available() -> bool:
-    return (
-        shutil.which("podman") is not None and BUSYBOX.exists() and shutil.which("runc") is not None
-    )
-
-
 @dataclass
 class PodmanEnv:
     """podman's configuration, storage and image under ``root``."""
