@@ -26,6 +26,17 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o600) -> None:
         raise
 
 
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Write ``text`` atomically (``write_atomic``) unless the file already holds it, creating
+    the parent directories; True if written."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text, mode)
+    return True
+
+
 def _sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

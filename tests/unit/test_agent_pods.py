@@ -16,18 +16,13 @@ from typing import Any
 
 import pytest
 
-from podnet.agent import cniserver
+from podnet.agent import cnierrors, cniplugin, cniserver
 from podnet.agent.agent import NodeAgent
 from podnet.agent.apiclient import AsyncApiClient
 from podnet.agent.config import AgentConfig
-from podnet.agent.pods import (
-    PodManager,
-    PodRef,
-    PodStatusWriter,
-    plan_gc,
-    plan_restart_cleanup,
-    pod_ref,
-)
+from podnet.agent.podcleanup import plan_gc, plan_restart_cleanup
+from podnet.agent.pods import PodManager
+from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
 from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
 from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
@@ -171,14 +166,14 @@ async def test_add_allocates_wires_and_answers(manager: PodManager) -> None:
 
 async def test_add_of_an_existing_interface_fails_and_keeps_the_pod(manager: PodManager) -> None:
     await manager.handle(cni("ADD"))
-    assert await code_of(manager.handle(cni("ADD"))) == cniserver.ERR_DATAPLANE
+    assert await code_of(manager.handle(cni("ADD"))) == cnierrors.ERR_DATAPLANE
     assert ip_files(manager) == ["10.128.0.2"]
     assert list(fake(manager).state.pods) == [("c1", "eth0")]
 
 
 async def test_failed_attach_releases_the_address(manager: PodManager) -> None:
     fake(manager).fail_next["attach_pod"] = DataPlaneError("veth creation failed")
-    assert await code_of(manager.handle(cni("ADD"))) == cniserver.ERR_DATAPLANE
+    assert await code_of(manager.handle(cni("ADD"))) == cnierrors.ERR_DATAPLANE
     assert ip_files(manager) == []
     assert fake(manager).calls[-1] == "detach_pod"  # partial wiring undone too
     assert (await manager.handle(cni("ADD"))) is not None  # and the address is free again
@@ -216,10 +211,10 @@ async def test_check_compares_with_prev_result(manager: PodManager) -> None:
     prev = {"ips": [{"address": result.ips[0].address}], "interfaces": [{"name": "eth0"}]}
     assert await manager.handle(cni("CHECK", prevResult=prev)) is None
     wrong = {"ips": [{"address": "10.128.0.9/24"}]}
-    assert await code_of(manager.handle(cni("CHECK", prevResult=wrong))) == cniserver.ERR_CHECK
+    assert await code_of(manager.handle(cni("CHECK", prevResult=wrong))) == cnierrors.ERR_CHECK
     assert await code_of(manager.handle(cni("CHECK"))) == 7
     missing = cni("CHECK", cid="other", prevResult=prev)
-    assert await code_of(manager.handle(missing)) == cniserver.ERR_CHECK
+    assert await code_of(manager.handle(missing)) == cnierrors.ERR_CHECK
 
 
 async def test_gc_removes_every_unlisted_attachment(manager: PodManager) -> None:
@@ -254,7 +249,7 @@ async def test_reconcile_cleans_half_done_pods_and_keeps_healthy_ones(tmp_path: 
     assert fake(first).calls == ["attached_pods", "detach_pod"]  # only the broken one
     assert list(fake(first).state.pods) == [("healthy", "eth0")]
     assert ip_files(restarted) == ["10.128.0.2"]
-    assert await code_of(restarted.handle(cni("ADD", cid="healthy"))) == cniserver.ERR_DATAPLANE
+    assert await code_of(restarted.handle(cni("ADD", cid="healthy"))) == cnierrors.ERR_DATAPLANE
 
 
 async def test_add_is_fast(manager: PodManager) -> None:
@@ -432,7 +427,7 @@ def no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
         (bin_dir / "podnet").write_text("#!/bin/false\n")
         return bin_dir / "podnet"
 
-    monkeypatch.setattr(cniserver, "install_shim", install)
+    monkeypatch.setattr(cniplugin, "install_shim", install)
 
 
 class RunningAgent:

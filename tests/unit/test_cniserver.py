@@ -17,20 +17,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from podnet.agent import cniserver
-from podnet.agent.cniserver import (
-    CniServer,
-    CniServerError,
-    claim_socket_path,
-    conflist,
-    install_plugin_once,
-    write_if_changed,
-)
+from podnet.agent import cniplugin, cniserver
+from podnet.agent.cnierrors import ERR_DATAPLANE
+from podnet.agent.cniplugin import conflist, install_plugin_once
+from podnet.agent.cniserver import CniServer, CniServerError, claim_socket_path
 from podnet.agent.config import AgentConfig
 from podnet.agent.pods import PodManager
 from podnet.cni import shim
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork
+from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 
 NODE = NodeNetwork(
@@ -133,7 +129,7 @@ async def test_answers_results_and_errors(server: CniServer) -> None:
     status, answer = await post(server, b"{not json")
     assert status == 400 and answer["code"] == 6
     status, answer = await post(server, body("ADD"))  # the interface exists already
-    assert status == 500 and answer["code"] == cniserver.ERR_DATAPLANE
+    assert status == 500 and answer["code"] == ERR_DATAPLANE
     assert await post(server, body("DEL")) == (200, None)
     assert server.timings["ADD"] and server.timings["DEL"]
 
@@ -214,7 +210,7 @@ def test_plugin_is_rebuilt_only_when_its_sources_change(
         (bin_dir / "podnet").write_bytes(os.urandom(8))
         return bin_dir / "podnet"
 
-    monkeypatch.setattr(cniserver, "install_shim", install)
+    monkeypatch.setattr(cniplugin, "install_shim", install)
     stamp = tmp_path / "stamp"
     python = os.path.realpath(shim.sys.executable)
     assert install_plugin_once(tmp_path / "bin", python, stamp)[1]

@@ -42,13 +42,8 @@ from podnet.agent.apiclient import (
     is_transient,
     with_retry,
 )
-from podnet.agent.cniserver import (
-    CniServer,
-    claim_socket_path,
-    conflist,
-    install_plugin_once,
-    write_if_changed,
-)
+from podnet.agent.cniplugin import conflist, install_plugin_once
+from podnet.agent.cniserver import CniServer, claim_socket_path
 from podnet.agent.config import (
     AgentConfig,
     cluster_network_problem,
@@ -59,10 +54,12 @@ from podnet.agent.config import (
 from podnet.agent.events import NodeEvents
 from podnet.agent.heartbeat import NodeHeartbeat
 from podnet.agent.podrefs import PodRefs
-from podnet.agent.pods import PodManager, PodStatusWriter
+from podnet.agent.pods import PodManager
+from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
+from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
 

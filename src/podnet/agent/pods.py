@@ -1,49 +1,36 @@
-"""Pods on this node: the CNI operations (ADD, DEL, CHECK, GC, STATUS), the Pod status
-writes, and start-up cleanup.
+"""Pods on this node: the CNI operations ADD, DEL, CHECK, GC and STATUS, and start-up
+cleanup.
 
 State lives only in the kernel (the data plane's attachments) and the host-local IPAM
 files, so the agent can be killed at any point: ``reconcile`` on the next start matches
 the two and cleans what is half done, never touching a healthy pod. Error codes are
-listed in ``podnet.agent.cniserver``.
+listed in ``podnet.agent.cnierrors``; Pod status writes are ``podnet.agent.podstatus``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
-from typing import Any
+from collections.abc import Iterable
+from ipaddress import IPv4Network
 
-from podnet.agent.apiclient import (
-    AsyncApiClient,
-    PermanentApiError,
-    TransientApiError,
-    has_reason,
-    is_transient,
-    with_retry,
-)
-from podnet.agent.cniserver import (
-    ERR_CHECK,
-    ERR_DATAPLANE,
-    REQUEST_TIMEOUT,
-    ContainerLocks,
-    as_cni_error,
-    cni_result,
-)
+from podnet.agent.cnierrors import ERR_CHECK, ERR_DATAPLANE, REQUEST_TIMEOUT, as_cni_error
+from podnet.agent.containerlocks import ContainerLocks
 from podnet.agent.ipamrepair import Report, repair_damaged
-from podnet.agent.podrefs import PodRefs
+from podnet.agent.podcleanup import CleanupPlan, IpamEntry, plan_gc, plan_restart_cleanup
+from podnet.agent.podrefs import Pair, PodRefs
+from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
 from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
     ERR_NOT_AVAILABLE_LIMITED,
-    ERR_TRY_AGAIN_LATER,
     CniError,
     CniRequest,
     CniResult,
+    Interface,
+    IPConfig,
+    Route,
 )
 from podnet.dataplane.interface import (
     DataPlane,
@@ -54,178 +41,10 @@ from podnet.dataplane.interface import (
 )
 from podnet.ipam.config import RangeSet, parse_range
 from podnet.ipam.hostlocal import Allocation, HostLocalStore
-from podnet.model.kinds import POD
 
 log = logging.getLogger("podnet.agent.pods")
 
-Pair = tuple[str, str]  # (container ID, ifname); ifname "" for legacy IPAM files
-IpamEntry = tuple[IPv4Address, str, str]
-Obj = dict[str, Any]
-_NOT_DNS = re.compile(r"[^a-z0-9.-]+")
-CONTAINER_ANNOTATION = "podnet.io/container-id"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-WRITES_IN_FLIGHT = 4
-API_CHECK_TIMEOUT = 5.0  # an ADD's read of its Pod; etcd without quorum answers in ~7 s
-
-
-@dataclass(frozen=True)
-class PodRef:
-    """A Pod object's namespace and name."""
-
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class PodWish:
-    """What the Pod status should say: ``ip`` running, or ``ip`` released."""
-
-    ip: IPv4Address
-    running: bool
-    container_id: str = ""
-
-
-class PodStatusWriter:
-    """Writes pod IPs to Pod objects in the background, so ADD never waits on the master.
-
-    Latest wish per pod, applied serially per pod, retried with backoff until a deadline.
-    A pod the runtime did not create is created, bound to this node. A release clears
-    ``podIP`` only if the Pod still shows the released address.
-    """
-
-    def __init__(
-        self, api: AsyncApiClient, node_name: str, node_ip: IPv4Address, deadline: float = 300.0
-    ) -> None:
-        self.api = api
-        self.node_name = node_name
-        self.node_ip = node_ip
-        self.deadline = deadline
-        # Few writes at a time: CNI requests share the event loop and must stay fast.
-        self._slots = asyncio.Semaphore(WRITES_IN_FLIGHT)
-        self._wishes: dict[PodRef, PodWish] = {}
-        self._tasks: dict[PodRef, asyncio.Task[None]] = {}
-
-    async def check_api(self, ref: PodRef, timeout: float = API_CHECK_TIMEOUT) -> None:
-        """Raise CNI error 11 ("try again later") unless the API answers a read of the
-        Pod within ``timeout``. A pod wired while the master or etcd (e.g. without quorum)
-        cannot record it would run unknown to the API; the runtime retries the ADD."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self.api.get_or_none(POD, ref.name, ref.namespace)
-        except PermanentApiError:
-            return  # e.g. not allowed to read it: the API is up, the writer will tell
-        except (TimeoutError, TransientApiError) as exc:
-            why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
-            raise CniError(
-                ERR_TRY_AGAIN_LATER,
-                "the API server is unavailable; try again later",
-                f"reading pod {ref}: {why}",
-            ) from exc
-
-    def running(self, ref: PodRef, ip: IPv4Address, container_id: str) -> None:
-        """Record that ``ref`` runs with ``ip``."""
-        self._wish(ref, PodWish(ip, True, container_id))
-
-    def released(self, ref: PodRef, ip: IPv4Address) -> None:
-        """Record that ``ip`` of ``ref`` was released (a newer IP wish wins)."""
-        pending = self._wishes.get(ref)
-        if pending is None or not pending.running or pending.ip == ip:
-            self._wish(ref, PodWish(ip, False))
-
-    async def flush(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the pending writes."""
-        tasks = list(self._tasks.values())
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
-
-    async def close(self) -> None:
-        """Abandon the writes still pending."""
-        for task in list(self._tasks.values()):
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-
-    def _wish(self, ref: PodRef, wish: PodWish) -> None:
-        self._wishes[ref] = wish
-        if ref not in self._tasks:
-            self._tasks[ref] = asyncio.create_task(self._drain(ref), name=f"pod-status {ref}")
-
-    async def _drain(self, ref: PodRef) -> None:
-        try:
-            while (wish := self._wishes.pop(ref, None)) is not None:
-                await self._apply(ref, wish)
-        finally:
-            self._tasks.pop(ref, None)
-
-    async def _apply(self, ref: PodRef, wish: PodWish) -> None:
-        def retry(exc: BaseException) -> bool:
-            return is_transient(exc) or has_reason(exc, "Conflict", "AlreadyExists")
-
-        try:
-            await with_retry(
-                lambda: self._write(ref, wish), f"pod {ref}", self.deadline, retry_if=retry
-            )
-        except PermanentApiError as exc:
-            log.warning("pod %s: status not recorded: %s", ref, exc)
-        except Exception as exc:
-            log.warning("pod %s: status not recorded (gave up): %s", ref, exc)
-
-    async def _write(self, ref: PodRef, wish: PodWish) -> None:
-        async with self._slots:
-            await self._write_now(ref, wish)
-
-    async def _write_now(self, ref: PodRef, wish: PodWish) -> None:
-        pod = await self.api.get_or_none(POD, ref.name, ref.namespace)
-        if pod is not None and (pod.get("spec") or {}).get("nodeName") != self.node_name:
-            log.warning("pod %s is not bound to this node; its IP is not recorded", ref)
-        elif wish.running:
-            await self._write_running(ref, wish, pod)
-        elif pod is not None and (pod.get("status") or {}).get("podIP") == str(wish.ip):
-            meta = {"resourceVersion": pod["metadata"]["resourceVersion"]}
-            clear = {"metadata": meta, "status": {"podIP": None, "podIPs": None}}
-            await self.api.patch(POD, ref.name, clear, ref.namespace, "status")
-
-    async def _write_running(self, ref: PodRef, wish: PodWish, pod: Obj | None) -> None:
-        ip = str(wish.ip)
-        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
-        status["hostIP"] = str(self.node_ip)
-        if pod is None:
-            await self.api.create(POD, self._new_pod(ref, wish, status), ref.namespace)
-        elif any((pod.get("status") or {}).get(k) != v for k, v in status.items()):
-            await self.api.patch(POD, ref.name, {"status": status}, ref.namespace, "status")
-
-    def _new_pod(self, ref: PodRef, wish: PodWish, status: Obj) -> Obj:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": ref.name,
-                "namespace": ref.namespace,
-                # A node may create only mirror pods (NodeRestriction): this one mirrors
-                # a sandbox the runtime made without the API.
-                "annotations": {
-                    CONTAINER_ANNOTATION: wish.container_id,
-                    MIRROR_ANNOTATION: wish.container_id,
-                },
-            },
-            "spec": {"nodeName": self.node_name, "containers": [{"name": "sandbox"}]},
-            "status": status,
-        }
-
-
-def pod_ref(req: CniRequest, default_namespace: str) -> PodRef:
-    """The Pod a request is for: K8S_POD_NAMESPACE/K8S_POD_NAME, else the config's
-    ``namespace`` (or ``default_namespace``) and the container ID made a DNS name."""
-    config_ns = req.config.namespace if req.config else None
-    namespace = req.args.get("K8S_POD_NAMESPACE") or config_ns or default_namespace
-    name = req.args.get("K8S_POD_NAME") or _dns_name(req.container_id)
-    return PodRef(namespace, name)
-
-
-def _dns_name(text: str) -> str:
-    return _NOT_DNS.sub("-", text.lower()).strip(".-")[:253] or "pod"
+DEFAULT_ROUTE = IPv4Network("0.0.0.0/0")
 
 
 def node_range_set(node: NodeNetwork) -> RangeSet:
@@ -233,49 +52,18 @@ def node_range_set(node: NodeNetwork) -> RangeSet:
     return RangeSet((parse_range({"subnet": str(node.subnet)}, "node subnet"),))
 
 
-@dataclass(frozen=True)
-class CleanupPlan:
-    """What to undo: attachments to detach and IPAM pairs to release."""
-
-    healthy: list[PodAttachment]
-    detach: list[PodAttachment]
-    release: list[Pair]
-
-
-def _held(allocations: Iterable[IpamEntry]) -> dict[Pair, set[IPv4Address]]:
-    held: dict[Pair, set[IPv4Address]] = {}
-    for ip, cid, ifname in allocations:
-        held.setdefault((cid, ifname), set()).add(ip)
-    return held
-
-
-def plan_restart_cleanup(
-    attachments: Iterable[PodAttachment], allocations: Iterable[IpamEntry], subnet: IPv4Network
-) -> CleanupPlan:
-    """Healthy = attached, inside ``subnet``, and its address is held by its pair in IPAM.
-    Everything else is undone: unhealthy attachments, and IPAM pairs with no healthy pod."""
-    held = _held(allocations)
-
-    def healthy(a: PodAttachment) -> bool:
-        ips = held.get((a.container_id, a.ifname), set()) | held.get((a.container_id, ""), set())
-        return a.address.network == subnet and a.address.ip in ips
-
-    good = [a for a in attachments if healthy(a)]
-    keys = {(a.container_id, a.ifname) for a in good} | {(a.container_id, "") for a in good}
-    release = sorted(pair for pair in held if pair not in keys)
-    return CleanupPlan(good, [a for a in attachments if not healthy(a)], release)
-
-
-def plan_gc(
-    attachments: Iterable[PodAttachment],
-    allocations: Iterable[IpamEntry],
-    valid: Callable[[str, str], bool],
-) -> CleanupPlan:
-    """GC: detach and release everything ``valid`` (the runtime's list) does not name."""
-    attachments = list(attachments)
-    stale = [a for a in attachments if not valid(a.container_id, a.ifname)]
-    release = sorted(pair for pair in _held(allocations) if not valid(*pair))
-    return CleanupPlan([a for a in attachments if a not in stale], stale, release)
+def cni_result(attachment: PodAttachment, routes: Iterable[IPv4Network]) -> CniResult:
+    """The ADD result: host veth, pod interface (index 1) with its address, and the pod's
+    routes via the gateway: the default route (every backend adds it) and ``routes``."""
+    routes = (DEFAULT_ROUTE, *routes)
+    host = Interface(attachment.host_ifname)
+    pod = Interface(attachment.ifname, attachment.mac, attachment.mtu, attachment.sandbox)
+    gateway = str(attachment.gateway)
+    return CniResult(
+        interfaces=(host, pod),
+        ips=(IPConfig(str(attachment.address), gateway, 1),),
+        routes=tuple(Route(str(dst), gateway) for dst in routes),
+    )
 
 
 class PodManager:
