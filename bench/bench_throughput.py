@@ -96,7 +96,7 @@ def cluster(backend: str) -> Iterator[Path]:
     state_dir = Path(tempfile.mkdtemp(prefix=f"podnet-bench-{backend}-"))
     try:
         lifecycle.cluster_up(
-            state_dir, lifecycle.ClusterSpec(nodes=2, backend=backend), say=lambda _: None
+            state_dir, lifecycle.ClusterSpec(nodes=2, tunnel=backend), say=lambda _: None
         )
         for name, node in (("a", "node1"), ("b", "node1"), ("c", "node2")):
             pods.run_pod(state_dir, name, node=node)

@@ -9,11 +9,11 @@ scripts/setup.sh
 PODNET=.venv/bin/podnet
 export PODNET_STATE_DIR="${PODNET_STATE_DIR:-/var/lib/podnet/cluster}"
 NODES="${PODNET_NODES:-3}"
-BACKEND="${PODNET_BACKEND:-vxlan}"
+TUNNEL="${PODNET_TUNNEL:-${PODNET_BACKEND:-vxlan}}"  # PODNET_BACKEND: its older name
 PLUGIN="${PODNET_PLUGIN:-subnet}"
 
-echo "== podnet cluster up --nodes $NODES --backend $BACKEND --plugin $PLUGIN"
-"$PODNET" cluster up --nodes "$NODES" --backend "$BACKEND" --plugin "$PLUGIN"
+echo "== podnet cluster up --nodes $NODES --tunnel $TUNNEL --plugin $PLUGIN"
+"$PODNET" cluster up --nodes "$NODES" --tunnel "$TUNNEL" --plugin "$PLUGIN"
 
 echo "== podnet pod run (2 pods per node)"
 for node in $(seq 1 "$NODES"); do

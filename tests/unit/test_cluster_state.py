@@ -21,6 +21,7 @@ from podnet.cluster.state import (
     NodeRecord,
     PodRecord,
     ProcessRecord,
+    StateFileError,
     locked,
     new_cluster_id,
     proc_start_time,
@@ -70,6 +71,17 @@ def test_state_written_by_the_control_plane_alone_still_loads(tmp_path: Path) ->
     state = ClusterState.load(tmp_path)
     assert state is not None and state.plugin == "multitenant" and state.nodes == {}
     assert state.cluster_id == "" and state.external is None
+
+
+def test_state_naming_the_tunnel_backend_still_loads(tmp_path: Path) -> None:
+    """State files written before issue 9 call the tunnel "backend"."""
+    (tmp_path / "state.json").write_text(json.dumps({"cluster_id": "abc", "backend": "host-gw"}))
+    state = ClusterState.load(tmp_path)
+    assert state is not None and state.tunnel == "host-gw"
+    both = {"backend": "host-gw", "tunnel": "vxlan"}
+    (tmp_path / "state.json").write_text(json.dumps(both))
+    with pytest.raises(StateFileError, match="tunnel 'vxlan' and .* backend 'host-gw'"):
+        ClusterState.load(tmp_path)
 
 
 def test_no_state_means_no_cluster(tmp_path: Path) -> None:
@@ -204,7 +216,7 @@ def test_agent_runs_inside_its_node_namespace(tmp_path: Path) -> None:
     for flag in (
         "--node-name node1",
         "--node-ip 192.168.100.11",
-        "--backend vxlan",
+        "--tunnel vxlan",
         f"--socket {paths.socket}",
         "--dataplane linux",
     ):
@@ -240,11 +252,11 @@ def test_down_without_state_does_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "none").exists()
 
 
-def test_up_refuses_to_switch_backend(tmp_path: Path) -> None:
+def test_up_refuses_to_switch_tunnel(tmp_path: Path) -> None:
     state = make_state()
     state.save(tmp_path)
-    spec = lifecycle.ClusterSpec(nodes=1, backend="host-gw")
-    with pytest.raises(lifecycle.ClusterError, match="vxlan backend"):
+    spec = lifecycle.ClusterSpec(nodes=1, tunnel="host-gw")
+    with pytest.raises(lifecycle.ClusterError, match="vxlan tunnel"):
         lifecycle.cluster_up(tmp_path, spec, lambda _line: None)
 
 

@@ -27,7 +27,7 @@ IP = IPv4Address
 PEER = IP("203.0.113.12")
 
 
-def node(backend: str = "vxlan", **overrides: object) -> NodeNetwork:
+def node(tunnel: str = "vxlan", **overrides: object) -> NodeNetwork:
     values: dict[str, object] = {
         "node_name": "node-1",
         "node_ip": IP("203.0.113.11"),
@@ -35,7 +35,7 @@ def node(backend: str = "vxlan", **overrides: object) -> NodeNetwork:
         "cluster_networks": (CLUSTER,),
         "service_network": IPv4Network("172.30.0.0/16"),
         "mtu": 1450,
-        "backend": backend,
+        "tunnel": tunnel,
     }
     values.update(overrides)
     return NodeNetwork(**values)  # type: ignore[arg-type]

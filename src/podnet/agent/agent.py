@@ -203,7 +203,7 @@ class NodeAgent:
             node.subnet,
             node.gateway,
             node.mtu,
-            node.backend,
+            node.tunnel,
             self.plugin,
         )
         await with_retry(

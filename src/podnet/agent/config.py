@@ -18,7 +18,7 @@ from typing import Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
 from podnet.controllers.config import uses_vnids
-from podnet.dataplane.interface import Backend, NodeNetwork
+from podnet.dataplane.interface import NodeNetwork, Tunnel
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CNI_CONF_DIR = Path("/etc/cni/net.d")
@@ -45,7 +45,7 @@ class AgentConfig:
     node_name: str
     kubeconfig: Path | None = None  # None: $KUBECONFIG, then ~/.kube/config
     node_ip: IPv4Address | None = None  # None: autodetect (``resolved_node_ip``)
-    backend: Backend = "vxlan"
+    tunnel: Tunnel = "vxlan"
     cni_bin_dir: Path = DEFAULT_CNI_BIN_DIR
     cni_conf_dir: Path = DEFAULT_CNI_CONF_DIR
     socket_path: Path = DEFAULT_SOCKET_PATH
@@ -89,7 +89,7 @@ def node_network(
         ),
         service_network=IPv4Network(cluster_network["serviceNetwork"]),
         mtu=int(cluster_network.get("mtu") or DEFAULT_MTU),
-        backend=config.backend,
+        tunnel=config.tunnel,
         vxlan_port=int(cluster_network.get("vxlanPort") or DEFAULT_VXLAN_PORT),
         isolation=uses_vnids(str(cluster_network.get("pluginName") or "")),
     )

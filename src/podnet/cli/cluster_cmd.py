@@ -15,6 +15,7 @@ import click
 from podnet.cli.master_cmd import PLUGIN_ALIASES
 from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane
 from podnet.cluster.state import ClusterState
+from podnet.dataplane.interface import TUNNELS
 
 STATE_DIR = click.option(
     "--state-dir",
@@ -40,7 +41,11 @@ def cluster() -> None:
 @STATE_DIR
 @click.option("--nodes", "node_count", type=click.IntRange(0, 200), default=3, show_default=True)
 @click.option(
-    "--backend", type=click.Choice(["vxlan", "host-gw"]), default="vxlan", show_default=True
+    "--tunnel",
+    type=click.Choice(TUNNELS),
+    default="vxlan",
+    show_default=True,
+    help="How pod traffic crosses between nodes",
 )
 @click.option(
     "--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True
@@ -66,7 +71,7 @@ def cluster() -> None:
 def up(
     state_dir: Path,
     node_count: int,
-    backend: str,
+    tunnel: str,
     plugin: str,
     cluster_networks: tuple[str, ...],
     etcd_members: int | None,
@@ -81,7 +86,7 @@ def up(
         args += ["--cluster-network", value]
     spec = ClusterSpec(
         node_count,
-        backend,
+        tunnel,
         plugin,
         tuple(args),
         etcd_members=etcd_members or 0,
@@ -138,7 +143,7 @@ def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
     from podnet.cluster.health import control_plane_health
 
     report = control_plane_health(state, ControlPlane(state_dir))
-    click.echo(f"cluster: {state.cluster_id or '-'} ({state.backend} backend)")
+    click.echo(f"cluster: {state.cluster_id or '-'} ({state.tunnel} tunnel)")
     click.echo(f"plugin:  {PLUGIN_ALIASES.get(state.plugin, state.plugin)}")
     click.echo("etcd (TLS, client certificates):")
     for m in report.members:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import ipaddress
 import logging
 import signal
@@ -13,23 +12,14 @@ from typing import TYPE_CHECKING, cast
 import click
 
 from podnet.agent import config as defaults
+from podnet.dataplane import registry
+from podnet.dataplane.interface import TUNNELS
 
 if TYPE_CHECKING:
     from podnet.agent.config import AgentConfig
-    from podnet.dataplane.interface import DataPlane
+    from podnet.dataplane.interface import Tunnel
 
 PathOption = click.Path(path_type=Path)
-
-
-async def make_dataplane(kind: str, state_dir: Path) -> DataPlane:
-    """The backend: ``linux`` (the kernel), or ``fake`` (in memory, state in state_dir)."""
-    if kind == "fake":
-        from podnet.dataplane.fake import FakeDataPlane
-
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return FakeDataPlane(state_file=state_dir / "fake-dataplane.json")
-    linux = importlib.import_module("podnet.dataplane.linux")
-    return cast("DataPlane", await linux.LinuxDataPlane.create())
 
 
 def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
@@ -49,7 +39,11 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
     help="This node's IPv4 address [default: of the default-route interface]",
 )
 @click.option(
-    "--backend", type=click.Choice(["vxlan", "host-gw"]), default="vxlan", show_default=True
+    "--tunnel",
+    type=click.Choice(TUNNELS),
+    default="vxlan",
+    show_default=True,
+    help="How pod traffic reaches other nodes (every node of a cluster uses the same)",
 )
 @click.option(
     "--cni-bin-dir", type=PathOption, default=defaults.DEFAULT_CNI_BIN_DIR, show_default=True
@@ -94,10 +88,10 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
 )
 @click.option(
     "--dataplane",
-    type=click.Choice(["linux", "fake"]),
+    type=click.Choice(registry.names()),
     default="linux",
     show_default=True,
-    help="Data plane backend (fake: tests only)",
+    help="Data plane implementation, from podnet.dataplane.registry (fake: tests only)",
 )
 @click.option(
     "--log-level",
@@ -110,7 +104,7 @@ def node(
     ctx: click.Context,
     node_name: str,
     node_ip: str | None,
-    backend: str,
+    tunnel: str,
     cni_bin_dir: Path,
     cni_conf_dir: Path,
     socket_path: Path,
@@ -132,7 +126,7 @@ def node(
         node_name=node_name,
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
         node_ip=_node_ip(node_ip),
-        backend=backend,  # type: ignore[arg-type]
+        tunnel=cast("Tunnel", tunnel),
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
         socket_path=socket_path,
@@ -157,7 +151,8 @@ async def _run(config: AgentConfig, dataplane_kind: str) -> None:
     path = str(config.kubeconfig) if config.kubeconfig else None
     client = AsyncApiClient(load_client_config(path))
     node_ip = config.resolved_node_ip()
-    dataplane = await make_dataplane(dataplane_kind, config.state_dir)
+    options = registry.DataPlaneOptions(state_dir=config.state_dir)
+    dataplane = await registry.create(dataplane_kind, options)
     agent = NodeAgent(config, dataplane, client, node_ip)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

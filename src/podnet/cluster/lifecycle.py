@@ -27,9 +27,9 @@ from podnet.cluster.nodes import (
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
+from podnet.dataplane.interface import TUNNELS
 
 Say = Callable[[str], None]
-BACKENDS = ("vxlan", "host-gw")
 
 
 class ClusterError(Exception):
@@ -41,7 +41,7 @@ class ClusterSpec:
     """What ``cluster up`` was asked for."""
 
     nodes: int = 3
-    backend: str = "vxlan"
+    tunnel: str = "vxlan"
     plugin: str = "subnet"
     master_args: tuple[str, ...] = ()
     underlay_cidr: str = DEFAULT_UNDERLAY
@@ -54,13 +54,13 @@ def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
     if state is None or not state.cluster_id:
         state = state or ClusterState(plugin=spec.plugin)
         state.cluster_id = new_cluster_id()
-        state.backend, state.underlay_cidr = spec.backend, spec.underlay_cidr
+        state.tunnel, state.underlay_cidr = spec.tunnel, spec.underlay_cidr
         state.save(state_dir)
         return state
-    if state.backend != spec.backend:
+    if state.tunnel != spec.tunnel:
         raise ClusterError(
-            f"the cluster runs the {state.backend} backend; `podnet cluster down` first "
-            f"to use {spec.backend}"
+            f"the cluster runs the {state.tunnel} tunnel; `podnet cluster down` first "
+            f"to use {spec.tunnel}"
         )
     if state.plugin != spec.plugin and ControlPlane(state_dir).running():
         raise ClusterError(
@@ -72,12 +72,12 @@ def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
 
 def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterState:
     """Ensure the control plane, the underlay, the external host and ``spec.nodes`` nodes."""
-    if spec.backend not in BACKENDS:
-        raise ClusterError(f"unknown backend {spec.backend!r} (one of {', '.join(BACKENDS)})")
+    if spec.tunnel not in TUNNELS:
+        raise ClusterError(f"unknown tunnel {spec.tunnel!r} (one of {', '.join(TUNNELS)})")
     IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
     with locked(state_dir):
         state = _initial_state(state_dir, spec)
-        say(f"cluster {state.cluster_id}: {spec.backend} backend, state in {state_dir}")
+        say(f"cluster {state.cluster_id}: {spec.tunnel} tunnel, state in {state_dir}")
         try:
             ControlPlane(state_dir).up(
                 spec.plugin, list(spec.master_args), say, spec.etcd_members, spec.masters

@@ -27,6 +27,10 @@ from typing import Any
 ID_LENGTH = 6  # hex digits: "pn-<id>-n12" still fits the 15-character link name limit
 
 
+class StateFileError(ValueError):
+    """``state.json`` contradicts itself (the message says how)."""
+
+
 def new_cluster_id() -> str:
     """A fresh random cluster id (lowercase hex)."""
     return secrets.token_hex(ID_LENGTH // 2)
@@ -250,7 +254,7 @@ class ClusterState:
     master_port: int = 0
     extra: dict[str, object] = field(default_factory=dict)
     cluster_id: str = ""
-    backend: str = "vxlan"
+    tunnel: str = "vxlan"  # "backend" in state files written before issue 9
     underlay_cidr: str = ""
     namespaces: list[str] = field(default_factory=list)  # every netns, in creation order
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
@@ -274,6 +278,7 @@ class ClusterState:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ClusterState:
         """Rebuild the nested records from their JSON form."""
+        _rename_backend(data)
         nodes = {k: _node(dict(v)) for k, v in data.pop("nodes", {}).items()}
         pods = {k: _pod(dict(v)) for k, v in data.pop("pods", {}).items()}
         members = [_member(dict(m)) for m in data.pop("etcd_members", [])]
@@ -309,6 +314,18 @@ class ClusterState:
         if name not in self.namespaces:
             self.namespaces.append(name)
             self.save(state_dir)
+
+
+def _rename_backend(data: dict[str, Any]) -> None:
+    """Read the tunnel from ``backend``, its name in older state files."""
+    if "backend" not in data:
+        return
+    old = data.pop("backend")
+    tunnel = data.setdefault("tunnel", old)
+    if tunnel != old:
+        raise StateFileError(
+            f"state.json names two tunnels: tunnel {tunnel!r} and (older key) backend {old!r}"
+        )
 
 
 @contextlib.contextmanager

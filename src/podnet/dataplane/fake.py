@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 MTU_RANGE = range(576, 9001)
 UNDERLAY_MTU = 1500
-VXLAN_OVERHEAD = 50
 IFNAME_MAX = 15
 
 
@@ -210,9 +209,10 @@ class FakeDataPlane:
     def _validate_node(self, node: NodeNetwork) -> None:
         if node.mtu not in MTU_RANGE:
             raise NodeSetupRefused(f"MTU {node.mtu} is outside {MTU_RANGE.start}-9000")
-        if node.backend == "vxlan" and node.mtu > self.underlay_mtu - VXLAN_OVERHEAD:
+        if node.mtu > self.underlay_mtu - node.tunnel_overhead:
             raise NodeSetupRefused(
-                f"MTU {node.mtu} does not fit the underlay MTU {self.underlay_mtu} minus 50"
+                f"MTU {node.mtu} does not fit the underlay MTU {self.underlay_mtu} "
+                f"minus {node.tunnel_overhead}"
             )
         if not 1 <= node.vxlan_port <= 65535:
             raise NodeSetupRefused(f"vxlan port {node.vxlan_port} is out of range")

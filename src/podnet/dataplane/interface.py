@@ -1,9 +1,11 @@
 """The data plane contract: what the node agent asks of a backend, in domain terms.
 
 The agent computes the desired state (this node, the remote nodes, the pods) as plain
-values; a backend (``linux`` now, ``ovs`` later, ``fake`` for tests) makes the kernel
-match it. Every method is idempotent: calling it again with the same input changes
-nothing, so the agent can resync at any time, and after a restart.
+values; a data plane implementation (``linux`` now, ``ovs`` later, ``fake`` for tests;
+chosen by name from ``podnet.dataplane.registry``) makes the kernel match it. Every
+method is idempotent: calling it again with the same input changes nothing, so the agent
+can resync at any time, and after a restart. ``tests/integration/test_dataplane_contract.py``
+checks these promises against every registered implementation.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import TYPE_CHECKING, Literal, Protocol
 if TYPE_CHECKING:
     from podnet.policy.model import RuleSet
 
-Backend = Literal["vxlan", "host-gw"]
+Tunnel = Literal["vxlan", "host-gw"]
+"""How traffic reaches other nodes' subnets: VXLAN encapsulation, or plain routes via
+the remote node's IP (host-gw: every node on one L2 segment)."""
+TUNNELS: tuple[Tunnel, ...] = ("vxlan", "host-gw")
+VXLAN_OVERHEAD = 50  # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
 
 
 class DataPlaneError(Exception):
@@ -36,11 +42,16 @@ class NodeNetwork:
     cluster_networks: tuple[IPv4Network, ...]
     service_network: IPv4Network
     mtu: int  # pod MTU (ClusterNetwork mtu)
-    backend: Backend = "vxlan"
+    tunnel: Tunnel = "vxlan"
     vxlan_port: int = 4789
     vni: int = 1  # VNI used for flat (subnet-plugin) traffic
     underlay_interface: str | None = None  # autodetected from node_ip when None
     isolation: bool = False  # multitenant/networkpolicy: bridged IPv4 passes the inet hooks
+
+    @property
+    def tunnel_overhead(self) -> int:
+        """Bytes the tunnel adds to each pod packet on the underlay."""
+        return VXLAN_OVERHEAD if self.tunnel == "vxlan" else 0
 
     @property
     def gateway(self) -> IPv4Interface:
@@ -51,7 +62,7 @@ class NodeNetwork:
         """A fingerprint of the set-up, written last so a half-done set-up shows."""
         nets = ",".join(str(n) for n in self.cluster_networks)
         return (
-            f"podnet/1 {self.backend} {self.subnet} gw={self.gateway.ip} mtu={self.mtu} "
+            f"podnet/1 {self.tunnel} {self.subnet} gw={self.gateway.ip} mtu={self.mtu} "
             f"vxlan={self.vxlan_port}/{self.vni} nets={nets} svc={self.service_network}"
             + (" isolation" if self.isolation else "")
         )
@@ -113,7 +124,8 @@ class DataPlaneStatus:
 
 
 class DataPlane(Protocol):
-    """A backend. Implementations: ``podnet.dataplane.linux``, ``podnet.dataplane.fake``."""
+    """A data plane implementation, registered by name in ``podnet.dataplane.registry``:
+    ``linux`` (``podnet.dataplane.linux``) and ``fake`` (``podnet.dataplane.fake``)."""
 
     async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
         """Compare the kernel with ``node``'s set-up (bridge, address, MTU, vxlan, NAT,

@@ -101,7 +101,7 @@ class Lab:
         for i in range(1, nodes + 1):
             self.plug(self.namespace(f"n{i}"), f"u-n{i}", IPv4Interface(f"{self.node_ip(i)}/24"))
 
-    def network(self, i: int, backend: str = "vxlan", **overrides: object) -> NodeNetwork:
+    def network(self, i: int, tunnel: str = "vxlan", **overrides: object) -> NodeNetwork:
         values: dict[str, object] = {
             "node_name": f"node-{i}",
             "node_ip": self.node_ip(i),
@@ -109,7 +109,7 @@ class Lab:
             "cluster_networks": (CLUSTER,),
             "service_network": SERVICES,
             "mtu": MTU,
-            "backend": backend,
+            "tunnel": tunnel,
         }
         values.update(overrides)
         return NodeNetwork(**values)  # type: ignore[arg-type]
@@ -147,14 +147,14 @@ class Lab:
                 netns.remove(name)
 
 
-async def up(lab: Lab, nodes: list[int], backend: str = "vxlan") -> dict[int, LinuxDataPlane]:
+async def up(lab: Lab, nodes: list[int], tunnel: str = "vxlan") -> dict[int, LinuxDataPlane]:
     """Set the nodes up and give each the others as remotes."""
     planes = {i: lab.plane(i) for i in nodes}
     for i, plane in planes.items():
-        await plane.setup_node(lab.network(i, backend))
+        await plane.setup_node(lab.network(i, tunnel))
     for i, plane in planes.items():
         remotes = [lab.remote(j) for j in nodes if j != i]
-        await plane.sync_remote_nodes(lab.network(i, backend), remotes)
+        await plane.sync_remote_nodes(lab.network(i, tunnel), remotes)
     return planes
 
 

@@ -30,7 +30,6 @@ from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, R
 
 BRIDGE = "br0"
 VXLAN = "vxlan0"
-VXLAN_OVERHEAD = 50  # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
 ROUTE_PROTO = 80  # rtnetlink protocol marking podnet's routes and neighbour entries
 HOST_VETH_PREFIX = "pn"
 NFT_TABLE = "podnet"  # in families inet and bridge
@@ -180,9 +179,9 @@ def non_adjacent(remotes: Iterable[RemoteNode], underlay: Iterable[IPv4Network])
 def remote_entries(
     node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: str
 ) -> RemoteEntries:
-    """The routes, neighbours and FDB entries for ``remotes`` under ``node.backend``."""
+    """The routes, neighbours and FDB entries for ``remotes`` under ``node.tunnel``."""
     chosen = usable_remotes(node, remotes)
-    if node.backend == "host-gw":
+    if node.tunnel == "host-gw":
         return RemoteEntries(routes=frozenset(_host_gw_route(node, r, underlay) for r in chosen))
     return RemoteEntries(
         routes=frozenset(_vxlan_route(node, r) for r in chosen),

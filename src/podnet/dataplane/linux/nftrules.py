@@ -53,7 +53,7 @@ def render_inet_table(node: NodeNetwork, underlay: str, peers: Iterable[IPv4Addr
         _set("cluster_networks", "ipv4_addr", [str(n) for n in cluster], interval=True),
         _set("no_masquerade", "ipv4_addr", [str(n) for n in internal], interval=True),
     ]
-    if node.backend == "vxlan":
+    if node.tunnel == "vxlan":
         elements = [str(p) for p in sorted(set(peers))]
         sets.append(_set(VTEP_PEERS_SET, "ipv4_addr", elements, interval=False))
     postrouting = _chain(
@@ -85,7 +85,7 @@ def _tunnel_chains(node: NodeNetwork, underlay: str) -> list[str]:
         "type filter hook forward priority filter; policy accept;",
         [f"ip saddr @cluster_networks ip daddr != @cluster_networks udp dport {port} drop"],
     )
-    if node.backend != "vxlan":
+    if node.tunnel != "vxlan":
         guard = [f"ip saddr @cluster_networks udp dport {port} drop"]
         hook = "type filter hook input priority filter; policy accept;"
         return [_chain("input", hook, guard), keep_pods_off]

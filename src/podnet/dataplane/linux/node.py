@@ -17,7 +17,6 @@ from podnet.dataplane.linux import desired, nftables, pods
 from podnet.dataplane.linux.desired import (
     BRIDGE,
     VXLAN,
-    VXLAN_OVERHEAD,
     PodPort,
     RemoteEntries,
 )
@@ -58,7 +57,7 @@ def underlay_link(nl: Netlink, node: NodeNetwork) -> Link:
 
 def mtu_problem(node: NodeNetwork, underlay: Link) -> str | None:
     """Why the underlay cannot carry the pod MTU (None if it can)."""
-    overhead = VXLAN_OVERHEAD if node.backend == "vxlan" else 0
+    overhead = node.tunnel_overhead
     if underlay.mtu >= node.mtu + overhead:
         return None
     why = f" + {overhead} for VXLAN" if overhead else ""
@@ -171,8 +170,8 @@ def _bridge_problems(nl: Netlink, node: NodeNetwork) -> list[str]:
 
 def _vxlan_problems(nl: Netlink, node: NodeNetwork, underlay: Link) -> list[str]:
     link = nl.link(VXLAN)
-    if node.backend != "vxlan":
-        return [f"{VXLAN} exists but the backend is {node.backend}"] if link else []
+    if node.tunnel != "vxlan":
+        return [f"{VXLAN} exists but the tunnel is {node.tunnel}"] if link else []
     if link is None:
         return [f"{VXLAN} is missing"]
     reasons = vxlan_recreate_reasons(link, node, underlay)
@@ -193,7 +192,7 @@ def nft_problems(
 
 def kernel_peers(nl: Netlink, node: NodeNetwork) -> frozenset[IPv4Address]:
     """The VTEP peers the kernel's FDB names (none without vxlan0 or with host-gw)."""
-    link = nl.link(VXLAN) if node.backend == "vxlan" else None
+    link = nl.link(VXLAN) if node.tunnel == "vxlan" else None
     if link is None or link.kind != "vxlan":
         return frozenset()
     return desired.vtep_peers(nl.fdb_entries(link))
@@ -214,10 +213,10 @@ def setup(nl: Netlink, node: NodeNetwork) -> None:
         switch.write_text(want)
     bridge = _ensure_bridge(nl, node)
     _ensure_gateway(nl, bridge, node)
-    if node.backend == "vxlan":
+    if node.tunnel == "vxlan":
         _ensure_vxlan(nl, node, underlay)
     elif nl.delete(VXLAN):
-        log.info("removed stale %s (backend %s)", VXLAN, node.backend)
+        log.info("removed stale %s (tunnel %s)", VXLAN, node.tunnel)
     pods.remove_orphans(nl, bridge)
     ensure_nft(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
     if bridge.alias != node.version_note():
@@ -301,7 +300,7 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
     underlay = underlay_link(nl, node)
     chosen = desired.usable_remotes(node, remotes)
     refused: list[str] = []
-    if node.backend == "host-gw":
+    if node.tunnel == "host-gw":
         nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
         refused = desired.non_adjacent(chosen, nets)
         chosen = [r for r in chosen if r.name not in refused]
@@ -318,7 +317,7 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
 def _apply_remote(nl: Netlink, node: NodeNetwork, want: RemoteEntries) -> None:
     index = {link.name: link.index for link in nl.links()}
     vxlan = nl.link(VXLAN) if VXLAN in index else None
-    if node.backend == "vxlan" and (vxlan is None or vxlan.kind != "vxlan"):
+    if node.tunnel == "vxlan" and (vxlan is None or vxlan.kind != "vxlan"):
         raise DataPlaneError(f"{VXLAN} is missing: set the node up first")
     changes = desired.remote_changes(want, _current_remote(nl, vxlan, index))
     for r in changes.routes.delete:
