@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from podnet.cluster.processes import MasterProcess
 from podnet.cluster.state import (
     ClusterState,
     EtcdMemberRecord,
@@ -35,7 +36,6 @@ from podnet.cluster.state import (
 )
 from podnet.store.etcd_pki import EtcdPki, EtcdTls, ensure_etcd_pki
 from podnet.store.etcd_process import EtcdProcess, free_port, pid_alive, wait_healthy
-from podnet.testing.processes import MasterProcess
 
 DEFAULT_STATE_DIR = Path("/var/lib/podnet/cluster")
 REGISTRY_PREFIX = "/podnet/registry/"
