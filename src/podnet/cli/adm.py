@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from podnet.cli.main import CliError, CliState, pass_state
-from podnet.client import ApiClient, ApiClientError
+from podnet.client import StatusError
+from podnet.client.sync import ApiClient
 from podnet.model.kinds import CLUSTER_NETWORK, NET_NAMESPACE
 
 CHANGE_NETWORK = "pod.network.openshift.io/multitenant.change-network"
@@ -34,7 +35,7 @@ class Change:
 def _require(client: ApiClient, name: str, role: str = "") -> dict[str, Any]:
     try:
         return client.get(NET_NAMESPACE, name)
-    except ApiClientError as exc:
+    except StatusError as exc:
         if exc.code == 404:
             raise CliError(f'netnamespace "{name}"{role} not found') from exc
         raise
@@ -44,7 +45,7 @@ def _check_plugin(client: ApiClient) -> None:
     """Refuse early on a flat (subnet) cluster, where nobody would act on the annotation."""
     try:
         plugin = client.get(CLUSTER_NETWORK, "default").get("pluginName")
-    except ApiClientError:
+    except StatusError:
         return
     if plugin == SUBNET_PLUGIN:
         raise CliError(
@@ -66,7 +67,7 @@ def wait_applied(client: ApiClient, name: str, deadline: float, timeout: float) 
     while True:
         try:
             obj = client.get(NET_NAMESPACE, name)
-        except ApiClientError as exc:
+        except StatusError as exc:
             if exc.code == 404:
                 raise CliError(f'netnamespace "{name}" was deleted during the change') from exc
             raise

@@ -24,7 +24,8 @@ from typing import IO, Any, Protocol
 import click
 
 from podnet import __version__
-from podnet.client import ApiClient, ApiClientError, ClientError
+from podnet.client import ClientError, StatusError
+from podnet.client.sync import ApiClient
 from podnet.kubeconfig import ClientConfig, KubeconfigError, load_client_config
 
 # Sub-command name -> (module, attribute), imported on first use.
@@ -104,7 +105,7 @@ def error_message(exc: BaseException) -> str:
         text = exc.format_message() + hint
     elif isinstance(exc, click.ClickException):
         text = exc.format_message()
-    elif isinstance(exc, ApiClientError) and exc.code == 401:
+    elif isinstance(exc, StatusError) and exc.code == 401:
         detail = "" if exc.message == exc.reason else f": {exc.message}"
         text = f"you must be logged in to the server (Unauthorized){detail}; check the token"
     elif isinstance(exc, ClientError | KubeconfigError | ValueError):

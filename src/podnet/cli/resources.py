@@ -14,14 +14,9 @@ import yaml
 
 from podnet.cli import output
 from podnet.cli.main import CliError, CliState, pass_state
-from podnet.client import (
-    ApiClient,
-    ApiClientError,
-    last_applied,
-    resolve_kind,
-    three_way_patch,
-    with_last_applied,
-)
+from podnet.client import BOOKMARK, StatusError, resolve_kind
+from podnet.client.apply import last_applied, three_way_patch, with_last_applied
+from podnet.client.sync import ApiClient
 from podnet.model.kinds import KINDS, Kind
 
 OUTPUT_FORMATS = ("wide", "json", "yaml", "name")
@@ -136,8 +131,8 @@ def _watch(
     name: str | None,
 ) -> None:
     for event in client.watch(printer.kind, ns, version, selector, field_selector):
-        obj = event.get("object") or {}
-        if event.get("type") == "BOOKMARK":
+        obj = event.object
+        if event.type == BOOKMARK:
             continue
         if name is None or (obj.get("metadata") or {}).get("name") == name:
             printer.event(obj)
@@ -289,7 +284,7 @@ def apply_manifest(client: ApiClient, manifest: Manifest) -> str:
     desired = with_last_applied(desired_object(manifest))
     try:
         live = client.get(manifest.kind, manifest.name, manifest.namespace)
-    except ApiClientError as exc:
+    except StatusError as exc:
         if exc.code != 404:
             raise
         # A new object is sent whole, status included (as kubectl does): a Node's
@@ -350,7 +345,7 @@ def delete(
     for kind, name, ns in targets:
         try:
             state.client().delete(kind, name, ns)
-        except ApiClientError as exc:
+        except StatusError as exc:
             if exc.code == 404 and ignore_not_found:
                 continue
             click.echo(f"error: {exc}", err=True)

@@ -194,12 +194,12 @@ def socket_answers(path: Path, timeout: float = 2.0) -> bool:
 
 def node_ready(api: Any, name: str) -> bool | None:
     """The Node's Ready condition: True/False, or None if the Node has none (or is gone)."""
-    from podnet.client import ApiClientError
+    from podnet.client import StatusError
     from podnet.model.kinds import NODE
 
     try:
         node = api.get(NODE, name)
-    except ApiClientError:
+    except StatusError:
         return None
     for condition in (node.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready":
@@ -209,12 +209,12 @@ def node_ready(api: Any, name: str) -> bool | None:
 
 def host_subnet(api: Any, name: str) -> str | None:
     """The node's HostSubnet CIDR, if allocated."""
-    from podnet.client import ApiClientError
+    from podnet.client import StatusError
     from podnet.model.kinds import HOST_SUBNET
 
     try:
         return str(api.get(HOST_SUBNET, name)["subnet"])
-    except ApiClientError:
+    except StatusError:
         return None
 
 

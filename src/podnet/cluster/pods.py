@@ -129,7 +129,7 @@ def result_ip(result: Mapping[str, Any]) -> str:
 
 def admin_api(state_dir: Path) -> Any:
     """An API client with the cluster's admin kubeconfig."""
-    from podnet.client import ApiClient
+    from podnet.client.sync import ApiClient
     from podnet.kubeconfig import load_client_config
 
     return ApiClient(load_client_config(str(state_dir / "master" / "admin.kubeconfig")))
@@ -200,12 +200,12 @@ def pod_object(
 
 def ensure_namespace(api: Any, namespace: str) -> None:
     """Create the Namespace object unless it exists."""
-    from podnet.client import ApiClientError
+    from podnet.client import StatusError
     from podnet.model.kinds import NAMESPACE
 
     try:
         api.get(NAMESPACE, namespace)
-    except ApiClientError as exc:
+    except StatusError as exc:
         if exc.code != 404:
             raise
         obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}

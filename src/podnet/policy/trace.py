@@ -46,7 +46,7 @@ class TraceError(ValueError):
 
 
 class ObjectReader(Protocol):
-    """The part of ``podnet.client.ApiClient`` a trace uses."""
+    """The part of ``podnet.client.sync.ApiClient`` a trace uses."""
 
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]: ...
 
@@ -107,11 +107,11 @@ def fetch_objects(api: ObjectReader) -> ClusterObjects:
 
 def cluster_plugin(api: ObjectReader) -> str:
     """``pluginName`` of the ClusterNetwork ``default`` (OpenShift's default: subnet)."""
-    from podnet.client import ApiClientError
+    from podnet.client import StatusError
 
     try:
         network = api.get(CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
-    except ApiClientError as exc:
+    except StatusError as exc:
         if exc.code != 404:
             raise
         raise TraceError(

@@ -285,7 +285,7 @@ class Runtime:
 
     def delete_pod_objects(self, api: Any) -> None:
         """Delete the Pod objects of deleted sandboxes (as a kubelet finalizes a pod)."""
-        from podnet.client import ApiClientError
+        from podnet.client import StatusError
         from podnet.model.kinds import POD
 
         with self.lock:
@@ -293,7 +293,7 @@ class Runtime:
         for name in names:
             try:
                 api.delete(POD, name, namespace=self.pod_namespace)
-            except ApiClientError as exc:
+            except StatusError as exc:
                 if exc.code != 404:
                     continue
             with self.lock:
@@ -324,7 +324,7 @@ def quick_api(state_dir: Path) -> Any:
     """An admin API client that gives up within seconds (the master may be down)."""
     import httpx
 
-    from podnet.client import ApiClient
+    from podnet.client.sync import ApiClient
     from podnet.kubeconfig import load_client_config
 
     config = load_client_config(str(state_dir / "master" / "admin.kubeconfig"))
