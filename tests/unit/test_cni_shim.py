@@ -7,12 +7,10 @@ import os
 import shutil
 import socket
 import socketserver
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -400,28 +398,8 @@ def test_install_prefers_c(tmp_path: Path, c_binary: Path) -> None:
     assert installed.read_bytes()[:4] == b"\x7fELF"
 
 
-def _median_ms(cmd: list[str], runs: int = 20) -> float:
-    env = {"CNI_COMMAND": "VERSION"}
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(
-            cmd, input=b'{"cniVersion": "1.1.0"}', env=env, capture_output=True, check=True
-        )
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
-def test_version_wall_time(c_binary: Path, launcher: Path) -> None:
-    timings = {
-        "python -I -S shim.py": _median_ms([sys.executable, "-I", "-S", str(SHIM_PY)]),
-        "installed launcher": _median_ms([str(launcher)]),
-    }
-    if c_binary is not None:
-        timings["C shim"] = _median_ms([str(c_binary)])
-    print("\nVERSION wall time, median of 20:", {k: f"{v:.1f} ms" for k, v in timings.items()})
-    if c_binary is not None:
-        assert timings["C shim"] < timings["python -I -S shim.py"]
+# The shims' start-up time (the C shim faster than Python) is measured, not asserted:
+# bench/bench_latencies.py --only shim.
 
 
 def test_python_shim_imports_only_what_it_needs(sock_dir: Path) -> None:

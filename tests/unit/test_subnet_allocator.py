@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import tracemalloc
 from ipaddress import IPv4Network
 
 import pytest
@@ -108,20 +108,26 @@ def test_overlapping_entries_are_refused() -> None:
         allocator("10.0.0.0/16:8", "10.0.1.0/24:4")
 
 
-def test_a_slash_8_of_slash_24s_is_lazy_and_fast() -> None:
-    alloc = allocator("10.0.0.0/8:8")
-    assert alloc.total == 65536
-    started = time.perf_counter()
-    for _ in range(1000):
-        alloc.allocate()
-    assert time.perf_counter() - started < 1.0
+def test_a_slash_8_of_slash_24s_is_lazy() -> None:
+    """Slots are never materialised: memory follows what is used, not the 65,536 slots.
+    (How fast it allocates is measured in bench/bench_latencies.py, not asserted here.)"""
+    tracemalloc.start()
+    try:
+        alloc = allocator("10.0.0.0/8:8")
+        nets = [alloc.allocate() for _ in range(1000)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert alloc.total == 65536 and alloc.available == 65536 - 1000
+    assert nets == [Net(f"10.{i // 256}.{i % 256}.0/24") for i in range(1000)]
+    assert peak < 2_000_000  # 1,000 used: ~0.6 MB; a bare set of 65,536 slots is 4 MB more
     # The worst case: everything used but the slot just behind the cursor.
     full = allocator("10.0.0.0/14:8")  # 1024 slots
     nets = [full.allocate() for _ in range(full.total)]
     full.release(nets[0])
-    started = time.perf_counter()
     assert full.allocate() == nets[0]
-    assert time.perf_counter() - started < 0.5
+    with pytest.raises(SubnetsExhausted):
+        full.allocate()
 
 
 def test_config_round_trip_and_flags() -> None:
