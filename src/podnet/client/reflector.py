@@ -1,0 +1,162 @@
+"""List + watch over any ``ObjectApi``, as one endless stream of events (client-go's
+reflector).
+
+``reflect(api, kind)`` yields ``LISTED`` (every object, and the listing's resourceVersion)
+and then the watch's ``ADDED``, ``MODIFIED`` and ``DELETED`` events, for ever:
+
+- the watch resumes from the last resourceVersion seen (bookmarks included) when it ends
+  or fails with a transient error, after the shared jittered backoff;
+- when the watch answers ``Expired`` (410: the resourceVersion is compacted away), or when
+  the optional resync period ends, it lists again: a ``DELETED`` for every object that
+  vanished between the two listings (its resourceVersion is the new listing's), then
+  a fresh ``LISTED``;
+- a listing is retried for ever on transient errors; a permanent error (403, 404) of
+  the listing or the watch is raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from podnet.client.backoff import WATCH_BACKOFF, Attempts, Backoff, with_retry
+from podnet.client.errors import Expired, is_transient, one_line
+from podnet.client.objectapi import Listing, ObjectApi
+from podnet.client.paths import object_key
+from podnet.client.watch import (
+    BOOKMARK,
+    DELETED,
+    Obj,
+    ResourceVersion,
+    WatchEvent,
+    listed,
+)
+from podnet.model.kinds import Kind
+
+log = logging.getLogger("podnet.client.reflector")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+def reflect(
+    api: ObjectApi,
+    kind: Kind,
+    namespace: str | None = None,
+    resync_period: float | None = None,
+    backoff: Backoff = WATCH_BACKOFF,
+) -> AsyncIterator[WatchEvent]:
+    """``LISTED``, then every change of ``kind`` (in ``namespace``, or all), for ever."""
+    return Reflector(api, kind, namespace, resync_period, backoff).events()
+
+
+class Reflector:
+    """One kind's listing and watch; ``events()`` runs it."""
+
+    def __init__(
+        self,
+        api: ObjectApi,
+        kind: Kind,
+        namespace: str | None = None,
+        resync_period: float | None = None,
+        backoff: Backoff = WATCH_BACKOFF,
+    ) -> None:
+        self.api = api
+        self.kind = kind
+        self.namespace = namespace
+        self.period = resync_period
+        self.backoff = backoff
+        self.version: ResourceVersion = 0
+        self.known: set[Key] = set()  # the objects the consumer holds
+
+    async def events(self) -> AsyncIterator[WatchEvent]:
+        """The stream described in the module docstring."""
+        while True:
+            listing = await with_retry(
+                lambda: self.api.list(self.kind, self.namespace),
+                f"list {self.kind.plural}",
+                None,
+                self.backoff,
+            )
+            for event in self.relist(listing):
+                yield event
+            async for event in self.follow():
+                yield event
+
+    def relist(self, listing: Listing) -> list[WatchEvent]:
+        """A ``DELETED`` for every object gone since the last listing, then ``LISTED``."""
+        self.version = listing.resource_version
+        current = {object_key(obj) for obj in listing.items}
+        gone = [self.tombstone(key) for key in sorted(self.known - current)]
+        self.known = current
+        return [*gone, listed(tuple(listing.items), self.version)]
+
+    def tombstone(self, key: Key) -> WatchEvent:
+        """The ``DELETED`` event of an object that vanished between two listings."""
+        namespace, name = key
+        meta: Obj = {"name": name, "resourceVersion": str(self.version)}
+        if namespace:
+            meta["namespace"] = namespace
+        obj = {"apiVersion": self.kind.api_version, "kind": self.kind.kind, "metadata": meta}
+        return WatchEvent(DELETED, obj)
+
+    async def follow(self) -> AsyncIterator[WatchEvent]:
+        """Watch from ``self.version`` until a relist is due (410 or the resync time)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.period if self.period else None
+        attempts = Attempts(self.backoff, None, loop.time)
+        while until is None or loop.time() < until:
+            stream = self.api.watch(self.kind, self.version, self.namespace)
+            try:
+                async for event in _bounded(stream, until):
+                    attempts.reset()
+                    self.version = max(self.version, event.resource_version)
+                    if event.type == BOOKMARK:
+                        continue
+                    self.remember(event)
+                    yield event
+            except Expired as exc:
+                log.info("watch of %s expired (%s); listing again", self.kind.plural, exc)
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                delay = attempts.next_delay() or self.backoff.cap
+                what = self.kind.plural
+                log.warning("watch of %s failed (%s); again in %.2fs", what, one_line(exc), delay)
+                await asyncio.sleep(delay)
+
+    def remember(self, event: WatchEvent) -> None:
+        """Keep ``known`` in step with what the consumer was told."""
+        key = object_key(event.object)
+        if event.type == DELETED:
+            self.known.discard(key)
+        else:
+            self.known.add(key)
+
+
+async def _bounded(
+    stream: AsyncIterator[WatchEvent], until: float | None
+) -> AsyncIterator[WatchEvent]:
+    """The events of ``stream`` until the loop time ``until`` (if given); closes ``stream``."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            timeout = None if until is None else max(0.0, until - loop.time())
+            deadline = asyncio.timeout(timeout)
+            try:
+                async with deadline:
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if deadline.expired():
+                    return
+                raise
+            yield event
+    finally:
+        closer = getattr(stream, "aclose", None)
+        if closer is not None:
+            with contextlib.suppress(Exception):
+                await closer()
