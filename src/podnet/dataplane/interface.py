@@ -25,10 +25,20 @@ VXLAN_OVERHEAD = 50  # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
 
 
 class DataPlaneError(Exception):
-    """A data plane operation failed (the message says what and why)."""
+    """A data plane operation failed (the message says what and why).
+
+    As such it is transient: the same call may succeed later (a busy or missing kernel
+    object, a timeout, a helper that failed to run), so the agent retries it with backoff.
+    """
 
 
-class NodeSetupRefused(DataPlaneError):
+class DataPlaneRejected(DataPlaneError):
+    """Permanent: the kernel (or ``nft``) refused the input itself, e.g. a rendered rule
+    or set element it cannot parse or that is out of range. The same input will be
+    refused again; the agent leaves out the objects that cause it (``podnet.reconcile``)."""
+
+
+class NodeSetupRefused(DataPlaneRejected):
     """The node cannot run as configured (MTU too small, no L2 adjacency for host-gw...)."""
 
 
