@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from podnet.controllers.config import NETWORKPOLICY
+from podnet.model.network import NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet

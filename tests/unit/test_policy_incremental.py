@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
 from podnet.policy.incremental import (
     NAMESPACES,

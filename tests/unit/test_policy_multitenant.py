@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.explain import render_reachability, render_verdict

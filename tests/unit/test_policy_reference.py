@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from podnet.controllers.config import NETWORKPOLICY
+from podnet.model.network import NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.explain import render_verdict

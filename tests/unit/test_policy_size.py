@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from podnet.controllers.config import NETWORKPOLICY
+from podnet.model.network import NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet

@@ -24,9 +24,9 @@ from podnet.client import ApiClient, ApiClientError
 from podnet.cluster import matrix, pods
 from podnet.cluster.matrix import Endpoint, Probe
 from podnet.cluster.state import ClusterState, PodRecord
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.kubeconfig import ClientConfig
 from podnet.model.kinds import Kind
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy import trace
 from podnet.policy.trace import Comparison, Target, TraceError
 

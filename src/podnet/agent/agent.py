@@ -32,16 +32,17 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.agent.apiclient import (
+from podnet.client import (
     LISTED,
-    ApiClientError,
-    AsyncApiClient,
     Backoff,
+    ClientError,
     WatchEvent,
     has_reason,
     is_transient,
     with_retry,
 )
+from podnet.client.aio import AsyncApiClient
+from podnet.client.reflector import Reflectors, reflect
 from podnet.agent.cniplugin import conflist, install_plugin_once
 from podnet.agent.cniserver import CniServer, claim_socket_path
 from podnet.agent.config import (
@@ -225,10 +226,10 @@ class NodeAgent:
     async def sync_remote_nodes_once(self, node: NodeNetwork) -> None:
         """Route to the nodes known now, before serving; host-gw refuses to start here
         when a node is not on this node's L2 segment (NodeSetupRefused ends the agent)."""
-        hostsubnets, _ = await with_retry(
+        listing = await with_retry(
             lambda: self.api.list(HOST_SUBNET), "listing HostSubnets", 60.0
         )
-        remotes = remote_nodes(hostsubnets, self.config.node_name)
+        remotes = remote_nodes(listing.items, self.config.node_name)
         await with_retry(
             lambda: self.dataplane.sync_remote_nodes(node, remotes),
             "routing to remote nodes",
@@ -244,7 +245,7 @@ class NodeAgent:
 
     async def _register_once(self) -> None:
         name = self.config.node_name
-        if await self.api.get_or_none(NODE, name) is None:
+        if await self.api.get_or_none(NODE, None, name) is None:
             await self.api.create(NODE, node_object(name, self.node_ip))
             log.info("registered node %s with InternalIP %s", name, self.node_ip)
             return
@@ -256,7 +257,7 @@ class NodeAgent:
         """Read-modify-write of this Node's status; no write when nothing changes."""
 
         async def once() -> None:
-            node = await self.api.get(NODE, self.config.node_name)
+            node = await self.api.get(NODE, None, self.config.node_name)
             status = node.get("status") or {}
             new = mutate(copy.deepcopy(status))
             if new != status:
@@ -276,7 +277,7 @@ class NodeAgent:
         again), then keep renewing it in the background."""
         try:
             await self.heartbeat.renew()
-        except ApiClientError as exc:
+        except ClientError as exc:
             log.warning("first Lease renewal failed: %s; retrying in the background", exc)
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="heartbeat"))
 
@@ -288,7 +289,7 @@ class NodeAgent:
         last_log = -WAIT_LOG_SECONDS
         while True:
             obj = await with_retry(
-                lambda: self.api.get_or_none(kind, name), f"reading {name}", None
+                lambda: self.api.get_or_none(kind, None, name), f"reading {name}", None
             )
             why = problem(obj, self.node_ip)
             if why is None:
@@ -352,7 +353,7 @@ class NodeAgent:
         self._spawn("remote-sync", self.remote_sync.run)
         note = self.config.state_dir / "policy.json"
         self.policy_sync = PolicySync(
-            self.api, self.dataplane, node, self.plugin, resync, status_path=note
+            Reflectors(self.api), self.dataplane, node, self.plugin, resync, status_path=note
         )
         for name, body in self.policy_sync.tasks():
             self._spawn(name, body)
@@ -368,7 +369,7 @@ class NodeAgent:
         while True:
             try:
                 await body()
-            except ApiClientError as exc:
+            except ClientError as exc:
                 log.error("%s failed: %s; restarting it", name, exc)
             except Exception:
                 log.exception("%s failed; restarting it", name)
@@ -378,7 +379,7 @@ class NodeAgent:
     async def _watch_hostsubnets(self) -> None:
         assert self.remote_sync is not None and self.node is not None
         hostsubnets: dict[str, Obj] = {}
-        async for event in self.api.watch(HOST_SUBNET):
+        async for event in reflect(self.api, HOST_SUBNET):
             apply_event(hostsubnets, event)
             self._check_own_subnet(hostsubnets.get(self.config.node_name))
             self.remote_sync.replace(hostsubnets)
@@ -398,7 +399,7 @@ class NodeAgent:
 
     async def _watch_cluster_network(self) -> None:
         networks: dict[str, Obj] = {}
-        async for event in self.api.watch(CLUSTER_NETWORK):
+        async for event in reflect(self.api, CLUSTER_NETWORK):
             apply_event(networks, event)
             self._check_cluster_network(networks.get(CLUSTER_NETWORK_NAME))
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
-from podnet.controllers.config import uses_vnids
 from podnet.dataplane.interface import NodeNetwork, Tunnel
+from podnet.model.network import uses_vnids
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CNI_CONF_DIR = Path("/etc/cni/net.d")

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from podnet.agent.apiclient import DELETED, LISTED, Backoff, WatchEvent
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET, plugin_name
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork
 from podnet.files import write_atomic
 from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY, POD, Kind
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET, plugin_name
 from podnet.policy.compile import hostsubnet_addresses
 from podnet.policy.incremental import (
     NAMESPACES,

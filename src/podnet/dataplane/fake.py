@@ -34,7 +34,6 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, PLUGINS
 from podnet.dataplane.interface import (
     DataPlaneError,
     DataPlaneStatus,
@@ -44,6 +43,7 @@ from podnet.dataplane.interface import (
     PodNetwork,
     RemoteNode,
 )
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS
 
 if TYPE_CHECKING:
     from podnet.policy.model import RuleSet

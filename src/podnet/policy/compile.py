@@ -30,7 +30,7 @@ from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
 from podnet.model.selectors import label_selector_from_spec
 from podnet.policy.model import (
     EGRESS,

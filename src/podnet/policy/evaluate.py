@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
-from podnet.controllers.config import MULTITENANT, SUBNET
+from podnet.model.network import MULTITENANT, SUBNET
 from podnet.policy.model import (
     EGRESS,
     GLOBAL_VNID,

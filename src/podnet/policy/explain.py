@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from podnet.controllers.config import PLUGIN_ALIASES
+from podnet.model.network import PLUGIN_ALIASES
 from podnet.policy.evaluate import Packet, Verdict, reachability
 from podnet.policy.model import RuleSet
 

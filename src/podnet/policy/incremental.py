@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address
 from typing import Any, TypeVar
 
-from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
 from podnet.policy.compile import (
     compile_policy,
     contributes,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any, Protocol
 
-from podnet.controllers.config import CLUSTER_NETWORK_NAME, SUBNET
 from podnet.model.kinds import (
     CLUSTER_NETWORK,
     HOST_SUBNET,
@@ -30,6 +29,7 @@ from podnet.model.kinds import (
     POD,
     Kind,
 )
+from podnet.model.network import CLUSTER_NETWORK_NAME, SUBNET
 from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.evaluate import Packet
 from podnet.policy.explain import ALLOWED_MARK, CORNER, DENIED_MARK

@@ -17,7 +17,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from podnet.controllers.config import NETWORKPOLICY
+from podnet.model.network import NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
