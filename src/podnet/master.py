@@ -2,7 +2,11 @@
 
 Start order: connect to etcd, make the PKI and the admin credentials, serve the API (so
 clients and `/readyz` work at once), then run the controllers under leader election.
-`/readyz` answers 200 once the controllers' first sync is done.
+The controllers reach the objects through the in-process object API: the registry for
+writes and the API server's watch cache for watches, so they add no etcd watch.
+`/readyz` answers 200 once the controllers' first sync is done. With
+``run_controllers=False`` (``podnet master --no-controllers``) the master only serves the
+API, and ``podnet controllers`` runs them as their own process over HTTPS.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from podnet.api.pki import Pki, ensure_pki
 from podnet.api.registry import DEFAULT_PREFIX, Registry
 from podnet.api.server import ApiServer
 from podnet.controllers.config import NetworkConfig
+from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager
 from podnet.kubeconfig import write_kubeconfig
@@ -44,6 +49,7 @@ class MasterOptions:
     extra_hosts: list[str] = field(default_factory=list)
     compact_interval: float = 300.0
     leader_elect: bool = True
+    run_controllers: bool = True  # False: serve the API only (controllers run elsewhere)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     @property
@@ -72,6 +78,8 @@ class Master:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _ready(self) -> bool:
+        if not self.options.run_controllers:
+            return True
         return self.controllers is not None and self.controllers.ready
 
     async def start(self) -> None:
@@ -87,12 +95,18 @@ class Master:
         server = opts.kubeconfig_server or self.server.address
         write_kubeconfig(opts.kubeconfig_path, server, pki.ca_pem(), admin_token)
         log.info("admin kubeconfig written to %s", opts.kubeconfig_path)
+        if opts.run_controllers:
+            self._start_controllers(self.server)
+        self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
+
+    def _start_controllers(self, server: ApiServer) -> None:
+        opts = self.options
         elector = None
         if opts.leader_elect:
             elector = EtcdLeaderElector(self.store, f"{opts.etcd_prefix}leader", opts.identity)
-        self.controllers = ControllerManager(self.registry, opts.network, elector)
+        api = InProcessApi(self.registry, server.cache)
+        self.controllers = ControllerManager(api, opts.network, elector)
         self._tasks.append(asyncio.create_task(self._run_controllers(), name="controllers"))
-        self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
 
     async def _run_controllers(self) -> None:
         assert self.controllers is not None

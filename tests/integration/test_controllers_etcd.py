@@ -1,8 +1,13 @@
-"""The master's controllers against a real etcd: scale, racing masters, restarts, leases."""
+"""The master's controllers against a real etcd: scale, racing masters, restarts, leases.
+
+Each simulated master is a registry on its own etcd connection and the in-process object
+API over it (with its own watch cache), as ``podnet master`` runs them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -16,6 +21,7 @@ from podnet.api.registry import Registry
 from podnet.controllers.clusternetwork import ensure_cluster_network
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.hostsubnets import HostSubnetController
+from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager
 from podnet.controllers.namespaces import ensure_namespace
@@ -68,6 +74,17 @@ async def registry(connect: Callable[[], Awaitable[EtcdStore]], prefix: str) -> 
     return Registry(await connect(), prefix=prefix)
 
 
+@pytest.fixture
+async def in_process() -> AsyncIterator[Callable[[Registry], Awaitable[InProcessApi]]]:
+    """Open the in-process object API over a registry; every one is closed after the test."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def open_api(registry: Registry) -> InProcessApi:
+            return await stack.enter_async_context(InProcessApi.standalone(registry))
+
+        yield open_api
+
+
 def node(name: str, index: int) -> Obj:
     ip = f"192.0.{2 + index // 250}.{1 + index % 250}"
     return {
@@ -110,19 +127,24 @@ def assert_distinct(hostsubnets: dict[str, Obj]) -> None:
         assert IPv4Network(h["subnet"]).subnet_of(IPv4Network("10.128.0.0/14"))
 
 
-async def start_controller(registry: Registry) -> HostSubnetController:
-    cluster_network = await ensure_cluster_network(registry, NetworkConfig.default())
-    await ensure_namespace(registry, "default")
-    controller = HostSubnetController(registry, cluster_network, resync_period=None)
+async def start_controller(api: InProcessApi) -> HostSubnetController:
+    cluster_network = await ensure_cluster_network(api, NetworkConfig.default())
+    await ensure_namespace(api, "default")
+    controller = HostSubnetController(api, cluster_network, resync_period=None)
     await controller.start()
     return controller
+
+
+OpenApi = Callable[[Registry], Awaitable[InProcessApi]]
 
 
 # ---- scale -------------------------------------------------------------------------------
 
 
-async def test_500_nodes_registered_at_once_get_500_distinct_subnets(registry: Registry) -> None:
-    controller = await start_controller(registry)
+async def test_500_nodes_registered_at_once_get_500_distinct_subnets(
+    registry: Registry, in_process: OpenApi
+) -> None:
+    controller = await start_controller(await in_process(registry))
     try:
         names = [f"node-{i:03d}" for i in range(NODES)]
         started = time.monotonic()
@@ -138,10 +160,10 @@ async def test_500_nodes_registered_at_once_get_500_distinct_subnets(registry: R
 
 
 async def test_a_controller_cancelled_halfway_resumes_without_duplicates(
-    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, in_process: OpenApi
 ) -> None:
     first_registry = Registry(await connect(), prefix=prefix)
-    first = await start_controller(first_registry)
+    first = await start_controller(await in_process(first_registry))
     names = [f"crash-{i:03d}" for i in range(NODES)]
     creating = asyncio.create_task(create_nodes(first_registry, names))
     await wait_for_subnets(first_registry, 100)
@@ -149,7 +171,7 @@ async def test_a_controller_cancelled_halfway_resumes_without_duplicates(
     await creating
     halfway = len(await subnets(first_registry))
     assert halfway < NODES
-    second = await start_controller(Registry(await connect(), prefix=prefix))
+    second = await start_controller(await in_process(Registry(await connect(), prefix=prefix)))
     try:
         allocated = await wait_for_subnets(first_registry, NODES)
         assert set(allocated) == set(names)
@@ -162,10 +184,10 @@ async def test_a_controller_cancelled_halfway_resumes_without_duplicates(
 
 
 async def test_two_controllers_without_election_never_share_a_subnet(
-    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, in_process: OpenApi
 ) -> None:
     registries = [Registry(await connect(), prefix=prefix) for _ in range(2)]
-    controllers = [await start_controller(r) for r in registries]
+    controllers = [await start_controller(await in_process(r)) for r in registries]
     try:
         names = [f"race-{i:03d}" for i in range(NODES)]
         started = time.monotonic()
@@ -206,19 +228,18 @@ async def test_the_subnet_claim_alone_stops_a_duplicate(registry: Registry) -> N
 
 
 async def test_two_managers_with_election_take_turns(
-    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, in_process: OpenApi
 ) -> None:
     managers: list[ControllerManager] = []
     runs: list[asyncio.Task[None]] = []
+    registry = Registry(await connect(), prefix=prefix)
     for identity in ("master-a", "master-b"):
         store = await connect()
         elector = EtcdLeaderElector(store, f"{prefix}leader", identity, ttl=3)
-        manager = ControllerManager(
-            Registry(store, prefix=prefix), NetworkConfig.default(), elector, resync_period=None
-        )
+        api = await in_process(Registry(store, prefix=prefix))
+        manager = ControllerManager(api, NetworkConfig.default(), elector, resync_period=None)
         managers.append(manager)
         runs.append(asyncio.create_task(manager.run()))
-    registry = managers[0].registry
     try:
         leader = await wait_until(lambda: next((m for m in managers if m.ready), None))
         follower = next(m for m in managers if m is not leader)

@@ -1,4 +1,8 @@
-"""The master's controllers over the in-memory store, with the real validation."""
+"""The master's controllers over the in-memory store, with the real validation.
+
+The controllers get the master's in-process object API (the registry and a watch cache);
+the tests act as users straight on the registry.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,15 @@ from typing import Any
 import pytest
 
 from podnet.api.registry import Registry
+from podnet.api.watchcache import WatchCache
+from podnet.client.backoff import Backoff
+from podnet.client.errors import ServerError
+from podnet.controllers.base import changes
+from podnet.controllers.cache import ObjectCache
 from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
 from podnet.controllers.config import MULTITENANT, NetworkConfig, parse_cluster_networks
 from podnet.controllers.hostsubnets import HostSubnetController
-from podnet.controllers.informer import Backoff, ObjectCache, watch_objects
+from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.manager import ControllerManager
 from podnet.controllers.namespaces import ensure_namespace
 from podnet.controllers.netnamespaces import (
@@ -92,21 +101,28 @@ def registry() -> Registry:
     return Registry(MemoryStore(), prefix="/t/")
 
 
+@pytest.fixture
+async def api(registry: Registry) -> AsyncIterator[InProcessApi]:
+    """The in-process object API over ``registry`` and a running watch cache."""
+    async with InProcessApi.standalone(registry) as in_process:
+        yield in_process
+
+
 async def start_hostsubnets(
-    registry: Registry, flag: str = "10.128.0.0/14:9"
+    api: InProcessApi, flag: str = "10.128.0.0/14:9"
 ) -> HostSubnetController:
     config = NetworkConfig.default()
     config.cluster_networks = parse_cluster_networks([flag])
-    cluster_network = await ensure_cluster_network(registry, config)
-    await ensure_namespace(registry, "default")  # where Events go
-    controller = HostSubnetController(registry, cluster_network, resync_period=None)
+    cluster_network = await ensure_cluster_network(api, config)
+    await ensure_namespace(api, "default")  # where Events go
+    controller = HostSubnetController(api, cluster_network, resync_period=None)
     await controller.start()
     return controller
 
 
 @pytest.fixture
-async def running(registry: Registry) -> AsyncIterator[HostSubnetController]:
-    controller = await start_hostsubnets(registry)
+async def running(api: InProcessApi) -> AsyncIterator[HostSubnetController]:
+    controller = await start_hostsubnets(api)
     yield controller
     await controller.stop()
 
@@ -172,7 +188,9 @@ async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return text in caplog.text
 
 
-async def test_start_marks_existing_and_removes_orphans(registry: Registry) -> None:
+async def test_start_marks_existing_and_removes_orphans(
+    registry: Registry, api: InProcessApi
+) -> None:
     real = await registry.create(NODE, node("real", "192.0.2.1"))
     await registry.create(NODE, node("legacy", "192.0.2.2"))
     reborn = await registry.create(NODE, node("reborn", "192.0.2.3"))
@@ -189,7 +207,7 @@ async def test_start_marks_existing_and_removes_orphans(registry: Registry) -> N
     await registry.create(
         HOST_SUBNET, hostsubnet("f5", "10.128.8.0/23", {ASSIGN_SUBNET_ANNOTATION: "true"})
     )
-    controller = await start_hostsubnets(registry)
+    controller = await start_hostsubnets(api)
     try:
         left = await subnets(registry)
         assert set(left) == {"real", "legacy", "reborn", "f5"}
@@ -226,9 +244,9 @@ async def test_assign_subnet_for_a_host_that_is_not_a_node(
 
 
 async def test_exhaustion_sets_condition_event_log_and_recovers(
-    registry: Registry, caplog: pytest.LogCaptureFixture
+    registry: Registry, api: InProcessApi, caplog: pytest.LogCaptureFixture
 ) -> None:
-    controller = await start_hostsubnets(registry, "10.200.0.0/24:6")  # four /26
+    controller = await start_hostsubnets(api, "10.200.0.0/24:6")  # four /26
     try:
         for i in range(5):
             await registry.create(NODE, node(f"ex-{i}", f"192.0.2.{i + 1}"))
@@ -269,9 +287,9 @@ async def _condition_is(registry: Registry, name: str, status: str) -> Obj | Non
 
 
 async def test_cluster_network_grow_through_the_api_feeds_the_allocator(
-    registry: Registry,
+    registry: Registry, api: InProcessApi
 ) -> None:
-    controller = await start_hostsubnets(registry, "10.200.0.0/25:6")  # two /26
+    controller = await start_hostsubnets(api, "10.200.0.0/25:6")  # two /26
     try:
         for i in range(3):
             await registry.create(NODE, node(f"g-{i}", f"192.0.2.{i + 1}"))
@@ -295,37 +313,37 @@ async def _count(registry: Registry, n: int) -> bool:
 # ---- ClusterNetwork ------------------------------------------------------------------------
 
 
-async def test_ensure_cluster_network_creates_grows_and_refuses(registry: Registry) -> None:
+async def test_ensure_cluster_network_creates_grows_and_refuses(api: InProcessApi) -> None:
     config = NetworkConfig.default()
-    created = await ensure_cluster_network(registry, config)
+    created = await ensure_cluster_network(api, config)
     assert created["clusterNetworks"] == [{"CIDR": "10.128.0.0/14", "hostSubnetLength": 9}]
-    assert (await ensure_cluster_network(registry, config))["metadata"]["resourceVersion"] == (
+    assert (await ensure_cluster_network(api, config))["metadata"]["resourceVersion"] == (
         created["metadata"]["resourceVersion"]
     )
     grown = NetworkConfig.default()
     grown.cluster_networks = parse_cluster_networks(["10.128.0.0/13:9"])
-    assert (await ensure_cluster_network(registry, grown))["clusterNetworks"][0]["CIDR"] == (
+    assert (await ensure_cluster_network(api, grown))["clusterNetworks"][0]["CIDR"] == (
         "10.128.0.0/13"
     )
     # restarting with the old flags keeps the grown network
-    kept = await ensure_cluster_network(registry, config)
+    kept = await ensure_cluster_network(api, config)
     assert kept["clusterNetworks"][0]["CIDR"] == "10.128.0.0/13"
     shrunk = NetworkConfig.default()
     shrunk.cluster_networks = parse_cluster_networks(["10.0.0.0/16:8"])
     with pytest.raises(ClusterNetworkError, match="only grow"):
-        await ensure_cluster_network(registry, shrunk)
+        await ensure_cluster_network(api, shrunk)
     moved = NetworkConfig.default()
     moved.service_network = IPv4Network("172.31.0.0/16")
     with pytest.raises(ClusterNetworkError, match="serviceNetwork"):
-        await ensure_cluster_network(registry, moved)
+        await ensure_cluster_network(api, moved)
 
 
 # ---- NetNamespaces through the manager -----------------------------------------------------
 
 
 @pytest.fixture
-async def manager(registry: Registry) -> AsyncIterator[ControllerManager]:
-    mgr = ControllerManager(registry, NetworkConfig.default(MULTITENANT), resync_period=None)
+async def manager(api: InProcessApi) -> AsyncIterator[ControllerManager]:
+    mgr = ControllerManager(api, NetworkConfig.default(MULTITENANT), resync_period=None)
     task = asyncio.create_task(mgr.run())
     await eventually(lambda: _ready(mgr))
     yield mgr
@@ -451,11 +469,11 @@ class FlakyLeader:
 
 
 async def test_manager_stops_on_lost_leadership_and_campaigns_again(
-    registry: Registry, caplog: pytest.LogCaptureFixture
+    registry: Registry, api: InProcessApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     elector = FlakyLeader()
-    mgr = ControllerManager(registry, NetworkConfig.default(), elector, resync_period=None)
+    mgr = ControllerManager(api, NetworkConfig.default(), elector, resync_period=None)
     task = asyncio.create_task(mgr.run())
     try:
         await eventually(lambda: _ready(mgr))
@@ -476,39 +494,48 @@ async def _terms(elector: FlakyLeader, n: int) -> bool:
     return elector.terms >= n
 
 
-async def test_manager_refuses_a_refused_configuration(registry: Registry) -> None:
-    await ensure_cluster_network(registry, NetworkConfig.default())
+async def test_manager_refuses_a_refused_configuration(api: InProcessApi) -> None:
+    await ensure_cluster_network(api, NetworkConfig.default())
     config = NetworkConfig.default()
     config.service_network = IPv4Network("172.31.0.0/16")
-    mgr = ControllerManager(registry, config, resync_period=None)
+    mgr = ControllerManager(api, config, resync_period=None)
     with pytest.raises(ClusterNetworkError):
         await asyncio.wait_for(mgr.run(), 5)
 
 
-async def test_informer_relists_after_compaction(registry: Registry) -> None:
+async def test_controller_stream_relists_after_compaction(
+    registry: Registry, api: InProcessApi
+) -> None:
     for name, ip in (("a", "192.0.2.1"), ("b", "192.0.2.2")):
         await registry.create(NODE, node(name, ip))
-    stream = watch_objects(registry, NODE)
+    stream = changes(api, NODE, None)
     seen = [await anext(stream) for _ in range(3)]
     assert [c for c, _ in seen] == ["SYNC", "SYNC", "SYNCED"]
     await registry.delete(NODE, None, "a")
     await registry.create(NODE, node("c", "192.0.2.3"))
-    await registry.store.compact(await registry.store.revision())
+    await compact(registry, api.cache)
     await registry.create(NODE, node("d", "192.0.2.4"))
-    await registry.store.compact(await registry.store.revision())
-    after = [await anext(stream) for _ in range(6)]
+    await compact(registry, api.cache)
+    after = [await anext(stream) for _ in range(5)]
     kinds = [(c, o["metadata"].get("name")) for c, o in after]
     assert kinds == [
-        ("RESYNC", None),
+        ("DELETED", "a"),  # vanished between the two listings
         ("SYNC", "b"),
         ("SYNC", "c"),
         ("SYNC", "d"),
-        ("DELETED", "a"),
         ("SYNCED", None),
     ]
+    assert after[0][1]["metadata"]["resourceVersion"] == after[-1][1]["metadata"]["resourceVersion"]
     await registry.create(NODE, node("e", "192.0.2.5"))
     assert (await anext(stream))[0] == "ADDED"
     await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def compact(registry: Registry, cache: WatchCache) -> None:
+    """Compact the store and drop the compacted events from the cache, as the master does."""
+    revision = await registry.store.revision()
+    await registry.store.compact(revision)
+    cache.forget_before(revision)
 
 
 # ---- work queue and cache ------------------------------------------------------------------
@@ -527,7 +554,7 @@ async def test_keyed_queue_is_serial_per_key_dedupes_and_retries() -> None:
         running.discard(key)
         if failures.get(key):
             failures[key] -= 1
-            raise ApiError("etcd is busy", 503, "ServiceUnavailable")
+            raise ServerError(503, "ServiceUnavailable", "etcd is busy")
 
     queue = KeyedQueue("test", handle, workers=4, backoff=Backoff(0.01, 0.02))
     for key in ["a", "a", "a", "b", "flaky"]:

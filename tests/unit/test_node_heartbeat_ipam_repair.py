@@ -16,6 +16,7 @@ from podnet.agent.heartbeat import lease_object, micro_time, renewed
 from podnet.agent.ipamrepair import plan_repairs, repair_damaged
 from podnet.api.registry import Registry
 from podnet.cni.types import CniError, parse_network_config
+from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.nodelifecycle import (
     REASON_UNKNOWN,
     NodeLifecycleController,
@@ -26,7 +27,8 @@ from podnet.controllers.nodelifecycle import (
 from podnet.dataplane.interface import PodAttachment
 from podnet.ipam import atomic
 from podnet.ipam.config import parse_ipam_config
-from podnet.ipam.hostlocal import HostLocalStore, well_formed
+from podnet.ipam.hostlocal import HostLocalStore
+from podnet.ipam.reservations import well_formed
 from podnet.model.kinds import LEASE, NAMESPACE, NODE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 from podnet.model.validation import validate
@@ -268,7 +270,13 @@ async def test_controller_marks_a_silent_node_and_a_renewing_one_ready() -> None
     await registry.create(NODE, node)
     await registry.create(LEASE, lease_object("n1", 40, micro_time()), NODE_LEASE_NAMESPACE)
     clock = Clock()
-    controller = NodeLifecycleController(registry, grace=40.0, clock=clock)
+    async with InProcessApi.standalone(registry) as api:
+        await _mark_and_recover(registry, NodeLifecycleController(api, grace=40.0, clock=clock))
+
+
+async def _mark_and_recover(registry: Registry, controller: NodeLifecycleController) -> None:
+    clock = controller.clock
+    assert isinstance(clock, Clock)
     await controller.start()
     try:
         assert await controller.check("n1") is None

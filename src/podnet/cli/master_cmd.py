@@ -94,6 +94,13 @@ def _listen(value: str) -> tuple[str, int]:
     help="seconds of etcd history to keep before compacting",
 )
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
+@click.option(
+    "--controllers/--no-controllers",
+    "run_controllers",
+    default=True,
+    show_default=True,
+    help="run the controllers in this process (--no-controllers: `podnet controllers` does)",
+)
 def master(
     etcd_endpoints: tuple[str, ...],
     etcd_cafile: Path | None,
@@ -111,6 +118,7 @@ def master(
     extra_hosts: tuple[str, ...],
     compact_interval: float,
     leader_elect: bool,
+    run_controllers: bool,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
     from podnet.controllers.config import NetworkConfig, parse_cluster_network_flag
@@ -139,6 +147,7 @@ def master(
         extra_hosts=list(extra_hosts),
         compact_interval=compact_interval,
         leader_elect=leader_elect,
+        run_controllers=run_controllers,
     )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -2,7 +2,7 @@
 
 On first start the master creates it. Later starts compare: an equal object is kept; a
 permitted change (the network grows to a superset; plugin or MTU change) is written
-through the registry, whose validation enforces the same rules; a refused change raises
+through the API, whose validation enforces the same rules; a refused change raises
 ``ClusterNetworkError`` and the master exits with its message. A network that was grown
 through the API beyond the configured one is kept (a restart with the old flags must not
 try to shrink it).
@@ -14,15 +14,14 @@ import dataclasses
 import logging
 from typing import Any
 
-from podnet.api.registry import Registry
+from podnet.client.errors import ClientError, has_reason
+from podnet.controllers.calls import ControllerApi, call, get_or_none
 from podnet.controllers.config import (
     CLUSTER_NETWORK_NAME,
     NetworkConfig,
     change_errors,
     covers,
 )
-from podnet.controllers.informer import call_with_retry, get_or_none
-from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK
 
 Obj = dict[str, Any]
@@ -34,27 +33,27 @@ class ClusterNetworkError(Exception):
     """The configured network cannot be applied to the stored one; the master must stop."""
 
 
-async def ensure_cluster_network(registry: Registry, config: NetworkConfig) -> Obj:
+async def ensure_cluster_network(api: ControllerApi, config: NetworkConfig) -> Obj:
     """Create or update ClusterNetwork ``default`` from ``config``; return the effective one."""
     for _ in range(MAX_ATTEMPTS):
-        current = await get_or_none(registry, CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
+        current = await get_or_none(api, CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
         if current is None:
-            result = await _create(registry, config)
+            result = await _create(api, config)
         else:
-            result = await _reconcile(registry, current, config)
+            result = await _reconcile(api, current, config)
         if result is not None:
             return result
     raise ClusterNetworkError(f"ClusterNetwork {CLUSTER_NETWORK_NAME} keeps changing; giving up")
 
 
-async def _create(registry: Registry, config: NetworkConfig) -> Obj | None:
+async def _create(api: ControllerApi, config: NetworkConfig) -> Obj | None:
     try:
-        created = await call_with_retry(
-            lambda: registry.create(CLUSTER_NETWORK, config.to_object()),
+        created = await call(
+            lambda: api.create(CLUSTER_NETWORK, config.to_object()),
             "create ClusterNetwork default",
         )
-    except ApiError as exc:
-        if exc.reason == "AlreadyExists":
+    except ClientError as exc:
+        if has_reason(exc, "AlreadyExists"):
             return None  # another master was first: compare with its object
         if exc.code in (400, 422):
             raise ClusterNetworkError(f"invalid network configuration: {exc}") from exc
@@ -63,7 +62,7 @@ async def _create(registry: Registry, config: NetworkConfig) -> Obj | None:
     return created
 
 
-async def _reconcile(registry: Registry, current: Obj, config: NetworkConfig) -> Obj | None:
+async def _reconcile(api: ControllerApi, current: Obj, config: NetworkConfig) -> Obj | None:
     try:
         stored = NetworkConfig.from_object(current)
     except (KeyError, TypeError, ValueError) as exc:
@@ -76,7 +75,7 @@ async def _reconcile(registry: Registry, current: Obj, config: NetworkConfig) ->
     problems = change_errors(stored, desired)
     if problems:
         raise ClusterNetworkError(_refusal(stored, desired, "; ".join(problems)))
-    return await _update(registry, current, stored, desired)
+    return await _update(api, current, stored, desired)
 
 
 def _keep_api_growth(stored: NetworkConfig, config: NetworkConfig) -> NetworkConfig:
@@ -95,7 +94,7 @@ def _keep_api_growth(stored: NetworkConfig, config: NetworkConfig) -> NetworkCon
 
 
 async def _update(
-    registry: Registry, current: Obj, stored: NetworkConfig, desired: NetworkConfig
+    api: ControllerApi, current: Obj, stored: NetworkConfig, desired: NetworkConfig
 ) -> Obj | None:
     body = {**current, **{k: v for k, v in desired.to_object().items() if k != "metadata"}}
     first = desired.cluster_networks[0]
@@ -104,12 +103,11 @@ async def _update(
     if "hostsubnetlength" in body:
         body["hostsubnetlength"] = first.host_subnet_length
     try:
-        updated = await call_with_retry(
-            lambda: registry.update(CLUSTER_NETWORK, body, None, CLUSTER_NETWORK_NAME),
-            "update ClusterNetwork default",
+        updated = await call(
+            lambda: api.update(CLUSTER_NETWORK, body), "update ClusterNetwork default"
         )
-    except ApiError as exc:
-        if exc.reason == "Conflict":
+    except ClientError as exc:
+        if has_reason(exc, "Conflict"):
             return None  # changed meanwhile: compare again
         if exc.code in (400, 422):
             raise ClusterNetworkError(_refusal(stored, desired, str(exc))) from exc

@@ -4,8 +4,9 @@ Start order, as in OpenShift SDN: list the HostSubnets and mark every subnet all
 then list the Nodes, and only then reconcile. Each name (a Node and its HostSubnet share
 it) is one work item, so a name is handled by one worker at a time, and every handler is
 safe to run again: it compares the cached Node and HostSubnet and writes only what is
-missing. The registry's subnet claim makes a duplicate subnet impossible even when two
-masters race; losing that race (409 AlreadyExists) just means "try the next subnet".
+missing. The API's subnet claim (a HostSubnet's subnet is unique) makes a duplicate
+subnet impossible even when two masters race; losing that race (409 AlreadyExists) just
+means "try the next subnet".
 """
 
 from __future__ import annotations
@@ -16,20 +17,18 @@ from functools import partial
 from ipaddress import IPv4Network
 from typing import Any
 
-from podnet.api.registry import Registry
-from podnet.controllers.config import NetworkConfig
-from podnet.controllers.informer import (
-    DELETED,
-    RESYNC,
-    SYNCED,
-    ObjectCache,
-    call_with_retry,
-    consume_until_synced,
+from podnet.client.errors import has_reason
+from podnet.client.watch import ADDED, DELETED, MODIFIED
+from podnet.controllers.base import SYNC, Controller, Watch, is_marker
+from podnet.controllers.cache import ObjectCache, revision_of
+from podnet.controllers.calls import (
+    ControllerApi,
+    call,
+    delete_if_present,
     get_or_none,
-    pump,
-    resource_version,
-    watch_objects,
+    guaranteed_update,
 )
+from podnet.controllers.config import NetworkConfig
 from podnet.controllers.objects import (
     CONDITION,
     NODE_UID_ANNOTATION,
@@ -46,104 +45,70 @@ from podnet.controllers.objects import (
     with_host,
 )
 from podnet.controllers.subnets import SubnetAllocator, SubnetsExhausted
-from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
-from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
 
 
-class HostSubnetController:
+class HostSubnetController(Controller):
     """Keeps one HostSubnet per Node, and fills in subnets for ``assign-subnet`` hosts."""
+
+    name = "hostsubnets"
 
     def __init__(
         self,
-        registry: Registry,
+        api: ControllerApi,
         cluster_network_obj: Obj,
         log: logging.Logger | None = None,
         workers: int = 16,
         resync_period: float | None = 300.0,
     ) -> None:
-        self.registry = registry
-        self.log = log or logging.getLogger("podnet.controllers.hostsubnets")
+        log = log or logging.getLogger("podnet.controllers.hostsubnets")
+        super().__init__(api, log, workers, resync_period)
         config = NetworkConfig.from_object(cluster_network_obj)
         self.allocator = SubnetAllocator(config.cluster_networks)
         self.nodes = ObjectCache()
         self.subnets = ObjectCache()
-        self.queue = KeyedQueue("hostsubnets", self._reconcile, workers)
-        self.ready = False
-        self._resync = resync_period
         self._owners: dict[IPv4Network, str] = {}  # subnet -> HostSubnet name
         self._waiting: set[str] = set()  # names that found no free subnet
         self._evented: set[str] = set()  # waiting nodes already given an Event
         self._no_ip: set[str] = set()  # nodes already logged as lacking an InternalIP
-        self._tasks: list[Any] = []
-
-    @property
-    def tasks(self) -> list[Any]:
-        """The controller's long-running tasks (for the manager to supervise)."""
-        return self._tasks + self.queue.tasks
 
     @property
     def waiting(self) -> set[str]:
         """Names waiting for a subnet to be released."""
         return set(self._waiting)
 
-    async def start(self) -> None:
-        """Mark existing subnets, list Nodes, reconcile everything; return once done."""
-        subnet_stream = watch_objects(self.registry, HOST_SUBNET, self._resync)
-        marked = await consume_until_synced(subnet_stream, self._on_hostsubnet)
-        self.log.info(
-            "marked %d existing HostSubnets allocated (%d of %d subnets free)",
-            marked,
-            self.allocator.available,
-            self.allocator.total,
-        )
-        node_stream = watch_objects(self.registry, NODE, self._resync)
-        nodes = await consume_until_synced(node_stream, self._on_node)
-        self.log.info("listed %d nodes; allocating subnets", nodes)
-        self.queue.start()
-        spawn(self._tasks, pump(subnet_stream, self._on_hostsubnet), "hostsubnet-watch")
-        spawn(self._tasks, pump(node_stream, self._on_node), "node-watch")
-        spawn(self._tasks, self._watch_cluster_network(), "clusternetwork-watch")
-        await self.queue.wait_idle()
-        self.ready = True
-        self.log.info(
-            "HostSubnet controller synced: %d nodes, %d HostSubnets, %d subnets free",
-            len(self.nodes),
-            len(self.subnets),
-            self.allocator.available,
-        )
+    def watches(self) -> list[Watch]:
+        """Mark existing subnets first, then list Nodes; the ClusterNetwork for growth."""
+        return [
+            Watch(HOST_SUBNET, self._on_hostsubnet),
+            Watch(NODE, self._on_node),
+            Watch(CLUSTER_NETWORK, self._on_cluster_network),
+        ]
 
-    async def stop(self) -> None:
-        """Stop the watches and workers."""
-        self.ready = False
-        await self.queue.stop()
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+    def summary(self) -> str:
+        nodes, hostsubnets, free = len(self.nodes), len(self.subnets), self.allocator.available
+        return f"{nodes} nodes, {hostsubnets} HostSubnets, {free} of {self.allocator.total} free"
 
     # ---- events -------------------------------------------------------------------------
 
     def _on_hostsubnet(self, change: str, obj: Obj) -> None:
-        if change == SYNCED:
-            self.subnets.forget_deletions(resource_version(obj))
-        if change in (SYNCED, RESYNC):
+        if is_marker(self.subnets, change, obj):
             return
         name = obj["metadata"]["name"]
         if change == DELETED:
-            self._forget(name, resource_version(obj))
+            self._forget(name, revision_of(obj))
         else:
             self._remember(obj)
         self.queue.add(name)
 
     def _on_node(self, change: str, obj: Obj) -> None:
-        if change == SYNCED:
-            self.nodes.forget_deletions(resource_version(obj))
-        if change in (SYNCED, RESYNC):
+        if is_marker(self.nodes, change, obj):
             return
         name = obj["metadata"]["name"]
         if change == DELETED:
-            self.nodes.remove(name, resource_version(obj))
+            self.nodes.remove(name, revision_of(obj))
             for remembered in (self._waiting, self._evented, self._no_ip):
                 remembered.discard(name)
         else:
@@ -175,11 +140,10 @@ class HostSubnetController:
         for name in self._waiting:
             self.queue.add(name)
 
-    async def _watch_cluster_network(self) -> None:
-        async for change, obj in watch_objects(self.registry, CLUSTER_NETWORK, self._resync):
-            name = (obj.get("metadata") or {}).get("name")
-            if change not in (SYNCED, RESYNC, DELETED) and name == "default":
-                self.apply_cluster_network(obj)
+    def _on_cluster_network(self, change: str, obj: Obj) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if change in (SYNC, ADDED, MODIFIED) and name == "default":
+            self.apply_cluster_network(obj)
 
     def apply_cluster_network(self, obj: Obj) -> None:
         """Follow a permitted grow of the ClusterNetwork; log and ignore anything else."""
@@ -203,7 +167,7 @@ class HostSubnetController:
 
     # ---- reconcile ----------------------------------------------------------------------
 
-    async def _reconcile(self, name: str) -> None:
+    async def reconcile(self, name: str) -> None:
         node = self.nodes.get(name)
         hostsubnet = self.subnets.get(name)
         if hostsubnet is not None and is_assigned_host(hostsubnet):
@@ -236,7 +200,7 @@ class HostSubnetController:
         """Delete a HostSubnet whose Node is gone or is a different one; True once deleted."""
         name = hostsubnet["metadata"]["name"]
         # The cache may lag behind: confirm with a fresh read before deleting.
-        node = await get_or_none(self.registry, NODE, name)
+        node = await get_or_none(self.api, NODE, name)
         owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
         if node is not None:
             self.nodes.put(node)
@@ -245,18 +209,9 @@ class HostSubnetController:
                 return False
         why = "its node is gone" if node is None else "its node was replaced"
         self.log.info("deleting HostSubnet %s (%s): %s", name, hostsubnet.get("subnet"), why)
-        try:
-            deleted = await call_with_retry(
-                lambda: self.registry.delete(
-                    HOST_SUBNET, None, name, str(resource_version(hostsubnet))
-                ),
-                f"delete HostSubnet {name}",
-            )
-        except ApiError as exc:
-            if exc.reason != "NotFound":
-                raise
-            return True
-        self._forget(name, resource_version(deleted))
+        version = revision_of(hostsubnet)
+        if await delete_if_present(self.api, HOST_SUBNET, None, name, version):
+            self._forget(name, version)  # the version the delete was pinned to
         return True
 
     async def _allocate_for(self, node: Obj, ip: str) -> None:
@@ -269,11 +224,11 @@ class HostSubnetController:
                 return
             body = hostsubnet_object(name, ip, subnet, uid)
             try:
-                created = await call_with_retry(
-                    partial(self.registry.create, HOST_SUBNET, body), f"create HostSubnet {name}"
+                created = await call(
+                    partial(self.api.create, HOST_SUBNET, body), f"create HostSubnet {name}"
                 )
-            except ApiError as exc:
-                if exc.reason != "AlreadyExists":
+            except Exception as exc:
+                if not has_reason(exc, "AlreadyExists"):
                     self.allocator.release(subnet)
                     raise
                 if await self._lost_race(name, subnet):
@@ -286,7 +241,7 @@ class HostSubnetController:
 
     async def _lost_race(self, name: str, subnet: IPv4Network) -> bool:
         """After a 409: True if ``name`` has a HostSubnet now; False if ``subnet`` was taken."""
-        existing = await get_or_none(self.registry, HOST_SUBNET, name)
+        existing = await get_or_none(self.api, HOST_SUBNET, name)
         if existing is None:
             # Another master's HostSubnet holds the subnet; it stays marked, try the next.
             self.log.info("subnet %s is already claimed; trying the next one for %s", subnet, name)
@@ -303,11 +258,8 @@ class HostSubnetController:
         subnet = subnet_of(hostsubnet)
         owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
         if hostsubnet.get("hostIP") != ip or owner != uid:
-            updated = await call_with_retry(
-                lambda: self.registry.guaranteed_update(
-                    HOST_SUBNET, None, name, lambda hs: with_host(hs, ip, uid)
-                ),
-                f"update HostSubnet {name}",
+            updated = await guaranteed_update(
+                self.api, HOST_SUBNET, None, name, lambda hs: with_host(hs, ip, uid)
             )
             if updated is not None:
                 if hostsubnet.get("hostIP") != ip:
@@ -344,16 +296,15 @@ class HostSubnetController:
         body = copy.deepcopy(hostsubnet)
         body["subnet"] = str(subnet)
         try:
-            updated = await call_with_retry(
-                lambda: self.registry.update(HOST_SUBNET, body, None, name),
-                f"assign a subnet to HostSubnet {name}",
+            updated = await call(
+                lambda: self.api.update(HOST_SUBNET, body), f"assign a subnet to HostSubnet {name}"
             )
-        except ApiError as exc:
+        except Exception as exc:
             self.allocator.release(subnet)
-            if exc.reason != "Conflict":
+            if not has_reason(exc, "Conflict"):
                 raise
-            current = await get_or_none(self.registry, HOST_SUBNET, name)
-            if current is None or resource_version(current) != resource_version(hostsubnet):
+            current = await get_or_none(self.api, HOST_SUBNET, name)
+            if current is None or revision_of(current) != revision_of(hostsubnet):
                 if current is not None:
                     self._remember(current)
                 self.queue.add(name)
@@ -380,7 +331,7 @@ class HostSubnetController:
             self.log.error("no subnets available for node %s (%s)", name, nets)
         await self._set_condition(node, "True", REASON_EXHAUSTED, message)
         if name not in self._evented:
-            await record_node_event(self.registry, node, REASON_EXHAUSTED, message, self.log)
+            await record_node_event(self.api, node, REASON_EXHAUSTED, message, self.log)
             self._evented.add(name)
 
     async def _subnet_assigned(self, node: Obj, subnet: IPv4Network) -> None:
@@ -394,7 +345,7 @@ class HostSubnetController:
     async def _set_condition(self, node: Obj, status: str, reason: str, message: str) -> None:
         if has_condition(node, status, reason):
             return
-        updated = await set_network_condition(self.registry, node, status, reason, message)
+        updated = await set_network_condition(self.api, node, status, reason, message)
         if updated is not None:
             self.nodes.put(updated)
             name = node["metadata"]["name"]

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from aetcd import rpc
 
-from podnet.controllers.informer import Backoff
+from podnet.client.backoff import Backoff
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import Any
 
-from podnet.api.registry import Registry
+from podnet.client.backoff import Backoff
+from podnet.controllers.base import Controller
+from podnet.controllers.calls import ControllerApi
 from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
 from podnet.controllers.config import NetworkConfig, uses_vnids
 from podnet.controllers.hostsubnets import HostSubnetController
-from podnet.controllers.informer import Backoff
 from podnet.controllers.leader import AlwaysLeader, LeaderElector
 from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
 from podnet.controllers.netnamespaces import NetNamespaceController
@@ -35,30 +36,19 @@ Obj = dict[str, Any]
 TERM_BACKOFF = Backoff(1.0, 30.0)  # between failed leadership terms
 
 
-class Controller(Protocol):
-    ready: bool
-
-    @property
-    def tasks(self) -> list[Any]: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
 class ControllerManager:
     """Runs the master's controllers while, and only while, this process leads."""
 
     def __init__(
         self,
-        registry: Registry,
+        api: ControllerApi,
         config: NetworkConfig,
         elector: LeaderElector | None = None,
         log: logging.Logger | None = None,
         resync_period: float | None = 300.0,
         retry_backoff: Backoff = TERM_BACKOFF,
     ) -> None:
-        self.registry = registry
+        self.api = api
         self.config = config
         self.elector: LeaderElector = elector or AlwaysLeader()
         self.log = log or logging.getLogger("podnet.controllers.manager")
@@ -148,9 +138,9 @@ class ControllerManager:
         return failures + 1
 
     async def _lead(self) -> None:
-        self.cluster_network = await ensure_cluster_network(self.registry, self.config)
+        self.cluster_network = await ensure_cluster_network(self.api, self.config)
         for namespace in ("default", NODE_LEASE_NAMESPACE):
-            if await ensure_namespace(self.registry, namespace):
+            if await ensure_namespace(self.api, namespace):
                 self.log.info("created namespace %s", namespace)
         for controller in self._build(self.cluster_network):
             name = type(controller).__name__
@@ -163,20 +153,18 @@ class ControllerManager:
 
     def _build(self, cluster_network: Obj) -> list[Controller]:
         self.hostsubnets = HostSubnetController(
-            self.registry, cluster_network, resync_period=self.resync_period
+            self.api, cluster_network, resync_period=self.resync_period
         )
         controllers: list[Controller] = [self.hostsubnets]
         self.netnamespaces = None
         plugin = str(cluster_network.get("pluginName") or self.config.plugin_name)
         if uses_vnids(plugin):
             self.netnamespaces = NetNamespaceController(
-                self.registry, plugin, resync_period=self.resync_period
+                self.api, plugin, resync_period=self.resync_period
             )
             controllers.append(self.netnamespaces)
-        controllers.append(
-            NamespaceCleanupController(self.registry, resync_period=self.resync_period)
-        )
-        controllers.append(NodeLifecycleController(self.registry))
+        controllers.append(NamespaceCleanupController(self.api, resync_period=self.resync_period))
+        controllers.append(NodeLifecycleController(self.api))
         return controllers
 
     async def _supervise(self) -> None:

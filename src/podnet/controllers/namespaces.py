@@ -9,24 +9,18 @@ finds namespaced objects whose Namespace is gone entirely and removes those.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from podnet.api.registry import Registry
-from podnet.controllers.informer import (
-    DELETED,
-    RESYNC,
-    SYNCED,
-    ObjectCache,
-    call_with_retry,
-    consume_until_synced,
+from podnet.client.watch import DELETED
+from podnet.controllers.base import Controller, Watch, track
+from podnet.controllers.cache import ObjectCache
+from podnet.controllers.calls import (
+    ControllerApi,
+    call,
+    create_unless_exists,
+    delete_if_present,
     get_or_none,
-    pump,
-    resource_version,
-    watch_objects,
 )
-from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
-from podnet.model.errors import ApiError
 from podnet.model.kinds import (
     EGRESS_NETWORK_POLICY,
     ENDPOINTS,
@@ -53,86 +47,61 @@ NAMESPACED_KINDS: tuple[Kind, ...] = (
 )
 
 
-class NamespaceCleanupController:
+class NamespaceCleanupController(Controller):
     """Deletes the namespaced objects of deleted Namespaces."""
+
+    name = "namespace-cleanup"
 
     def __init__(
         self,
-        registry: Registry,
+        api: ControllerApi,
         log: logging.Logger | None = None,
         workers: int = 4,
         resync_period: float | None = 300.0,
         kinds: tuple[Kind, ...] = NAMESPACED_KINDS,
     ) -> None:
-        self.registry = registry
-        self.log = log or logging.getLogger("podnet.controllers.namespaces")
+        log = log or logging.getLogger("podnet.controllers.namespaces")
+        super().__init__(api, log, workers, resync_period)
         self.kinds = kinds
         self.namespaces = ObjectCache()
-        self.queue = KeyedQueue("namespace-cleanup", self._reconcile, workers)
-        self.ready = False
-        self._resync = resync_period
-        self._tasks: list[Any] = []
 
-    @property
-    def tasks(self) -> list[Any]:
-        """The controller's long-running tasks (for the manager to supervise)."""
-        return self._tasks + self.queue.tasks
+    def watches(self) -> list[Watch]:
+        return [Watch(NAMESPACE, self._on_namespace)]
 
-    async def start(self) -> None:
-        """List Namespaces, clean up leftovers of deleted ones; return once done."""
-        stream = watch_objects(self.registry, NAMESPACE, self._resync)
-        await consume_until_synced(stream, self._on_namespace)
+    async def synced(self) -> None:
+        """Queue the namespaces that hold objects but no longer exist at all."""
         for name in await self._namespaces_in_use():
             if name not in self.namespaces:
                 self.queue.add(name)
-        self.queue.start()
-        spawn(self._tasks, pump(stream, self._on_namespace), "namespace-cleanup-watch")
-        await self.queue.wait_idle()
-        self.ready = True
-        self.log.info("namespace cleanup controller synced: %d namespaces", len(self.namespaces))
 
-    async def stop(self) -> None:
-        """Stop the watch and workers."""
-        self.ready = False
-        await self.queue.stop()
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+    def summary(self) -> str:
+        return f"{len(self.namespaces)} namespaces"
 
     def _on_namespace(self, change: str, obj: Obj) -> None:
-        if change == SYNCED:
-            self.namespaces.forget_deletions(resource_version(obj))
-        if change in (SYNCED, RESYNC):
-            return
-        name = obj["metadata"]["name"]
-        if change == DELETED:
-            self.namespaces.remove(name, resource_version(obj))
+        name = track(self.namespaces, change, obj)
+        if name is not None and (change == DELETED or terminating(obj)):
             self.queue.add(name)
-        else:
-            self.namespaces.put(obj)
-            if terminating(obj):
-                self.queue.add(name)
 
     async def _namespaces_in_use(self) -> set[str]:
         """Every namespace that holds at least one object of the cleaned-up kinds."""
         names: set[str] = set()
         for kind in self.kinds:
-            items, _ = await call_with_retry(self._lister(kind), f"list {kind.plural}")
-            names |= {obj["metadata"]["namespace"] for obj in items}
+            names |= {obj["metadata"]["namespace"] for obj in await self._list(kind)}
         return names
 
-    def _lister(self, kind: Kind) -> Callable[[], Awaitable[tuple[list[Obj], int]]]:
-        return lambda: self.registry.list(kind)
+    async def _list(self, kind: Kind, namespace: str | None = None) -> list[Obj]:
+        where = f" in {namespace}" if namespace else ""
+        listing = await call(lambda: self.api.list(kind, namespace), f"list {kind.plural}{where}")
+        return list(listing.items)
 
-    async def _reconcile(self, name: str) -> None:
-        namespace = await get_or_none(self.registry, NAMESPACE, name)
+    async def reconcile(self, name: str) -> None:
+        namespace = await get_or_none(self.api, NAMESPACE, name)
         if namespace is not None and not terminating(namespace):
             self.namespaces.put(namespace)  # alive (or recreated meanwhile): keep its objects
             return
         await self._delete_contents(name)
         if namespace is not None:
-            await call_with_retry(
-                lambda: self.registry.finalize_namespace(name), f"finalize namespace {name}"
-            )
+            await call(lambda: self.api.finalize_namespace(name), f"finalize namespace {name}")
             self.log.info("namespace %s finalized", name)
 
     async def _delete_contents(self, name: str) -> None:
@@ -146,25 +115,11 @@ class NamespaceCleanupController:
             self.log.info("namespace %s: deleted %s", name, summary)
 
     async def _delete_all(self, kind: Kind, namespace: str) -> int:
-        items, _ = await call_with_retry(
-            lambda: self.registry.list(kind, namespace), f"list {kind.plural} in {namespace}"
-        )
         deleted = 0
-        for obj in items:
-            deleted += await self._delete(kind, namespace, obj["metadata"]["name"])
+        for obj in await self._list(kind, namespace):
+            name = obj["metadata"]["name"]
+            deleted += await delete_if_present(self.api, kind, namespace, name)
         return deleted
-
-    async def _delete(self, kind: Kind, namespace: str, name: str) -> int:
-        try:
-            await call_with_retry(
-                lambda: self.registry.delete(kind, namespace, name),
-                f"delete {kind.singular} {namespace}/{name}",
-            )
-        except ApiError as exc:
-            if exc.reason == "NotFound":
-                return 0
-            raise
-        return 1
 
 
 def terminating(namespace: Obj) -> bool:
@@ -172,13 +127,7 @@ def terminating(namespace: Obj) -> bool:
     return bool((namespace.get("metadata") or {}).get("deletionTimestamp"))
 
 
-async def ensure_namespace(registry: Registry, name: str) -> bool:
+async def ensure_namespace(api: ControllerApi, name: str) -> bool:
     """Create Namespace ``name`` if it is missing; True when this call created it."""
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    try:
-        await call_with_retry(lambda: registry.create(NAMESPACE, body), f"create namespace {name}")
-    except ApiError as exc:
-        if exc.reason == "AlreadyExists":
-            return False
-        raise
-    return True
+    return await create_unless_exists(api, NAMESPACE, body) is not None

@@ -21,22 +21,17 @@ import copy
 import logging
 from typing import Any
 
-from podnet.api.registry import Registry
-from podnet.controllers.informer import (
-    DELETED,
-    RESYNC,
-    SYNCED,
-    ObjectCache,
-    call_with_retry,
-    consume_until_synced,
+from podnet.client.watch import DELETED
+from podnet.controllers.base import Controller, Watch, is_marker, track
+from podnet.controllers.cache import ObjectCache, revision_of
+from podnet.controllers.calls import (
+    ControllerApi,
+    call,
+    create_unless_exists,
+    delete_if_present,
     get_or_none,
-    pump,
-    resource_version,
-    watch_objects,
 )
 from podnet.controllers.vnids import GLOBAL_VNID, VnidAllocator, VnidsExhausted
-from podnet.controllers.workqueue import KeyedQueue, cancel_all, spawn
-from podnet.model.errors import ApiError
 from podnet.model.kinds import NAMESPACE, NET_NAMESPACE
 
 Obj = dict[str, Any]
@@ -73,66 +68,45 @@ def change_request(netnamespace: Obj) -> str | None:
     return None if value is None else str(value)
 
 
-class NetNamespaceController:
+class NetNamespaceController(Controller):
     """Keeps one NetNamespace per Namespace and applies change-network requests."""
+
+    name = "netnamespaces"
 
     def __init__(
         self,
-        registry: Registry,
+        api: ControllerApi,
         plugin_name: str,
         log: logging.Logger | None = None,
         workers: int = 8,
         resync_period: float | None = 300.0,
     ) -> None:
-        self.registry = registry
+        log = log or logging.getLogger("podnet.controllers.netnamespaces")
+        super().__init__(api, log, workers, resync_period)
         self.plugin_name = plugin_name
-        self.log = log or logging.getLogger("podnet.controllers.netnamespaces")
         self.vnids = VnidAllocator()
         self.namespaces = ObjectCache()
         self.netnamespaces = ObjectCache()
-        self.queue = KeyedQueue("netnamespaces", self._reconcile, workers)
-        self.ready = False
-        self._resync = resync_period
         self._starved: set[str] = set()  # namespaces that found no free VNID
-        self._tasks: list[Any] = []
 
-    @property
-    def tasks(self) -> list[Any]:
-        """The controller's long-running tasks (for the manager to supervise)."""
-        return self._tasks + self.queue.tasks
+    def watches(self) -> list[Watch]:
+        """Rebuild VNID usage from the NetNamespaces first, then list Namespaces."""
+        return [
+            Watch(NET_NAMESPACE, self._on_netnamespace),
+            Watch(NAMESPACE, self._on_namespace),
+        ]
 
-    async def start(self) -> None:
-        """Rebuild VNIDs from NetNamespaces, list Namespaces, reconcile; return once done."""
-        netns_stream = watch_objects(self.registry, NET_NAMESPACE, self._resync)
-        count = await consume_until_synced(netns_stream, self._on_netnamespace)
-        self.log.info("rebuilt VNID usage from %d NetNamespaces", count)
-        ns_stream = watch_objects(self.registry, NAMESPACE, self._resync)
-        namespaces = await consume_until_synced(ns_stream, self._on_namespace)
-        self.log.info("listed %d namespaces; reconciling NetNamespaces", namespaces)
-        self.queue.start()
-        spawn(self._tasks, pump(netns_stream, self._on_netnamespace), "netnamespace-watch")
-        spawn(self._tasks, pump(ns_stream, self._on_namespace), "namespace-watch")
-        await self.queue.wait_idle()
-        self.ready = True
-        self.log.info("NetNamespace controller synced: %d NetNamespaces", len(self.netnamespaces))
-
-    async def stop(self) -> None:
-        """Stop the watches and workers."""
-        self.ready = False
-        await self.queue.stop()
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+    def summary(self) -> str:
+        return f"{len(self.netnamespaces)} NetNamespaces"
 
     # ---- events -------------------------------------------------------------------------
 
     def _on_netnamespace(self, change: str, obj: Obj) -> None:
-        if change == SYNCED:
-            self.netnamespaces.forget_deletions(resource_version(obj))
-        if change in (SYNCED, RESYNC):
+        if is_marker(self.netnamespaces, change, obj):
             return
         name = obj["metadata"]["name"]
         if change == DELETED:
-            self._forget(name, resource_version(obj))
+            self._forget(name, revision_of(obj))
         else:
             self._remember(obj)
         self.queue.add(name)
@@ -140,16 +114,11 @@ class NetNamespaceController:
             self.queue.add(starved)
 
     def _on_namespace(self, change: str, obj: Obj) -> None:
-        if change == SYNCED:
-            self.namespaces.forget_deletions(resource_version(obj))
-        if change in (SYNCED, RESYNC):
+        name = track(self.namespaces, change, obj)
+        if name is None:
             return
-        name = obj["metadata"]["name"]
         if change == DELETED:
-            self.namespaces.remove(name, resource_version(obj))
             self._starved.discard(name)
-        else:
-            self.namespaces.put(obj)
         self.queue.add(name)
 
     def _remember(self, netnamespace: Obj, reserved: int | None = None) -> None:
@@ -178,7 +147,7 @@ class NetNamespaceController:
 
     # ---- reconcile ----------------------------------------------------------------------
 
-    async def _reconcile(self, name: str) -> None:
+    async def reconcile(self, name: str) -> None:
         namespace = self.namespaces.get(name)
         netnamespace = self.netnamespaces.get(name)
         if namespace is None:
@@ -199,15 +168,15 @@ class NetNamespaceController:
             return
         self._starved.discard(name)
         try:
-            created = await call_with_retry(
-                lambda: self.registry.create(NET_NAMESPACE, netnamespace_object(name, netid)),
-                f"create NetNamespace {name}",
+            created = await create_unless_exists(
+                self.api, NET_NAMESPACE, netnamespace_object(name, netid)
             )
-        except ApiError as exc:
+        except BaseException:
             self.vnids.release(netid)
-            if exc.reason != "AlreadyExists":
-                raise
-            existing = await get_or_none(self.registry, NET_NAMESPACE, name)
+            raise
+        if created is None:
+            self.vnids.release(netid)
+            existing = await get_or_none(self.api, NET_NAMESPACE, name)
             if existing is not None:
                 self._remember(existing)
             return
@@ -222,25 +191,15 @@ class NetNamespaceController:
 
     async def _delete(self, netnamespace: Obj) -> None:
         name = netnamespace["metadata"]["name"]
-        namespace = await get_or_none(
-            self.registry, NAMESPACE, name
-        )  # the cache may lag: confirm first
+        namespace = await get_or_none(self.api, NAMESPACE, name)  # the cache may lag: confirm
         if namespace is not None:
             self.namespaces.put(namespace)
             self.queue.add(name)
             return
-        try:
-            deleted = await call_with_retry(
-                lambda: self.registry.delete(
-                    NET_NAMESPACE, None, name, str(resource_version(netnamespace))
-                ),
-                f"delete NetNamespace {name}",
-            )
-        except ApiError as exc:
-            if exc.reason != "NotFound":
-                raise
+        version = revision_of(netnamespace)
+        if not await delete_if_present(self.api, NET_NAMESPACE, None, name, version):
             return
-        freed = self._forget(name, resource_version(deleted))
+        freed = self._forget(name, version)  # the version the delete was pinned to
         netid = netid_of(netnamespace)
         self.log.info(
             "deleted NetNamespace %s (netid %d, %s)",
@@ -261,7 +220,7 @@ class NetNamespaceController:
         body = _answered(netnamespace, netid, None)
         try:
             updated = await self._write(body, f"change network of NetNamespace {name}")
-        except ApiError:
+        except BaseException:
             if reserved is not None:
                 self.vnids.release(reserved)
             raise
@@ -299,9 +258,7 @@ class NetNamespaceController:
         )
 
     async def _netid_of_namespace(self, other: str) -> int:
-        target = await get_or_none(
-            self.registry, NET_NAMESPACE, other
-        )  # fresh: another change may be in flight
+        target = await get_or_none(self.api, NET_NAMESPACE, other)  # fresh: a change may be due
         if target is None:
             raise ChangeRefused(f"cannot join namespace {other!r}: it has no NetNamespace")
         return netid_of(target)
@@ -314,10 +271,7 @@ class NetNamespaceController:
         self._remember(updated)
 
     async def _write(self, body: Obj, what: str) -> Obj:
-        name = body["metadata"]["name"]
-        return await call_with_retry(
-            lambda: self.registry.update(NET_NAMESPACE, body, None, name), what
-        )
+        return await call(lambda: self.api.update(NET_NAMESPACE, body), what)
 
 
 def _answered(netnamespace: Obj, netid: int, error: str | None) -> Obj:

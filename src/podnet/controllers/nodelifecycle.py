@@ -19,22 +19,15 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from podnet.api.objects import now_rfc3339
-from podnet.api.registry import Registry
-from podnet.controllers.informer import (
-    DELETED,
-    SYNCED,
-    call_with_retry,
-    consume_until_synced,
-    pump,
-    watch_objects,
-)
+from podnet.client.errors import has_reason
+from podnet.client.watch import DELETED
+from podnet.controllers.base import SYNCED, Controller, Watch
+from podnet.controllers.calls import ControllerApi, guaranteed_update
 from podnet.controllers.objects import record_node_event
-from podnet.controllers.workqueue import cancel_all, spawn
-from podnet.model.errors import ApiError
 from podnet.model.kinds import LEASE, NODE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
@@ -98,54 +91,41 @@ def _renew_time(lease: Obj) -> str:
     return str((lease.get("spec") or {}).get("renewTime") or "")
 
 
-class NodeLifecycleController:
+class NodeLifecycleController(Controller):
     """Marks silent nodes' Ready condition Unknown, and Ready again when they renew."""
+
+    name = "node-lifecycle"
 
     def __init__(
         self,
-        registry: Registry,
+        api: ControllerApi,
         grace: float | None = None,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.registry = registry
+        log = log or logging.getLogger("podnet.controllers.nodelifecycle")
+        super().__init__(api, log)
         self.grace = grace if grace is not None else grace_from_env()
         self.period = min(1.0, self.grace / 8)
-        self.log = log or logging.getLogger("podnet.controllers.nodelifecycle")
         self.clock = clock
-        self.ready = False
         self.nodes: dict[str, Obj] = {}
         self._seen_at: dict[str, float] = {}  # node -> when a renewal was last seen
         self._renewed: dict[str, str] = {}  # node -> last renewTime seen
         self._heard: set[str] = set()  # nodes whose renewal this controller saw itself
         self._syncing = True
-        self._tasks: list[Any] = []
 
-    @property
-    def tasks(self) -> list[Any]:
-        """The controller's long-running tasks (for the manager to supervise)."""
-        return self._tasks
+    def watches(self) -> list[Watch]:
+        """Nodes, then Leases: every node gets a full grace from this start."""
+        return [Watch(NODE, self._on_node, False), Watch(LEASE, self._on_lease, False)]
 
-    async def start(self) -> None:
-        """List Nodes and Leases (every node gets a full grace from now), then monitor."""
-        nodes = watch_objects(self.registry, NODE)
-        leases = watch_objects(self.registry, LEASE)
-        await consume_until_synced(nodes, self._on_node)
-        await consume_until_synced(leases, self._on_lease)
+    async def synced(self) -> None:
         self._syncing = False
-        spawn(self._tasks, pump(nodes, self._on_node), "node-lifecycle-nodes")
-        spawn(self._tasks, pump(leases, self._on_lease), "node-lifecycle-leases")
-        spawn(self._tasks, self._monitor(), "node-lifecycle-monitor")
-        self.ready = True
-        self.log.info(
-            "node lifecycle controller synced: %d nodes, grace %.0fs", len(self.nodes), self.grace
-        )
 
-    async def stop(self) -> None:
-        """Stop watching and monitoring."""
-        self.ready = False
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+    def background(self) -> list[tuple[Coroutine[Any, Any, Any], str]]:
+        return [(self._monitor(), "node-lifecycle-monitor")]
+
+    def summary(self) -> str:
+        return f"{len(self.nodes)} nodes, grace {self.grace:.0f}s"
 
     def _on_node(self, change: str, obj: Obj) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -194,20 +174,17 @@ class NodeLifecycleController:
         self.nodes[name] = updated
         if change[1] == REASON_UNKNOWN:
             self.log.warning("node %s: no Lease renewal for %.0fs; Ready=Unknown", name, silent)
-            await record_node_event(self.registry, updated, "NodeNotReady", change[2], self.log)
+            await record_node_event(self.api, updated, "NodeNotReady", change[2], self.log)
         else:
             self.log.info("node %s renews its Lease again; Ready=True", name)
         return change
 
     async def _write(self, name: str, change: Transition) -> Obj | None:
         try:
-            return await call_with_retry(
-                lambda: self.registry.guaranteed_update(
-                    NODE, None, name, lambda n: with_ready(n, change)
-                ),
-                f"set Ready={change[0]} on node {name}",
+            return await guaranteed_update(
+                self.api, NODE, None, name, lambda n: with_ready(n, change), status=True
             )
-        except ApiError as exc:
-            if exc.reason == "NotFound":
+        except Exception as exc:
+            if has_reason(exc, "NotFound"):
                 return None
             raise

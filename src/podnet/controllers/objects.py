@@ -15,9 +15,8 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from podnet.api.objects import now_rfc3339
-from podnet.api.registry import Registry
-from podnet.controllers.informer import call_with_retry
-from podnet.model.errors import ApiError
+from podnet.client.errors import ClientError, has_reason
+from podnet.controllers.calls import ControllerApi, call, guaranteed_update
 from podnet.model.kinds import EVENT, HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
@@ -127,19 +126,16 @@ def with_condition(node: Obj, status: str, reason: str, message: str) -> Obj | N
 
 
 async def set_network_condition(
-    registry: Registry, node: Obj, status: str, reason: str, message: str
+    api: ControllerApi, node: Obj, status: str, reason: str, message: str
 ) -> Obj | None:
     """Write the condition to the Node's status; the updated Node, or None if unchanged/gone."""
     name = node["metadata"]["name"]
     try:
-        return await call_with_retry(
-            lambda: registry.guaranteed_update(
-                NODE, None, name, lambda n: with_condition(n, status, reason, message)
-            ),
-            f"set condition {CONDITION} of node {name}",
+        return await guaranteed_update(
+            api, NODE, None, name, lambda n: with_condition(n, status, reason, message), True
         )
-    except ApiError as exc:
-        if exc.reason == "NotFound":
+    except Exception as exc:
+        if has_reason(exc, "NotFound"):
             return None
         raise
 
@@ -170,16 +166,16 @@ def node_event(node: Obj, reason: str, message: str, kind: str = "Warning") -> O
 
 
 async def record_node_event(
-    registry: Registry, node: Obj, reason: str, message: str, log: logging.Logger
+    api: ControllerApi, node: Obj, reason: str, message: str, log: logging.Logger
 ) -> bool:
     """Create a Warning Event about ``node``; best effort (False and a log line on failure)."""
     name = node["metadata"]["name"]
     try:
-        await call_with_retry(
-            lambda: registry.create(EVENT, node_event(node, reason, message), EVENT_NAMESPACE),
+        await call(
+            lambda: api.create(EVENT, node_event(node, reason, message), EVENT_NAMESPACE),
             f"record event for node {name}",
         )
-    except ApiError as exc:
+    except ClientError as exc:
         log.warning("could not record event %s for node %s: %s", reason, name, exc)
         return False
     return True

@@ -9,11 +9,14 @@ is handled once, and a key changed while being handled is handled once more.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from podnet.controllers.informer import Backoff, is_reason, is_transient, log
-from podnet.model.errors import ApiError
+from podnet.client.backoff import Backoff
+from podnet.client.errors import ClientError, has_reason, is_transient
+
+log = logging.getLogger("podnet.controllers")
 
 RETRY_BACKOFF = Backoff(0.05, 30.0)
 
@@ -114,7 +117,7 @@ class KeyedQueue:
             self._failed(key, exc)
 
     def _failed(self, key: str, exc: Exception) -> None:
-        if is_transient(exc) or is_reason(exc, "Conflict", "AlreadyExists", "NotFound"):
+        if is_transient(exc) or has_reason(exc, "Conflict", "AlreadyExists", "NotFound"):
             attempt = self._failures.get(key, 0)
             self._failures[key] = attempt + 1
             delay = self._backoff.delay(attempt)
@@ -122,7 +125,8 @@ class KeyedQueue:
             self.add_after(key, delay)
             return
         self._failures.pop(key, None)
-        log.error("%s %s failed: %s", self.name, key, exc, exc_info=not isinstance(exc, ApiError))
+        trace = not isinstance(exc, ClientError)  # an API refusal needs no traceback
+        log.error("%s %s failed: %s", self.name, key, exc, exc_info=trace)
 
 
 async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:

@@ -1,0 +1,141 @@
+"""The object API inside the master: the registry for reads and writes, the watch cache
+for watches.
+
+The leader's controllers use it instead of the HTTPS client: a write goes through the
+same registry (validation, claims, preconditions) a user's does, and a watch is one more
+cursor into the master's watch cache, so the controllers open no etcd watch of their own.
+A watch from a revision older than the cache holds reads etcd directly (as the API
+server's handler does) and ends with ``Expired`` once etcd has compacted it. Errors are
+translated into the client's tree (``podnet.client.errors``), so a controller handles the
+same exceptions whichever API it is given.
+
+Objects in the watch cache are shared by every watcher: a watch hands out copies, so a
+controller may keep and change what it gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from podnet.api.registry import Registry
+from podnet.api.watchcache import CachedEvent, WatchCache, WatchFilter, direct_events
+from podnet.client.errors import error_from_status
+from podnet.client.objectapi import Listing
+from podnet.client.watch import BOOKMARK, EventType, ResourceVersion, WatchEvent, bookmark
+from podnet.model import errors
+from podnet.model.kinds import NAMESPACE, Kind
+from podnet.store.base import StoreUnavailable
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+BOOKMARK_EVERY = 10.0  # seconds of silence before a watch says "up to date to here"
+
+
+async def _translated(work: Awaitable[T]) -> T:
+    """``work``'s result, with registry and store errors as the client's errors."""
+    try:
+        return await work
+    except errors.ApiError as exc:
+        raise error_from_status(exc.code, exc.reason, exc.message) from exc
+    except StoreUnavailable as exc:
+        raise error_from_status(503, "ServiceUnavailable", f"storage unavailable: {exc}") from exc
+
+
+class InProcessApi:
+    """``ObjectApi`` (plus the controllers' extras) over a registry and its watch cache."""
+
+    def __init__(self, registry: Registry, cache: WatchCache) -> None:
+        self.registry = registry
+        self.cache = cache
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def standalone(cls, registry: Registry) -> AsyncIterator[InProcessApi]:
+        """An API over ``registry`` with a watch cache of its own (tests, tools), stopped
+        on exit. The master passes the API server's cache instead."""
+        cache = WatchCache(registry)
+        await cache.start()
+        try:
+            yield cls(registry, cache)
+        finally:
+            await cache.stop()
+
+    async def list(self, kind: Kind, namespace: str | None = None) -> Listing:
+        items, revision = await _translated(self.registry.list(kind, namespace))
+        return Listing(items, revision)
+
+    async def watch(
+        self, kind: Kind, since: ResourceVersion, namespace: str | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        if self.cache.covers(since):
+            source = self.cache.follow(since, BOOKMARK_EVERY)
+        else:
+            source = direct_events(self.registry, since)
+        wanted = WatchFilter(kind, namespace)
+        try:
+            while True:
+                item = await _translated(_next(source))
+                if item is None:
+                    return
+                event = _event(wanted, item)
+                if event is not None:
+                    yield event
+        finally:
+            with contextlib.suppress(Exception):
+                await source.aclose()  # type: ignore[attr-defined]
+
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
+        return await _translated(self.registry.get(kind, namespace, name))
+
+    async def create(self, kind: Kind, obj: Obj, namespace: str | None = None) -> Obj:
+        return await _translated(self.registry.create(kind, obj, namespace))
+
+    async def update(self, kind: Kind, obj: Obj) -> Obj:
+        meta = obj.get("metadata") or {}
+        return await _translated(
+            self.registry.update(kind, obj, meta.get("namespace"), str(meta.get("name")))
+        )
+
+    async def update_status(self, kind: Kind, obj: Obj) -> Obj:
+        """Replace the object's status only (the ``status`` subresource)."""
+        meta = obj.get("metadata") or {}
+        name, namespace = str(meta.get("name")), meta.get("namespace")
+        return await _translated(self.registry.update(kind, obj, namespace, name, "status"))
+
+    async def delete(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        name: str,
+        *,
+        resource_version: ResourceVersion | None = None,
+    ) -> None:
+        version = None if resource_version is None else str(resource_version)
+        await _translated(self.registry.delete(kind, namespace, name, version))
+
+    async def finalize_namespace(self, name: str) -> None:
+        """Remove a Terminating Namespace whose contents are gone."""
+        current = await self.get(NAMESPACE, None, name)
+        if not current["metadata"].get("deletionTimestamp"):
+            raise error_from_status(409, "Conflict", f'namespace "{name}" is not terminating')
+        await _translated(self.registry.finalize_namespace(name))
+
+
+async def _next(source: AsyncIterator[CachedEvent | int]) -> CachedEvent | int | None:
+    try:
+        return await anext(source)
+    except StopAsyncIteration:
+        return None
+
+
+def _event(wanted: WatchFilter, item: CachedEvent | int) -> WatchEvent | None:
+    """What a watcher of ``wanted`` sees of one cache item (None: nothing)."""
+    if isinstance(item, int):
+        return WatchEvent(BOOKMARK, bookmark(item))
+    seen = wanted.view(item)
+    if seen is None:
+        return None
+    return WatchEvent(EventType(seen), copy.deepcopy(item.obj))
