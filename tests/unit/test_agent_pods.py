@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ import pytest
 
 from podnet.agent import cnierrors, cniplugin, cniserver
 from podnet.agent.agent import NodeAgent
-from podnet.agent.apiclient import AsyncApiClient
 from podnet.agent.config import AgentConfig
 from podnet.agent.podcleanup import plan_gc, plan_restart_cleanup
 from podnet.agent.pods import PodManager
@@ -27,6 +25,7 @@ from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
 from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
+from podnet.client.aio import AsyncApiClient
 from podnet.cni.types import CniError, CniRequest, parse_request
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import (
@@ -252,25 +251,17 @@ async def test_reconcile_cleans_half_done_pods_and_keeps_healthy_ones(tmp_path: 
     assert await code_of(restarted.handle(cni("ADD", cid="healthy"))) == cnierrors.ERR_DATAPLANE
 
 
-async def test_add_is_fast(manager: PodManager) -> None:
+async def test_many_adds_and_dels_leave_nothing(manager: PodManager) -> None:
+    """200 pods in and out through the server's answer path; their latency is measured in
+    bench/bench_latencies.py (--only cni), not asserted here."""
     server = cniserver.CniServer(Path("/nonexistent.sock"), manager)
     for i in range(200):
         status, _ = await server.answer(cni("ADD", cid=f"c{i}", args=f"K8S_POD_NAME=p{i}"))
         assert status == 200
+    assert len(ip_files(manager)) == 200 and len(fake(manager).state.pods) == 200
     for i in range(200):
         assert (await server.answer(cni("DEL", cid=f"c{i}")))[0] == 200
-    adds, dels = [], []
-    for i in range(100):
-        started = time.perf_counter()
-        await server.answer(cni("ADD", cid=f"d{i}"))
-        adds.append((time.perf_counter() - started) * 1000)
-    for i in range(100):
-        started = time.perf_counter()
-        await server.answer(cni("DEL", cid=f"d{i}"))
-        dels.append((time.perf_counter() - started) * 1000)
-    add_ms, del_ms = statistics.median(adds), statistics.median(dels)
-    print(f"\nin-process ADD median {add_ms:.2f} ms, DEL {del_ms:.2f} ms")
-    assert statistics.median(adds) < 10 and statistics.median(dels) < 10
+    assert ip_files(manager) == [] and fake(manager).state.pods == {}
 
 
 # ---- against an in-process API server ------------------------------------------------------
