@@ -1,0 +1,321 @@
+"""Scale benchmarks (issue 9 item 7): 5,000 simulated nodes and 150,000 pods, one master.
+
+Run: .venv/bin/python bench/bench_scale.py [--nodes 5000] [--pods 150000] [--duration 300]
+Smoke: .venv/bin/python bench/bench_scale.py --nodes 20 --pods 200 --duration 10
+
+One private etcd and one real ``podnet master`` on loopback, then in order:
+
+1. Lists: ``--list-objects`` namespaces made through the API and ``--pods`` pods written
+   straight to etcd (see simulator.cluster), then lists of the namespaces per second and
+   the time to read the list of every pod (whole, and in pages of 500).
+2. Registration: ``--nodes`` simulated agents (simulator.agent) start at once: Node,
+   Lease, HostSubnet poll, Ready. Time until the master has allocated every HostSubnet
+   (an admin watch counts them), and a check that none is missing, twice or overlapping.
+3. Fan-out: every agent watches ``--kinds`` from now on (pods always), the heartbeats
+   go on, and ``--rate`` pod changes a second for ``--duration`` seconds are made; every
+   watcher must see every change. Latency is write sent -> the last watcher has it.
+
+CPU of the master and of the simulator's processes, and the master's RSS, are sampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from podnet.testing.api import aiohttp_session_for, namespace
+from simulator.cluster import Cluster, start_cluster, write_pods
+from simulator.fleet import Fleet, node_names
+from simulator.measure import (
+    FanOut,
+    Usage,
+    lists_per_second,
+    median_of,
+    paged_list_seconds,
+    percentile,
+    subnet_problems,
+    timed_get,
+)
+from simulator.wire import open_watch
+from simulator.worker import endpoint_of, raise_file_limit
+
+# What podnet.agent watches (networkpolicy plugin), most important first.
+AGENT_KINDS = ["pods", "hostsubnets", "namespaces", "netnamespaces", "networkpolicies"]
+HOSTSUBNETS = "/apis/network.openshift.io/v1/hostsubnets"
+PODS = "/api/v1/pods"
+Results = dict[str, Any]
+
+
+def kinds_that_fit(nodes: int, wanted: list[str]) -> list[str]:
+    """The watched kinds the master's open-file limit allows: each agent holds one
+    connection for requests and one per watched kind (pods always)."""
+    budget = resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 2000
+    kinds = ["pods", *(k for k in wanted if k != "pods")]
+    while len(kinds) > 1 and nodes * (1 + len(kinds)) > budget:
+        kinds.pop()
+    return kinds
+
+
+async def make_namespaces(api: Any, names: list[str]) -> None:
+    queue = list(names)
+
+    async def worker() -> None:
+        while queue:
+            name = queue.pop()
+            async with api.post("/api/v1/namespaces", json=namespace(name)) as answer:
+                if answer.status != 201:
+                    raise RuntimeError(f"namespace {name}: {answer.status}")
+
+    await asyncio.gather(*(worker() for _ in range(32)))
+
+
+async def list_version(api: Any, path: str) -> int:
+    _, body = await timed_get(api, path, {"limit": "1"})
+    return int(json.loads(body)["metadata"]["resourceVersion"])
+
+
+async def wait_for_count(api: Any, path: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        _, body = await timed_get(api, path)
+        if len(json.loads(body)["items"]) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path}: fewer than {count} items after {timeout}s")
+        await asyncio.sleep(2)
+
+
+async def bench_lists(cluster: Cluster, args: argparse.Namespace, out: Results) -> None:
+    async with aiohttp_session_for(cluster.master.kubeconfig, 40) as api:
+        names = [f"ns-{i:05d}" for i in range(args.list_objects)]
+        await make_namespaces(api, names)
+        started = time.perf_counter()
+        await write_pods(cluster, names[: args.namespaces], args.pods, node_names(args.nodes))
+        out["pods written/s"] = args.pods / (time.perf_counter() - started)
+        await wait_for_count(api, PODS, args.pods, 300)
+        total = args.list_objects + 3  # default, kube-node-lease, kube-system or the like
+        out["namespace lists/s"] = await lists_per_second(api, "/api/v1/namespaces", 5)
+        whole = [(await timed_get(api, PODS))[0] for _ in range(3)]
+        out["pod list seconds"] = median_of(whole)
+        out["pod list bytes"] = len((await timed_get(api, PODS))[1])
+        out["pod list paged seconds"] = await paged_list_seconds(api, PODS, 500)
+        print(
+            f"== lists: {out['pods written/s']:.0f} pods/s written to etcd; "
+            f"{out['namespace lists/s']:.0f} lists/s of ~{total} namespaces (goal >= 200); "
+            f"list of {args.pods} pods ({out['pod list bytes'] / 1e6:.0f} MB) "
+            f"{out['pod list seconds']:.2f} s (goal < 3), in pages of 500 "
+            f"{out['pod list paged seconds']:.2f} s",
+            flush=True,
+        )
+
+
+async def count_added(cluster: Cluster, since: int, want: int, done: asyncio.Future[float]) -> None:
+    """Admin watch of HostSubnets: resolve ``done`` with the time the ``want``-th
+    ADDED arrives."""
+    server, ca, token = cluster.parts()
+    added = 0
+
+    def sink(type_: bytes, version: int, code: int) -> None:
+        nonlocal added
+        added += type_ == b"ADDED"
+        if added >= want and not done.done():
+            done.set_result(time.monotonic())
+
+    query = {"watch": "true", "resourceVersion": str(since)}
+    stream = await open_watch(endpoint_of(server, ca.decode()), HOSTSUBNETS, query, token, sink)
+    try:
+        waits: list[asyncio.Future[Any]] = [done, stream.done]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stream.close()
+
+
+async def bench_registration(
+    cluster: Cluster, fleet: Fleet, usage: Usage, args: argparse.Namespace, out: Results
+) -> None:
+    async with aiohttp_session_for(cluster.master.kubeconfig, 4) as api:
+        since = await list_version(api, HOSTSUBNETS)
+        allocated: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        observer = asyncio.create_task(count_added(cluster, since, args.nodes, allocated))
+        usage.begin()
+        started = time.monotonic()
+        answers = await fleet.ask({"cmd": "register"}, "registered", args.timeout)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(allocated), 10)
+        observer.cancel()
+        _, body = await timed_get(api, HOSTSUBNETS)
+    ready = [t for a in answers for t in a["done"]]
+    out["failed registrations"] = sum(a["failed"] for a in answers)
+    out["all subnets s"] = allocated.result() - started if allocated.done() else float("nan")
+    out["all ready s"] = max(ready) - started if ready else float("nan")
+    hostsubnets = json.loads(body)["items"]
+    problems = subnet_problems(hostsubnets, node_names(args.nodes))
+    seen = {n: s for a in answers for n, s in a["subnets"].items()}
+    stored = {h["metadata"]["name"]: h["subnet"] for h in hostsubnets}
+    problems += [
+        f"{n} saw {s}, stored {stored.get(n)}" for n, s in seen.items() if stored.get(n) != s
+    ][:5]
+    out["subnet problems"] = problems
+    print(
+        f"== registration of {args.nodes} nodes at once: every HostSubnet allocated in "
+        f"{out['all subnets s']:.1f} s (goal < 60), every agent Ready in "
+        f"{out['all ready s']:.1f} s; {out['failed registrations']} failed; "
+        f"{len(hostsubnets)} HostSubnets, problems: {problems or 'none'}",
+        flush=True,
+    )
+    for answer in answers:
+        if answer["failures"]:
+            print("   failures:", answer["failures"][:3])
+    print(f"   {usage.summary()}", flush=True)
+
+
+async def make_changes(api: Any, args: argparse.Namespace) -> dict[int, float]:
+    """``rate`` label changes a second on the stored pods; resourceVersion -> sent at."""
+    writes: dict[int, float] = {}
+    count = int(args.rate * args.duration)
+    started = time.monotonic()
+    for i in range(count):
+        await asyncio.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+        pod = i % args.pods
+        ns = f"ns-{pod % args.namespaces:05d}"
+        patch = {"metadata": {"labels": {"bench-change": str(i)}}}
+        sent = time.monotonic()
+        async with api.patch(
+            f"/api/v1/namespaces/{ns}/pods/pod-{pod:06d}",
+            data=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        ) as answer:
+            body = await answer.json()
+            if answer.status != 200:
+                raise RuntimeError(f"patch pod-{pod:06d}: {answer.status} {body}")
+        writes[int(body["metadata"]["resourceVersion"])] = sent
+    return writes
+
+
+async def bench_fanout(
+    cluster: Cluster, fleet: Fleet, usage: Usage, args: argparse.Namespace, out: Results
+) -> None:
+    kinds = kinds_that_fit(args.nodes, args.kinds.split(","))
+    async with aiohttp_session_for(cluster.master.kubeconfig, 4) as api:
+        since = await list_version(api, PODS)
+        started = time.monotonic()
+        await fleet.ask({"cmd": "watch", "kinds": kinds, "since": since}, "watching", args.timeout)
+        out["watches open s"] = time.monotonic() - started
+        print(
+            f"== fan-out: {args.nodes} agents x {len(kinds)} watches ({','.join(kinds)}) open "
+            f"in {out['watches open s']:.1f} s; {args.rate}/s pod changes for {args.duration} s",
+            flush=True,
+        )
+        usage.begin()
+        writes = await make_changes(api, args)
+        out["write rate"] = len(writes) / (time.monotonic() - started - out["watches open s"])
+        deadline = time.monotonic() + args.drain
+        while True:
+            fan = FanOut(args.nodes, writes, await fleet.ask({"cmd": "report"}, "report", 120))
+            if fan.complete() or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(2)
+    latencies = fan.latencies_ms()
+    counts = fan.counts()
+    out.update(
+        missed=fan.missed(),
+        unexpected=fan.unexpected(),
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        max_ms=max(latencies, default=float("nan")),
+        rss_peak_mb=max(usage.rss, default=0.0),
+        expired=fan.total("expired"),
+    )
+    print(
+        f"   {len(writes)} changes ({out['write rate']:.1f}/s) x {args.nodes} watchers: "
+        f"{out['missed']} deliveries missed, {out['unexpected']} unexpected; per watcher "
+        f"{min(counts, default=0)}..{max(counts, default=0)} pod events",
+        flush=True,
+    )
+    print(
+        f"   write -> last watcher: p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms "
+        f"(goal < 1000), max {out['max_ms']:.0f} ms; first watcher p50 "
+        f"{percentile(fan.first_ms(), 50):.0f} ms",
+        flush=True,
+    )
+    print(
+        f"   410 relists {out['expired']}, reconnects {fan.total('reconnects')}, request "
+        f"retries {fan.total('retries')}, heartbeats {fan.total('heartbeats')}, errors "
+        f"{fan.errors() or 'none'}",
+        flush=True,
+    )
+    print(f"   {usage.summary()} (goal RSS < 2048 MB)", flush=True)
+
+
+async def run(args: argparse.Namespace, work: Path) -> Results:
+    """The three benchmarks on one cluster; their figures."""
+    raise_file_limit()
+    out: Results = {}
+    cluster_network = "10.128.0.0/9:8"  # 32,768 node subnets of /24
+    cluster = start_cluster(
+        work, args.nodes, "--network-plugin", "networkpolicy", "--cluster-network", cluster_network
+    )
+    fleet: Fleet | None = None
+    sampler: asyncio.Task[None] | None = None
+    try:
+        await bench_lists(cluster, args, out)
+        server, ca, _ = cluster.parts()
+        fleet = Fleet(server, ca, cluster.tokens, work)
+        await fleet.start(args.workers)
+        usage = Usage(cluster.pid, fleet.pids)
+        sampler = asyncio.create_task(usage.sample_forever())
+        await bench_registration(cluster, fleet, usage, args, out)
+        await bench_fanout(cluster, fleet, usage, args, out)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+        if fleet is not None:
+            await fleet.stop()
+        cluster.stop()
+        keep_logs(work, Path(args.log_dir))
+    return out
+
+
+def keep_logs(work: Path, into: Path) -> None:
+    """The master's and the workers' logs, copied out of the run's temporary dir."""
+    into.mkdir(parents=True, exist_ok=True)
+    for log in [work / "master" / "master.log", *work.glob("sim-worker-*.log")]:
+        if log.exists():
+            shutil.copy(log, into / log.name)
+
+
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=150_000)
+    parser.add_argument("--namespaces", type=int, default=150, help="namespaces holding pods")
+    parser.add_argument("--list-objects", type=int, default=2000, help="namespaces to list")
+    parser.add_argument("--rate", type=float, default=10.0, help="pod changes per second")
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds of changes")
+    parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
+    parser.add_argument("--workers", type=int, default=2, help="simulator processes")
+    parser.add_argument("--kinds", default=",".join(AGENT_KINDS), help="kinds each agent watches")
+    parser.add_argument("--timeout", type=float, default=900.0, help="per phase, seconds")
+    parser.add_argument("--log-dir", default="/tmp/podnet-scale-logs", help="logs kept here")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = options()
+    with tempfile.TemporaryDirectory(prefix="podnet-scale-") as tmp:
+        asyncio.run(run(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()

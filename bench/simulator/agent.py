@@ -1,0 +1,292 @@
+"""One simulated node agent: registers, heartbeats, waits for its subnet, watches.
+
+What it sends follows ``podnet.agent``: GET then POST of its Node (InternalIP and
+Hostname), the Lease ``kube-node-lease/<node>`` read and renewed every quarter of its
+duration (``podnet.agent.heartbeat``'s own helpers build it), its HostSubnet polled every
+``POLL_SECONDS`` until the master has allocated it, then the Node's Ready condition set
+through the status subresource. Requests share one keep-alive HTTPS connection; each
+watched kind has its own. Watches reconnect from the last resourceVersion when the server
+ends them and list again after 410 Gone, as the agent's reflector does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from podnet.agent.heartbeat import lease_object, micro_time, renewed
+from podnet.model.kinds import HOST_SUBNET, KINDS, LEASE, NODE, Kind
+from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
+from simulator.wire import VERSION, Endpoint, WatchStream, open_watch
+
+POLL_SECONDS = 0.5  # podnet.agent.agent.POLL_SECONDS: the HostSubnet wait
+WATCH_SECONDS = (300, 600)  # podnet.agent: the server ends each watch after this long
+RETRY = (0.2, 5.0)  # first and largest retry delay, jittered
+
+Obj = dict[str, Any]
+
+
+class Failed(Exception):
+    """A request answered with a status the agent does not retry."""
+
+
+def collection_path(kind: Kind, namespace: str | None = None) -> str:
+    path = kind.base_path()
+    if kind.namespaced and namespace:
+        path += f"/namespaces/{namespace}"
+    return f"{path}/{kind.plural}"
+
+
+def kind_named(plural: str) -> Kind:
+    return next(k for k in KINDS.kinds if k.plural == plural)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    token: str
+    ip: str
+
+
+@dataclass
+class Tally:
+    """What the watchers of one worker saw, merged: per pod event, how many watchers
+    saw it and when the first and the last did (``time.monotonic``, system-wide)."""
+
+    per_version: dict[int, list[float]] = field(default_factory=dict)
+    expired: int = 0  # 410 Gone answers (each followed by a relist)
+    reconnects: int = 0  # watches the server ended that were opened again
+    errors: dict[str, int] = field(default_factory=dict)
+    retries: int = 0  # requests retried after a 5xx, 429 or a broken connection
+    heartbeats: int = 0
+
+    def seen(self, version: int) -> None:
+        now = time.monotonic()
+        entry = self.per_version.get(version)
+        if entry is None:
+            self.per_version[version] = [1, now, now]
+        else:
+            entry[0] += 1
+            entry[2] = now
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+
+def node_object(name: str, ip: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "Hostname", "address": name},
+            ]
+        },
+    }
+
+
+def ready_condition() -> Obj:
+    now = micro_time()[:19] + "Z"
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "PodnetReady",
+        "message": "podnet node agent is serving CNI requests",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+class SimAgent:
+    """One node's API traffic."""
+
+    def __init__(
+        self, spec: AgentSpec, endpoint: Endpoint, tally: Tally, lease_seconds: int = 40
+    ) -> None:
+        self.spec = spec
+        self.endpoint = endpoint
+        self.tally = tally
+        self.lease_seconds = lease_seconds
+        self.counts: dict[str, int] = {}  # kind plural -> events seen (bookmarks aside)
+        self.versions: dict[str, int] = {}  # kind plural -> last resourceVersion seen
+        self.subnet = ""
+        self._session: aiohttp.ClientSession | None = None
+        self._streams: set[WatchStream] = set()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self.endpoint.context, limit=1)
+            self._session = aiohttp.ClientSession(
+                base_url=f"https://{self.endpoint.host}:{self.endpoint.port}",
+                connector=connector,
+                headers={
+                    "Authorization": f"Bearer {self.spec.token}",
+                    "Accept": "application/json",
+                    "User-Agent": "podnet-sim",
+                },
+                timeout=aiohttp.ClientTimeout(total=60),
+            )
+        return self._session
+
+    async def call(self, method: str, path: str, body: Obj | None = None) -> tuple[int, Obj]:
+        """One request, retried (jittered backoff) on 5xx, 429 and broken connections."""
+        delay = RETRY[0]
+        while True:
+            try:
+                async with self.session().request(method, path, json=body) as answer:
+                    payload = await answer.json(content_type=None) if answer.status < 500 else {}
+                    if answer.status < 500 and answer.status != 429:
+                        return answer.status, payload or {}
+                    self.tally.error(f"{method} {answer.status}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.tally.error(f"{method} {type(exc).__name__}")
+            self.tally.retries += 1
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, RETRY[1])
+
+    async def expect(self, method: str, path: str, body: Obj | None, *ok: int) -> Obj:
+        status, payload = await self.call(method, path, body)
+        if status not in ok:
+            raise Failed(f"{method} {path}: {status} {payload.get('message', '')}")
+        return payload
+
+    # ---- start-up -------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """GET the Node, POST it when missing (a taken name from a retried POST is fine)."""
+        path = f"{collection_path(NODE)}/{self.spec.name}"
+        status, _ = await self.call("GET", path)
+        if status == 404:
+            body = node_object(self.spec.name, self.spec.ip)
+            await self.expect("POST", collection_path(NODE), body, 201, 409)
+
+    async def renew_lease(self) -> None:
+        path = f"{collection_path(LEASE, NODE_LEASE_NAMESPACE)}/{self.spec.name}"
+        now = micro_time()
+        status, lease = await self.call("GET", path)
+        if status == 404:
+            body = lease_object(self.spec.name, self.lease_seconds, now)
+            await self.expect("POST", collection_path(LEASE, NODE_LEASE_NAMESPACE), body, 201)
+        else:
+            body = renewed(lease, self.spec.name, self.lease_seconds, now)
+            await self.expect("PUT", path, body, 200, 409)
+        self.tally.heartbeats += 1
+
+    async def heartbeat(self) -> None:
+        """Renew for ever, every quarter of the lease; failures are counted, not fatal."""
+        while True:
+            try:
+                await self.renew_lease()
+            except Failed as exc:
+                self.tally.error(f"lease {exc}"[:80])
+            await asyncio.sleep(self.lease_seconds / 4)
+
+    async def wait_for_subnet(self) -> str:
+        path = f"{collection_path(HOST_SUBNET)}/{self.spec.name}"
+        while True:
+            status, subnet = await self.call("GET", path)
+            if status == 200 and subnet.get("subnet"):
+                self.subnet = str(subnet["subnet"])
+                return self.subnet
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def set_ready(self) -> None:
+        path = f"{collection_path(NODE)}/{self.spec.name}"
+        for _ in range(10):  # a conflict means the master wrote meanwhile: read again
+            node = await self.expect("GET", path, None, 200)
+            status = dict(node.get("status") or {})
+            others = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+            status["conditions"] = [*others, ready_condition()]
+            code, _ = await self.call("PUT", f"{path}/status", {**node, "status": status})
+            if code == 200:
+                return
+        raise Failed(f"node {self.spec.name}: Ready condition not written")
+
+    # ---- watches --------------------------------------------------------------------
+
+    async def list_version(self, kind: Kind) -> int:
+        """List ``kind`` as the reflector does (the whole list is read) and return its
+        resourceVersion (read from the list's head, not by decoding every item)."""
+        async with self.session().get(collection_path(kind)) as answer:
+            body = await answer.read()
+            if answer.status != 200:
+                raise Failed(f"list {kind.plural}: {answer.status}")
+        found = VERSION.search(body, 0, 512)
+        if found is None:
+            raise Failed(f"list {kind.plural}: no resourceVersion")
+        return int(found.group(1))
+
+    async def watch(self, plural: str, since: int, opened: asyncio.Event) -> None:
+        """Watch ``plural`` from ``since`` (0: list first) until cancelled."""
+        kind = kind_named(plural)
+        self.versions[plural] = since
+        self.counts.setdefault(plural, 0)
+        expired = False
+
+        def sink(type_: bytes, version: int, code: int) -> None:
+            nonlocal expired
+            if type_ == b"ERROR":
+                expired = expired or code == 410
+                self.tally.expired += code == 410
+                self.tally.error(f"watch ERROR {code}")
+                return
+            if version:
+                self.versions[plural] = version
+            if type_ == b"BOOKMARK":
+                return
+            self.counts[plural] += 1
+            if plural == "pods":
+                self.tally.seen(version)
+
+        delay = RETRY[0]
+        while True:
+            if not self.versions[plural] or expired:
+                self.versions[plural] = await self.list_version(kind)
+                expired = False
+            query = {
+                "watch": "true",
+                "resourceVersion": str(self.versions[plural]),
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(random.randint(*WATCH_SECONDS)),
+            }
+            try:
+                stream = await open_watch(
+                    self.endpoint, collection_path(kind), query, self.spec.token, sink
+                )
+            except OSError as exc:
+                self.tally.error(f"watch {type(exc).__name__}")
+                stream = None
+            if stream is not None and stream.status == 200:
+                opened.set()
+                self._streams.add(stream)
+                try:
+                    await stream.done
+                finally:
+                    self._streams.discard(stream)
+                    stream.close()
+                self.tally.reconnects += 1
+                if stream.broken:
+                    self.tally.error("watch body not chunked")
+                if stream.events or expired:
+                    delay = RETRY[0]
+                    continue
+                self.tally.error("watch ended without an event")
+            elif stream is not None:
+                expired = stream.status == 410
+                self.tally.expired += expired
+                self.tally.error(f"watch {stream.status}")
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, RETRY[1])
+
+    async def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,170 @@
+"""Figures of a scale run: lists, subnet checks, fan-out analysis, CPU and RSS samples.
+
+The analysis is pure (worker reports in, figures out) so the smoke test checks the same
+numbers the benchmark prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+from typing import Any
+
+import aiohttp
+
+from simulator.fleet import cpu_seconds, rss_mb
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def subnet_problems(hostsubnets: list[dict[str, Any]], nodes: list[str]) -> list[str]:
+    """What is wrong with the allocation: a node without exactly one HostSubnet, a subnet
+    given twice or overlapping another."""
+    problems: list[str] = []
+    names = [h["metadata"]["name"] for h in hostsubnets]
+    missing = sorted(set(nodes) - set(names))
+    if missing:
+        problems.append(f"{len(missing)} nodes without a HostSubnet, e.g. {missing[:3]}")
+    if len(names) != len(set(names)):
+        problems.append("a node has two HostSubnets")
+    networks = sorted(IPv4Network(h["subnet"]) for h in hostsubnets)
+    for before, after in itertools.pairwise(networks):
+        if before.overlaps(after):
+            problems.append(f"subnets {before} and {after} overlap")
+    return problems
+
+
+@dataclass
+class FanOut:
+    """Who saw which pod event, from the workers' reports."""
+
+    watchers: int  # pod watchers (one per agent)
+    writes: dict[int, float]  # resourceVersion -> when its write was sent
+    reports: list[dict[str, Any]]
+    per_version: dict[int, list[float]] = field(default_factory=dict)  # rv -> [n, first, last]
+
+    def __post_init__(self) -> None:
+        for report in self.reports:
+            for version, count, first, last in report["per_version"]:
+                entry = self.per_version.setdefault(int(version), [0, first, last])
+                if entry[0]:
+                    entry[1], entry[2] = min(entry[1], first), max(entry[2], last)
+                entry[0] += count
+
+    def counts(self, kind: str = "pods") -> list[int]:
+        return [c for r in self.reports for c in r["counts"].get(kind, [])]
+
+    def missed(self) -> int:
+        """Deliveries of the written events that did not happen (watchers x writes)."""
+        return sum(self.watchers - int(self.per_version.get(v, [0])[0]) for v in self.writes)
+
+    def unexpected(self) -> int:
+        """Pod events seen that no write of the run made (0 unless a stray write)."""
+        return sum(int(e[0]) for v, e in self.per_version.items() if v not in self.writes)
+
+    def complete(self) -> bool:
+        return self.missed() == 0
+
+    def latencies_ms(self) -> list[float]:
+        """Write sent -> its last watcher saw it, for each event every watcher saw."""
+        return [
+            (self.per_version[v][2] - sent) * 1000
+            for v, sent in self.writes.items()
+            if self.per_version.get(v, [0])[0] >= self.watchers
+        ]
+
+    def first_ms(self) -> list[float]:
+        return [
+            (e[1] - self.writes[v]) * 1000 for v, e in self.per_version.items() if v in self.writes
+        ]
+
+    def total(self, key: str) -> int:
+        return sum(int(r[key]) for r in self.reports)
+
+    def errors(self) -> dict[str, int]:
+        merged: dict[str, int] = {}
+        for report in self.reports:
+            for what, n in report["errors"].items():
+                merged[what] = merged.get(what, 0) + n
+        return merged
+
+
+@dataclass
+class Usage:
+    """CPU and RSS of the master and the simulator's workers, sampled every second."""
+
+    master: int
+    workers: list[int]
+    rss: list[float] = field(default_factory=list)
+    _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def _cpu(self) -> tuple[float, float, float]:
+        workers = sum(cpu_seconds(p) for p in self.workers)
+        return time.monotonic(), cpu_seconds(self.master), workers
+
+    def begin(self) -> None:
+        self._start = self._cpu()
+        self.rss.clear()
+
+    async def sample_forever(self) -> None:
+        while True:
+            self.rss.append(rss_mb(self.master))
+            await asyncio.sleep(1.0)
+
+    def summary(self) -> str:
+        now, master, workers = self._cpu()
+        wall = max(now - self._start[0], 1e-9)
+        master_pct = (master - self._start[1]) / wall * 100
+        workers_pct = (workers - self._start[2]) / wall * 100
+        peak = max(self.rss, default=rss_mb(self.master))
+        return (
+            f"CPU master {master_pct:.0f}%, simulator {workers_pct:.0f}% (of one core, "
+            f"2 cores in all); master RSS peak {peak:.0f} MB"
+        )
+
+
+async def timed_get(
+    api: aiohttp.ClientSession, path: str, params: dict[str, str] | None = None
+) -> tuple[float, bytes]:
+    started = time.perf_counter()
+    async with api.get(path, params=params) as answer:
+        body = await answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"GET {path}: {answer.status} {body[:200]!r}")
+    return time.perf_counter() - started, body
+
+
+async def lists_per_second(api: aiohttp.ClientSession, path: str, seconds: float) -> float:
+    """Sequential full lists of ``path`` for ``seconds``: lists per second."""
+    started = time.perf_counter()
+    count = 0
+    while time.perf_counter() - started < seconds:
+        await timed_get(api, path)
+        count += 1
+    return count / (time.perf_counter() - started)
+
+
+async def paged_list_seconds(api: aiohttp.ClientSession, path: str, limit: int) -> float:
+    """Seconds to read a whole collection in pages of ``limit`` (``continue`` tokens)."""
+    started = time.perf_counter()
+    token = ""
+    while True:
+        params = {"limit": str(limit)} | ({"continue": token} if token else {})
+        _, body = await timed_get(api, path, params)
+        token = json.loads(body)["metadata"].get("continue") or ""
+        if not token:
+            return time.perf_counter() - started
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

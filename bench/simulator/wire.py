@@ -1,0 +1,169 @@
+"""One watch as a raw TLS stream: HTTP/1.1, chunked, one JSON event per line.
+
+Cheap on purpose: no HTTP library and no JSON decoding per event. The head is read once;
+each event line gives its type (the first ``"type":"..."``) and its resourceVersion (the
+first ``"resourceVersion":"..."``, the object's own: inside a JSON string every quote is
+escaped, so the pattern cannot match there). An ``ERROR`` event's code is read too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+TYPE = re.compile(rb'"type":\s*"(\w+)"')
+VERSION = re.compile(rb'"resourceVersion":\s*"(\d+)"')
+CODE = re.compile(rb'"code":\s*(\d+)')
+
+# (event type, resourceVersion or 0, HTTP-like code of an ERROR event or 0)
+EventSink = Callable[[bytes, int, int], None]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the master listens and how to trust it."""
+
+    host: str
+    port: int
+    context: ssl.SSLContext
+
+
+def request_head(endpoint: Endpoint, path: str, query: dict[str, str], token: str) -> bytes:
+    """The bytes of one GET request with a bearer token."""
+    target = f"{path}?{urlencode(query)}" if query else path
+    return (
+        f"GET {target} HTTP/1.1\r\nHost: {endpoint.host}:{endpoint.port}\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: application/json\r\n"
+        "User-Agent: podnet-sim\r\n\r\n"
+    ).encode()
+
+
+def parse_event(line: bytes) -> tuple[bytes, int, int]:
+    """(type, resourceVersion, error code) of one watch event line."""
+    kind = TYPE.search(line, 0, 64)
+    version = VERSION.search(line)
+    code = CODE.search(line) if kind and kind.group(1) == b"ERROR" else None
+    return (
+        kind.group(1) if kind else b"",
+        int(version.group(1)) if version else 0,
+        int(code.group(1)) if code else 0,
+    )
+
+
+class WatchStream(asyncio.Protocol):
+    """Reads one watch response; ``done`` resolves with the HTTP status when it ends."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.status = 0
+        self.events = 0  # event lines read
+        self.broken = False  # the body was not valid chunked framing
+        self.opened: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self._head = b""
+        self._buffer = bytearray()  # undecoded chunked body
+        self._line = bytearray()  # the event line so far
+        self._left = -1  # bytes left in the current chunk (-1: expect a size line)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self.status:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.status = int(self._head[9:12])
+            data, self._head = self._head[end + 4 :], b""
+            if not self.opened.done():
+                self.opened.set_result(self.status)
+            if self.status != 200:
+                self.close()
+                return
+        self._buffer += data
+        self._decode()
+
+    def _decode(self) -> None:
+        """Chunked transfer coding: size line, data, CRLF; a zero size ends the body."""
+        buffer = self._buffer
+        position = 0
+        while position < len(buffer):
+            if self._left == -1:  # a size line
+                end = buffer.find(b"\r\n", position)
+                if end < 0:
+                    break
+                try:
+                    size = int(buffer[position:end].split(b";")[0], 16)
+                except ValueError:  # not chunked framing (a server bug): give up
+                    self.broken = True
+                    self.close()
+                    break
+                position = end + 2
+                if size == 0:
+                    self.close()
+                    break
+                self._left = size
+            elif self._left == 0:  # the CRLF after a chunk's data
+                if len(buffer) - position < 2:
+                    break
+                position += 2
+                self._left = -1
+            else:
+                take = min(self._left, len(buffer) - position)
+                self._body(buffer[position : position + take])
+                position += take
+                self._left -= take
+        del buffer[:position]
+
+    def _body(self, piece: bytearray) -> None:
+        start = 0
+        while True:
+            end = piece.find(b"\n", start)
+            if end < 0:
+                self._line += piece[start:]
+                return
+            if self._line:
+                self._line += piece[start:end]
+                line = bytes(self._line)
+                self._line.clear()
+            else:
+                line = bytes(piece[start:end])
+            start = end + 1
+            if line.strip():
+                self.events += 1
+                self.sink(*parse_event(line))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.opened.done():
+            self.opened.set_result(self.status)
+        if not self.done.done():
+            self.done.set_result(self.status)
+
+
+async def open_watch(
+    endpoint: Endpoint, path: str, query: dict[str, str], token: str, sink: EventSink
+) -> WatchStream:
+    """Connect, send the request and wait for the response head."""
+    loop = asyncio.get_running_loop()
+    _, stream = await loop.create_connection(
+        lambda: WatchStream(sink),
+        endpoint.host,
+        endpoint.port,
+        ssl=endpoint.context,
+        server_hostname=endpoint.host,
+    )
+    assert stream.transport is not None
+    stream.transport.write(request_head(endpoint, path, query, token))
+    await stream.opened
+    return stream

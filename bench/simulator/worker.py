@@ -1,0 +1,153 @@
+"""A process running a share of the simulated agents, driven over stdin/stdout.
+
+Run as ``python -m simulator.worker`` (``bench/`` on the path). The first stdin line is
+the configuration (JSON): ``server``, ``ca`` (PEM), ``agents`` ([name, token, ip]),
+``lease_seconds``. Each later line is a command; each answer is one JSON line on stdout:
+
+- ``{"cmd": "register"}``: every agent registers, starts its heartbeat, waits for its
+  HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``.
+- ``{"cmd": "watch", "kinds": [...], "since": rv}``: every agent watches each kind from
+  ``since`` (0: list first) -> ``{"event": "watching", ...}`` once every watch is open.
+- ``{"cmd": "report"}`` -> ``{"event": "report", ...}``: the tally so far.
+- ``{"cmd": "stop"}``: close everything -> ``{"event": "stopped"}``, and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import resource
+import ssl
+import sys
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from simulator.agent import AgentSpec, Failed, SimAgent, Tally
+from simulator.wire import Endpoint
+
+
+def raise_file_limit() -> None:
+    """Soft open-file limit up to the hard one: each agent holds several sockets."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def endpoint_of(server: str, ca_pem: str) -> Endpoint:
+    url = urlsplit(server)
+    context = ssl.create_default_context(cadata=ca_pem)
+    return Endpoint(url.hostname or "127.0.0.1", url.port or 443, context)
+
+
+def emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+class Worker:
+    def __init__(self, config: dict[str, Any]) -> None:
+        endpoint = endpoint_of(config["server"], config["ca"])
+        self.tally = Tally()
+        self.agents = [
+            SimAgent(AgentSpec(*row), endpoint, self.tally, config.get("lease_seconds", 40))
+            for row in config["agents"]
+        ]
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    async def register(self) -> dict[str, Any]:
+        started = time.monotonic()
+        done: list[float] = []
+        failures: list[str] = []
+
+        async def one(agent: SimAgent) -> None:
+            try:
+                await agent.register()
+                await agent.renew_lease()
+                self.tasks.append(asyncio.create_task(agent.heartbeat()))
+                await agent.wait_for_subnet()
+                await agent.set_ready()
+                done.append(time.monotonic())
+            except Failed as exc:
+                failures.append(str(exc))
+
+        await asyncio.gather(*(one(a) for a in self.agents))
+        return {
+            "event": "registered",
+            "started": started,
+            "done": done,
+            "failures": failures[:20],
+            "failed": len(failures),
+            "subnets": {a.spec.name: a.subnet for a in self.agents},
+        }
+
+    async def watch(self, kinds: list[str], since: int) -> dict[str, Any]:
+        started = time.monotonic()
+        opened: list[asyncio.Event] = []
+        for agent in self.agents:
+            for plural in kinds:
+                event = asyncio.Event()
+                opened.append(event)
+                self.tasks.append(asyncio.create_task(agent.watch(plural, since, event)))
+        await asyncio.gather(*(e.wait() for e in opened))
+        return {"event": "watching", "opened": len(opened), "seconds": time.monotonic() - started}
+
+    def report(self) -> dict[str, Any]:
+        tally = self.tally
+        kinds = sorted({k for a in self.agents for k in a.counts})
+        return {
+            "event": "report",
+            "per_version": [[v, *e] for v, e in sorted(tally.per_version.items())],
+            "counts": {k: [a.counts.get(k, 0) for a in self.agents] for k in kinds},
+            "expired": tally.expired,
+            "reconnects": tally.reconnects,
+            "errors": tally.errors,
+            "retries": tally.retries,
+            "heartbeats": tally.heartbeats,
+        }
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(a.close() for a in self.agents), return_exceptions=True)
+
+
+async def serve() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 26)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    worker = Worker(json.loads(await reader.readline()))
+    emit({"event": "started", "agents": len(worker.agents)})
+    pending: set[asyncio.Task[None]] = set()
+
+    async def run(command: dict[str, Any]) -> None:
+        if command["cmd"] == "register":
+            emit(await worker.register())
+        elif command["cmd"] == "watch":
+            emit(await worker.watch(command["kinds"], int(command.get("since", 0))))
+        elif command["cmd"] == "report":
+            emit(worker.report())
+
+    while line := await reader.readline():
+        command = json.loads(line)
+        if command["cmd"] == "stop":
+            break
+        task = asyncio.create_task(run(command))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    for task in list(pending):
+        task.cancel()
+    await worker.stop()
+    emit({"event": "stopped"})
+
+
+def main() -> None:
+    raise_file_limit()
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
