@@ -2,29 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from podnet.api import listing, tables
+from podnet.api import listing, storedform, tables
 from podnet.api.admission import Admission
 from podnet.api.auth import RequestAttributes, User, require_authorized
+from podnet.api.cachedobjects import WatchFilter
 from podnet.api.metrics import ApiMetrics
-from podnet.api.params import QueryParams, parse_delete_options, parse_query, watch_timeout
+from podnet.api.params import QueryParams, parse_delete_options, parse_query
 from podnet.api.patch import patcher
 from podnet.api.registry import Obj, Registry
 from podnet.api.requests import Target, read_body, resolve, selectors
-from podnet.api.watchcache import CachedEvent, WatchCache, WatchFilter, direct_events
+from podnet.api.watchcache import WatchCache
+from podnet.api.watches import WatchServer
 from podnet.model import errors
 from podnet.model.kinds import Kind
+from podnet.model.selectors import FieldRequirement
 
 log = logging.getLogger(__name__)
-BOOKMARK_EVERY = 10.0
+LIST_PART = 2000  # a list with more items is written in parts of this many
 # Exceptions that mean some input got past the checks: still a 500, but one that names the
 # exception so a fuzz run shows what slipped through (the fix belongs in the checks).
 SLIPPED = (RecursionError, UnicodeError, TypeError, KeyError, AttributeError, IndexError)
@@ -35,8 +35,7 @@ RESOURCE = web.RequestKey("resource", str)
 PARAMS = web.RequestKey("params", QueryParams)
 
 
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+dumps = storedform.dumps
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:
@@ -51,6 +50,7 @@ class ResourceHandlers:
         self.cache = cache
         self.metrics = metrics
         self.admission = Admission(registry)  # podnet.api.admission: after authorization
+        self.watches = WatchServer(registry, cache, metrics)
 
     # ---- routing ----------------------------------------------------------------------
 
@@ -119,21 +119,33 @@ class ResourceHandlers:
     async def _get(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "get", target)
         assert target.name is not None
-        obj = await self.registry.get(target.kind, target.namespace, target.name)
+        kv = await self.registry.get_stored(target.kind, target.namespace, target.name)
         if tables.wants_table(request.headers.get("Accept", "")):
+            obj = self.registry.decode(kv)
             return json_response(
                 tables.table(target.kind, [obj], obj["metadata"]["resourceVersion"])
             )
-        return json_response(obj)
+        body = storedform.splice(kv.value, kv.mod_revision)
+        return web.Response(body=body, content_type="application/json")
 
     async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "list", target)
         labels, fields = selectors(request, target.kind)
         params = request[PARAMS]
-        await listing.check_list_revision(self.registry, params)
-        items, revision = await self.registry.list(target.kind, target.namespace, labels, fields)
-        page = listing.paginate(self.registry, target.kind, items, revision, params)
-        if tables.wants_table(request.headers.get("Accept", "")):
+        as_table = tables.wants_table(request.headers.get("Accept", ""))
+        if await listing.cache_can_serve(self.registry, self.cache, params):
+            selected, revision = self.cache.objects(target.kind, target.namespace, labels, fields)
+            cached = listing.cached_page(selected, revision, params)
+            if not as_table:
+                return await _send_list(request, target.kind, cached)
+            items = [o.obj for o in cached.items]
+            page = listing.Page(items, cached.revision, cached.continue_token, cached.remaining)
+        else:
+            items, revision = await self.registry.list(
+                target.kind, target.namespace, labels, fields
+            )
+            page = listing.paginate(self.registry, target.kind, items, revision, params)
+        if as_table:
             table = tables.table(target.kind, page.items, str(page.revision))
             if page.continue_token:
                 table["metadata"]["continue"] = page.continue_token
@@ -143,103 +155,11 @@ class ResourceHandlers:
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "watch", target)
         labels, fields = selectors(request, target.kind)
-        watch_filter = WatchFilter(target.kind, target.namespace, labels, fields)
         if target.name:
-            from podnet.model.selectors import FieldRequirement
-
-            watch_filter = WatchFilter(
-                target.kind,
-                target.namespace,
-                labels,
-                [*fields, FieldRequirement("metadata.name", "=", target.name)],
-            )
-        events = await self._watch_source(request, watch_filter)
-        return await self._stream(request, target.kind, watch_filter, events)
-
-    async def _watch_source(
-        self, request: web.Request, wf: WatchFilter
-    ) -> AsyncIterator[CachedEvent | int | Obj]:
-        params = request[PARAMS]
-        bookmarks = BOOKMARK_EVERY if params.allow_bookmarks else None
-        revision = params.resource_version
-        if not revision:  # absent or "0": the current state as ADDED events, then changes
-            items, revision = await self.registry.list(wf.kind, wf.namespace, wf.labels, wf.fields)
-            return _initial_then(items, self.cache.follow(revision, bookmarks))
-        await listing.check_not_future(self.registry, revision)  # 504, never a hang
-        await listing.check_not_compacted(self.registry, revision, "watch")
-        if self.cache.covers(revision):
-            return self.cache.follow(revision, bookmarks)
-        return direct_events(self.registry, revision)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        kind: Kind,
-        wf: WatchFilter,
-        events: AsyncIterator[CachedEvent | int | Obj],
-    ) -> web.StreamResponse:
+            fields = [*fields, FieldRequirement("metadata.name", "=", target.name)]
+        watch_filter = WatchFilter(target.kind, target.namespace, labels, tuple(fields))
         as_table = tables.wants_table(request.headers.get("Accept", ""))
-        response = web.StreamResponse(
-            headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
-        )
-        await response.prepare(request)
-        timeout = watch_timeout(request[PARAMS])
-        self.metrics.watchers.labels(kind.plural).inc()
-        first = [True]
-        try:
-            async with asyncio.timeout(timeout):
-                async for item in events:
-                    line = self._render(item, wf, kind, as_table, first)
-                    if line is not None:
-                        await response.write(line)
-                        self.metrics.watch_events.labels(kind.plural).inc()
-        except TimeoutError:
-            pass
-        except errors.ApiError as exc:
-            with contextlib.suppress(ConnectionError):
-                await response.write(dumps({"type": "ERROR", "object": exc.status()}) + b"\n")
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self.metrics.watchers.labels(kind.plural).dec()
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-        return response
-
-    def _render(
-        self,
-        item: CachedEvent | int | Obj,
-        wf: WatchFilter,
-        kind: Kind,
-        as_table: bool,
-        first: list[bool],
-    ) -> bytes | None:
-        if isinstance(item, int):
-            bookmark = {
-                "kind": kind.kind,
-                "apiVersion": kind.api_version,
-                "metadata": {"resourceVersion": str(item)},
-            }
-            return dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n"
-        if isinstance(item, dict):  # an initial ADDED from the list
-            return self._line("ADDED", item, kind, as_table, first)
-        seen = wf.view(item)
-        if seen is None:
-            return None
-        if not as_table and seen == item.type and not wf.labels and not wf.fields:
-            cached = item.rendered.get("json")
-            if cached is None:
-                cached = item.rendered["json"] = dumps({"type": seen, "object": item.obj}) + b"\n"
-            return cached
-        return self._line(seen, item.obj, kind, as_table, first)
-
-    def _line(self, type_: str, obj: Obj, kind: Kind, as_table: bool, first: list[bool]) -> bytes:
-        if as_table:
-            obj = tables.table(kind, [obj], obj["metadata"]["resourceVersion"], headers=first[0])
-            first[0] = False
-        return dumps({"type": type_, "object": obj}) + b"\n"
+        return await self.watches.serve(request, watch_filter, request[PARAMS], as_table)
 
     # ---- writes -----------------------------------------------------------------------
 
@@ -256,6 +176,8 @@ class ResourceHandlers:
         _check_type(body, target.kind)
         _check_namespace(body, target)
         assert target.name is not None
+        if target.subresource == "finalize":
+            return json_response(await self._finalize(request, target))
         obj = await self.registry.update(
             target.kind,
             body,
@@ -265,6 +187,16 @@ class ResourceHandlers:
             self._admit(request, "update", target),
         )
         return json_response(obj)
+
+    async def _finalize(self, request: web.Request, target: Target) -> Obj:
+        """PUT namespaces/<name>/finalize: remove a Terminating Namespace for good (the
+        namespace controller calls it once the contents are gone)."""
+        assert target.name is not None
+        self._check(request, "update", target)
+        current = await self.registry.get(target.kind, None, target.name)
+        if not current["metadata"].get("deletionTimestamp"):
+            raise errors.conflict(target.kind.plural, target.name, "it is not terminating")
+        return await self.registry.finalize_namespace(target.name)
 
     async def _patch(self, request: web.Request, target: Target) -> web.StreamResponse:
         body = await read_body(request, patch=True)
@@ -339,10 +271,21 @@ def _check_namespace(body: dict[str, Any], target: Target) -> None:
         )
 
 
-async def _initial_then(
-    items: list[Obj], rest: AsyncIterator[CachedEvent | int]
-) -> AsyncIterator[CachedEvent | int | Obj]:
-    for obj in items:
-        yield obj
-    async for event in rest:
-        yield event
+async def _send_list(
+    request: web.Request, kind: Kind, page: listing.CachedPage
+) -> web.StreamResponse:
+    """A cached page as JSON, spliced from stored bytes; a large one written in parts."""
+    head = listing.list_head(kind, page)
+    items = page.items
+    if len(items) <= LIST_PART:
+        body = head + b",".join(obj.wire() for obj in items) + b"]}"
+        return web.Response(body=body, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    await response.write(head)
+    for start in range(0, len(items), LIST_PART):
+        part = b",".join(obj.wire() for obj in items[start : start + LIST_PART])
+        await response.write(part if start == 0 else b"," + part)
+    await response.write_eof(b"]}")
+    return response

@@ -1,27 +1,44 @@
-"""List semantics on top of the registry: resourceVersion rules and limit/continue pages.
+"""List semantics: where a list is read from, resourceVersion rules, limit/continue pages.
 
-podnet reads lists from etcd at the latest revision (a consistent read). What the
-parameters mean here, against what kube-apiserver does:
+Lists are served from the watch cache (``podnet.api.watchcache``) as kube-apiserver does,
+assembled from stored bytes (``podnet.api.storedform.splice``). What ``resourceVersion``
+means here:
 
-- ``resourceVersion`` newer than etcd's revision: 504 ``Timeout`` with a
-  ``ResourceVersionTooLarge`` cause, at once. (kube waits up to 3 s for its watch cache to
-  catch up with etcd; podnet reads etcd itself, so waiting cannot help.)
-- ``resourceVersionMatch=Exact`` for an older revision: 410 Gone, so a client relists.
+- unset: a consistent read, as kube 1.31's consistent list from cache. podnet asks etcd
+  for its current revision (one cheap round trip, no data), waits up to
+  ``CONSISTENT_WAIT`` for the cache to reach it, and serves the cache. If the cache does
+  not get there in time (a write outside the registry prefix moved etcd's revision and
+  no registry change followed), the list is read from etcd itself.
+- ``0``: any cached state, at once, without touching etcd.
+- ``N`` (``NotOlderThan``, the default match): at least ``N``. Served from the cache at
+  once if it has seen ``N``; a revision newer than etcd's is 504 ``Timeout`` with a
+  ``ResourceVersionTooLarge`` cause at once; otherwise the cache is given up to
+  ``FRESH_WAIT`` (kube waits 3 s), then etcd answers.
+- ``N`` with ``resourceVersionMatch=Exact``: read from etcd; podnet reads etcd at the
+  latest revision only, so an older ``N`` is 410 Gone and the client relists.
 - ``limit``/``continue``: pages in key order. The token is opaque base64 of the first
   page's revision and the last key returned; later pages show the objects after that key
-  as they are now, and carry the first page's revision. A token whose revision etcd has
-  compacted is 410 Gone, as in kube; one that does not decode is 400.
+  as they are in the cache then, and carry the first page's revision. A token whose
+  revision etcd has compacted is 410 Gone (``Expired``), as in kube; one that does not
+  decode is 400.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
+from podnet.api import storedform
+from podnet.api.cachedobjects import CachedObject
 from podnet.api.params import ContinueToken, QueryParams
 from podnet.api.registry import Obj, Registry
+from podnet.api.watchcache import WatchCache
 from podnet.model import errors
 from podnet.model.kinds import Kind
 from podnet.store.base import Compacted
+
+CONSISTENT_WAIT = 0.5
+FRESH_WAIT = 3.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,16 @@ class Page:
     """One page of a list: its items, revision and where the next page starts."""
 
     items: list[Obj]
+    revision: int
+    continue_token: str | None = None
+    remaining: int | None = None
+
+
+@dataclass(frozen=True)
+class CachedPage:
+    """One page of a list served from the cache: stored objects, not decoded."""
+
+    items: list[CachedObject]
     revision: int
     continue_token: str | None = None
     remaining: int | None = None
@@ -69,6 +96,41 @@ async def check_list_revision(registry: Registry, params: QueryParams) -> None:
         await check_not_compacted(registry, token.revision - 1, "the continue token expired")
 
 
+async def cache_can_serve(registry: Registry, cache: WatchCache, params: QueryParams) -> bool:
+    """Apply the rules above; True when the cache answers this list, False for etcd."""
+    if not cache.ready.is_set() or params.resource_version_match == "Exact":
+        await check_list_revision(registry, params)
+        return False
+    token = params.continue_token
+    if token is not None:
+        await check_list_revision(registry, params)
+        return await cache.wait_for(token.revision, FRESH_WAIT)
+    wanted = params.resource_version
+    if wanted == 0:
+        return True
+    if wanted is not None and cache.latest_revision >= wanted:
+        return True
+    current = await check_not_future(registry, wanted)
+    wait = CONSISTENT_WAIT if wanted is None else FRESH_WAIT
+    return await cache.wait_for(wanted or current, wait)
+
+
+def cached_page(
+    selected: list[tuple[str, CachedObject]], revision: int, params: QueryParams
+) -> CachedPage:
+    """The page of ``selected`` (in key order) that ``limit`` and ``continue`` select."""
+    token = params.continue_token
+    if token is not None:
+        start = bisect.bisect_right([key for key, _ in selected], token.start_after)
+        selected = selected[start:]
+        revision = token.revision
+    if not params.limit or len(selected) <= params.limit:
+        return CachedPage([obj for _, obj in selected], revision)
+    page = selected[: params.limit]
+    next_token = ContinueToken(revision, page[-1][0]).encode()
+    return CachedPage([obj for _, obj in page], revision, next_token, len(selected) - params.limit)
+
+
 def paginate(
     registry: Registry, kind: Kind, items: list[Obj], revision: int, params: QueryParams
 ) -> Page:
@@ -93,15 +155,27 @@ def _key(registry: Registry, kind: Kind, obj: Obj) -> str:
     ]
 
 
-def list_body(kind: Kind, page: Page) -> Obj:
-    """The ``<Kind>List`` object of one page."""
+def list_meta(page: Page | CachedPage) -> Obj:
     meta: Obj = {"resourceVersion": str(page.revision)}
     if page.continue_token:
         meta["continue"] = page.continue_token
         meta["remainingItemCount"] = page.remaining
+    return meta
+
+
+def list_body(kind: Kind, page: Page) -> Obj:
+    """The ``<Kind>List`` object of one page."""
     return {
         "kind": kind.list_kind,
         "apiVersion": kind.api_version,
-        "metadata": meta,
+        "metadata": list_meta(page),
         "items": page.items,
     }
+
+
+def list_head(kind: Kind, page: CachedPage) -> bytes:
+    """The JSON of a cached page's ``<Kind>List`` up to its first item."""
+    head = storedform.dumps(
+        {"kind": kind.list_kind, "apiVersion": kind.api_version, "metadata": list_meta(page)}
+    )
+    return head[:-1] + b',"items":['

@@ -10,11 +10,11 @@ controller's write obeys exactly the rules a user's does.
 from __future__ import annotations
 
 import copy
-import json
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from podnet.api import storedform
 from podnet.api.claims import Claim, claims, raise_if_claimed
 from podnet.api.objects import (
     STALE,
@@ -114,29 +114,22 @@ class Registry:
 
     @staticmethod
     def decode(kv: KeyValue) -> Obj:
-        return Registry.decode_bytes(kv.value, kv.mod_revision)
+        return storedform.decode(kv.value, kv.mod_revision)
 
-    @staticmethod
-    def decode_bytes(value: bytes, revision: int) -> Obj:
-        obj: Obj = json.loads(value)
-        obj.setdefault("metadata", {})["resourceVersion"] = str(revision)
-        return obj
-
-    @staticmethod
-    def encode(obj: Obj) -> bytes:
-        stored = dict(obj)
-        meta = dict(stored.get("metadata") or {})
-        meta.pop("resourceVersion", None)
-        stored["metadata"] = meta
-        return json.dumps(stored, separators=(",", ":")).encode()
+    decode_bytes = staticmethod(storedform.decode)
+    encode = staticmethod(storedform.encode)
 
     # ---- reads ------------------------------------------------------------------------
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
+        return self.decode(await self.get_stored(kind, namespace, name))
+
+    async def get_stored(self, kind: Kind, namespace: str | None, name: str) -> KeyValue:
+        """The stored form of one object (see ``podnet.api.storedform``); 404 if absent."""
         kv = await self.store.get(self.key(kind, namespace, name))
         if kv is None:
             raise errors.not_found(kind.plural, name)
-        return self.decode(kv)
+        return kv
 
     async def list(
         self,

@@ -1,12 +1,17 @@
-"""One etcd watch for the whole registry, fanned out to every API watcher.
+"""One etcd watch for the whole registry: the current objects, recent changes, fan-out.
 
-The master opens a single watch on the registry prefix and keeps the most recent events
-in a ring buffer, each decoded once. An API watcher is a cursor into that buffer: it
-filters by kind, namespace and selectors, and waits on a shared future when it has caught
-up, so a write reaches 200 watchers with one decode and no per-watcher etcd stream. A
-watcher that asks for a revision older than the buffer is served by its own etcd watch
-(and gets 410 Gone if etcd has compacted it); one that falls behind the buffer is told
-410 too, and relists, as kube-apiserver's watch cache does.
+The master lists the registry prefix once, then opens a single watch on it, as
+kube-apiserver's watch cache does. From that it keeps
+
+- the current objects of every kind as stored bytes (``podnet.api.cachedobjects``), so
+  lists are answered without etcd (``podnet.api.listing`` says when);
+- the most recent events in a ring buffer, each decoded once;
+- the watchers (``podnet.api.fanout``), each a position in that ring: an event is encoded
+  once and written to every watcher whose filter selects it.
+
+A watcher that asks for a revision older than the ring is served by its own etcd watch
+(``direct_events``; 410 Gone if etcd has compacted it); one that falls behind the ring or
+whose backlog grows over the limit is told 410 too, and relists.
 """
 
 from __future__ import annotations
@@ -16,130 +21,146 @@ import bisect
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from podnet.api.objects import matches
+from podnet.api import storedform
+from podnet.api.cachedobjects import CachedEvent, CachedObject, KindObjects, WatchFilter
+from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher
 from podnet.api.registry import Obj, Registry
 from podnet.model import errors
 from podnet.model.kinds import Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
-from podnet.store.base import Compacted, WatchEvent
+from podnet.store.base import Compacted, KeyValue, WatchEvent
 
 log = logging.getLogger(__name__)
+BOOKMARK_EVERY = 10.0
 
 
-@dataclass(slots=True)
-class CachedEvent:
-    """A registry change, decoded once and shared by every watcher."""
+def to_cached(
+    registry: Registry, event: WatchEvent, prev_probe: Obj | None = None
+) -> CachedEvent | None:
+    """A store event as an API event, or None for non-object keys.
 
-    revision: int
-    kind: Kind
-    namespace: str | None
-    type: str  # ADDED, MODIFIED, DELETED
-    obj: Obj
-    prev: Obj | None
-    rendered: dict[str, bytes] = field(default_factory=dict)  # per output format
-
-
-@dataclass(frozen=True)
-class WatchFilter:
-    kind: Kind
-    namespace: str | None = None
-    labels: LabelSelector | None = None
-    fields: Sequence[FieldRequirement] = ()
-
-    def selects(self, obj: Obj | None) -> bool:
-        return obj is not None and matches(obj, self.labels, self.fields)
-
-    def view(self, event: CachedEvent) -> str | None:
-        """The event type this watcher sees, or None (kube's filtered-watch rules)."""
-        if event.kind is not self.kind:
-            return None
-        if self.namespace and event.namespace != self.namespace:
-            return None
-        now, before = self.selects(event.obj), self.selects(event.prev)
-        if event.type == "DELETED":
-            return "DELETED" if before or now else None
-        if now and before:
-            return "MODIFIED"
-        if now:
-            return "ADDED"
-        return "DELETED" if before else None
-
-
-def to_cached(registry: Registry, event: WatchEvent) -> CachedEvent | None:
-    """Decode a store event into an API event, or None for non-object keys."""
+    ``prev_probe`` is the probe of the object before the change when the caller knows
+    it (the cache does); otherwise it is made from the event's previous value.
+    """
     parsed = registry.parse_key(event.key)
     if parsed is None:
         return None
-    kind, namespace, _ = parsed
-    prev = None
-    if event.prev_value:
-        prev = Registry.decode_bytes(event.prev_value, event.revision)
+    kind, namespace, name = parsed
+    if prev_probe is None and event.prev_value:
+        prev_probe = storedform.probe(kind, storedform.decode(event.prev_value, 0))
     if event.type == "DELETE":
-        obj = prev if prev is not None else {"metadata": {"name": parsed[2]}}
-        obj["metadata"]["resourceVersion"] = str(event.revision)
-        return CachedEvent(event.revision, kind, namespace, "DELETED", obj, prev)
-    obj = Registry.decode_bytes(event.value, event.revision)
-    kind_of_change = "ADDED" if event.create_revision == event.revision else "MODIFIED"
-    return CachedEvent(event.revision, kind, namespace, kind_of_change, obj, prev)
+        value = event.prev_value or storedform.encode(
+            {"metadata": {"name": name, **({"namespace": namespace} if namespace else {})}}
+        )
+        if prev_probe is None:
+            prev_probe = storedform.probe(kind, storedform.decode(value, 0))
+        return CachedEvent(
+            event.revision, kind, namespace, name, "DELETED", value, prev_probe, prev_probe
+        )
+    probe = storedform.probe(kind, storedform.decode(event.value, 0))
+    change = "ADDED" if event.create_revision == event.revision else "MODIFIED"
+    return CachedEvent(
+        event.revision, kind, namespace, name, change, event.value, probe, prev_probe
+    )
 
 
 class WatchCache:
-    """Ring buffer of recent registry events plus the live tail."""
+    """The registry's current objects, its recent events and the watchers served from them."""
 
-    def __init__(self, registry: Registry, capacity: int = 20000) -> None:
+    def __init__(
+        self, registry: Registry, capacity: int = 20000, backlog_limit: int = BACKLOG_LIMIT
+    ) -> None:
         self.registry = registry
         self.capacity = capacity
+        self.fanout = Fanout(backlog_limit)
+        self._objects: dict[Kind, KindObjects] = {}
         self._events: list[CachedEvent] = []
         self._offset = 0  # absolute index of self._events[0]
         self._start_revision = 0  # changes after this revision are all in the buffer
         self._latest_revision = 0
         self._wakeup: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._dispatch_due = False
+        self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
 
     @property
     def latest_revision(self) -> int:
         return self._latest_revision
 
+    # ---- life cycle -------------------------------------------------------------------
+
     async def start(self) -> None:
-        revision = await self.registry.store.revision()
-        self._start_revision = self._latest_revision = revision
         self._wakeup = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._run(revision), name="watch-cache")
+        revision = await self._load()
+        self._tasks.append(asyncio.create_task(self._run(revision), name="watch-cache"))
+        self._tasks.append(asyncio.create_task(self._bookmarks(), name="watch-bookmarks"))
         self.ready.set()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        self.fanout.close_all()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await task
+
+    async def _load(self) -> int:
+        """Read every object at one revision; start the ring empty at that revision."""
+        kvs, revision = await self.registry.store.list(self.registry.prefix)
+        objects: dict[Kind, KindObjects] = {}
+        for kv in kvs:
+            self._load_one(objects, kv)
+        self._objects = objects
+        self._offset += len(self._events)
+        self._events.clear()
+        self._start_revision = self._latest_revision = revision
+        self._notify()
+        self._schedule()  # watchers behind the new ring are told 410
+        return revision
+
+    def _load_one(self, objects: dict[Kind, KindObjects], kv: KeyValue) -> None:
+        parsed = self.registry.parse_key(kv.key)
+        if parsed is None:
+            return
+        kind = parsed[0]
+        probe = storedform.probe(kind, storedform.decode(kv.value, 0))
+        cached = CachedObject(kv.value, kv.mod_revision, probe)
+        objects.setdefault(kind, KindObjects()).put(self._relative(kv.key, kind), cached)
+
+    def _relative(self, key: str, kind: Kind) -> str:
+        return key[len(self.registry.kind_prefix(kind)) :]
 
     async def _run(self, revision: int) -> None:
         while True:
             try:
                 async for event in self.registry.store.watch(self.registry.prefix, revision):
                     revision = event.revision
-                    cached = to_cached(self.registry, event)
-                    if cached is not None:
-                        self._append(cached)
-                    self._latest_revision = max(self._latest_revision, revision)
+                    self._apply(event)
             except asyncio.CancelledError:
                 raise
             except Compacted:
-                log.error("watch cache fell behind compaction; restarting from now")
-                revision = await self.registry.store.revision()
-                self._reset(revision)
-            except Exception as exc:  # the store went away: retry, keep serving the buffer
+                log.error("watch cache fell behind compaction; relisting")
+                revision = await self._load()
+            except Exception as exc:  # the store went away: retry, keep serving the cache
                 log.warning("registry watch failed (%s); retrying", exc)
                 await asyncio.sleep(0.5)
 
-    def _reset(self, revision: int) -> None:
-        self._offset += len(self._events)
-        self._events.clear()
-        self._start_revision = self._latest_revision = revision
+    def _apply(self, event: WatchEvent) -> None:
+        """One store change: into the current objects, the ring and the fan-out."""
+        parsed = self.registry.parse_key(event.key)
+        if parsed is not None:
+            kind = parsed[0]
+            objects = self._objects.setdefault(kind, KindObjects())
+            key = self._relative(event.key, kind)
+            before = objects.items.get(key)
+            cached = to_cached(self.registry, event, before.probe if before else None)
+            assert cached is not None
+            if event.type == "DELETE":
+                objects.delete(key)
+            else:
+                objects.put(key, CachedObject(event.value, event.revision, cached.probe))
+            self._append(cached)
+        self._latest_revision = max(self._latest_revision, event.revision)
         self._notify()
 
     def _append(self, event: CachedEvent) -> None:
@@ -149,12 +170,27 @@ class WatchCache:
             self._start_revision = self._events[drop - 1].revision
             del self._events[:drop]
             self._offset += drop
-        self._notify()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Dispatch soon: events that arrive meanwhile go out in the same writes."""
+        if not self._dispatch_due:
+            self._dispatch_due = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_due = False
+        self.fanout.dispatch(self._events, self._offset)
 
     def _notify(self) -> None:
         wakeup, self._wakeup = self._wakeup, asyncio.get_running_loop().create_future()
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
+
+    async def _bookmarks(self) -> None:
+        while True:
+            await asyncio.sleep(BOOKMARK_EVERY)
+            self.fanout.bookmark(self._latest_revision, self._offset + len(self._events))
 
     def forget_before(self, revision: int) -> None:
         """Drop buffered events at or before ``revision`` (after a compaction)."""
@@ -165,6 +201,65 @@ class WatchCache:
         self._offset += cut
         self._start_revision = revision
 
+    # ---- reads ------------------------------------------------------------------------
+
+    def objects(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        labels: LabelSelector | None = None,
+        fields: Sequence[FieldRequirement] = (),
+    ) -> tuple[list[tuple[str, CachedObject]], int]:
+        """(key, object) of ``kind`` in key order that match, and the cache's revision."""
+        kind_objects = self._objects.get(kind)
+        if kind_objects is None:
+            return [], self._latest_revision
+        keys = kind_objects.sorted_keys()
+        if kind.namespaced and namespace:
+            first = namespace + "/"
+            keys = keys[bisect.bisect_left(keys, first) : bisect.bisect_left(keys, first + "\xff")]
+        items = kind_objects.items
+        selected = [(key, items[key]) for key in keys]
+        if labels is not None or fields:
+            wf = WatchFilter(kind, namespace, labels, fields)
+            selected = [(key, obj) for key, obj in selected if wf.selects(obj.probe)]
+        return selected, self._latest_revision
+
+    def list(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        labels: LabelSelector | None = None,
+        fields: Sequence[FieldRequirement] = (),
+    ) -> tuple[list[Obj], int]:
+        """The cached objects of ``kind`` (decoded, fresh dicts) and the cache's revision.
+
+        No etcd read: the revision may trail etcd's by the watch's delay. Call
+        ``wait_for(revision)`` first to read at least a given revision.
+        """
+        selected, revision = self.objects(kind, namespace, labels, fields)
+        return [obj.obj for _, obj in selected], revision
+
+    def get(self, kind: Kind, namespace: str | None, name: str) -> Obj | None:
+        """One cached object, decoded, or None."""
+        kind_objects = self._objects.get(kind)
+        key = f"{namespace}/{name}" if kind.namespaced else name
+        cached = kind_objects.items.get(key) if kind_objects else None
+        return cached.obj if cached else None
+
+    async def wait_for(self, revision: int, timeout: float) -> bool:
+        """Wait until the cache has seen ``revision``; False if ``timeout`` passed first."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self._latest_revision < revision:
+                    assert self._wakeup is not None
+                    await asyncio.shield(self._wakeup)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- watches ----------------------------------------------------------------------
+
     def covers(self, revision: int) -> bool:
         """Whether every change after ``revision`` is in the buffer."""
         return revision >= self._start_revision
@@ -172,6 +267,21 @@ class WatchCache:
     def _position_after(self, revision: int) -> int:
         revisions = [e.revision for e in self._events]
         return self._offset + bisect.bisect_right(revisions, revision)
+
+    def watch(self, wf: WatchFilter, sink: Sink, after: int, bookmarks: bool) -> Watcher:
+        """Serve a watcher from the fan-out, starting after revision ``after``.
+
+        Stop it with ``unwatch``; its ``done`` future says why it ended (an ApiError
+        when it must relist).
+        """
+        watcher = Watcher(wf, sink, self._position_after(after), bookmarks)
+        self.fanout.add(watcher)
+        if watcher.position < self._offset + len(self._events):
+            self._schedule()
+        return watcher
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self.fanout.remove(watcher)
 
     async def follow(
         self, after_revision: int, bookmark_every: float | None = None
@@ -203,7 +313,3 @@ async def direct_events(
                 yield cached
     except Compacted as exc:
         raise errors.gone(f"too old resource version: {after_revision} ({exc})") from exc
-
-
-def event_object(event: CachedEvent) -> dict[str, Any]:
-    return {"type": event.type, "object": event.obj}

@@ -1,0 +1,129 @@
+"""What the watch cache holds: the current objects of each kind and the recent changes.
+
+Both keep stored bytes (``podnet.api.storedform``), not decoded objects, plus a small
+*probe* per object (its name, namespace, labels and selectable fields) so that label and
+field selectors are answered without decoding. A decoded object is made only on demand
+(``CachedEvent.obj``, ``CachedObject.obj``), fresh for each caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from podnet.api import storedform
+from podnet.api.objects import matches
+from podnet.model.kinds import Kind
+from podnet.model.selectors import FieldRequirement, LabelSelector
+
+Obj = dict[str, Any]
+
+
+@dataclass(slots=True)
+class CachedObject:
+    """One current object: its stored bytes, its revision and its probe."""
+
+    value: bytes
+    revision: int
+    probe: Obj
+
+    @property
+    def obj(self) -> Obj:
+        return storedform.decode(self.value, self.revision)
+
+    def wire(self) -> bytes:
+        return storedform.splice(self.value, self.revision)
+
+
+class KindObjects:
+    """The current objects of one kind, by key relative to the kind (``ns/name``)."""
+
+    __slots__ = ("_sorted", "items")
+
+    def __init__(self) -> None:
+        self.items: dict[str, CachedObject] = {}
+        self._sorted: list[str] | None = None
+
+    def put(self, key: str, obj: CachedObject) -> None:
+        if key not in self.items:
+            self._sorted = None
+        self.items[key] = obj
+
+    def delete(self, key: str) -> CachedObject | None:
+        gone = self.items.pop(key, None)
+        if gone is not None:
+            self._sorted = None
+        return gone
+
+    def sorted_keys(self) -> list[str]:
+        """Every key in order (kept until a key is added or removed)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.items)
+        return self._sorted
+
+
+@dataclass(slots=True)
+class CachedEvent:
+    """A registry change, shared by every watcher.
+
+    ``value`` is the stored bytes of the object as the event shows it (the old object for
+    a DELETED event); ``lines`` holds, per event type a watcher sees, the JSON line built
+    once for all of them.
+    """
+
+    revision: int
+    kind: Kind
+    namespace: str | None
+    name: str
+    type: str  # ADDED, MODIFIED, DELETED
+    value: bytes
+    probe: Obj
+    prev_probe: Obj | None
+    lines: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def obj(self) -> Obj:
+        """The event's object, decoded (a new dict on every call)."""
+        return storedform.decode(self.value, self.revision)
+
+    def line(self, seen: str) -> bytes:
+        """``{"type":..., "object":...}`` and a newline, as a watcher seeing ``seen`` gets it."""
+        cached = self.lines.get(seen)
+        if cached is None:
+            body = storedform.splice(self.value, self.revision)
+            cached = b'{"type":"%s","object":%s}\n' % (seen.encode(), body)
+            self.lines[seen] = cached
+        return cached
+
+
+@dataclass(frozen=True)
+class WatchFilter:
+    """Which events one watcher gets: a kind, maybe a namespace, maybe selectors."""
+
+    kind: Kind
+    namespace: str | None = None
+    labels: LabelSelector | None = None
+    fields: Sequence[FieldRequirement] = ()
+
+    def selects(self, probe: Obj | None) -> bool:
+        return probe is not None and matches(probe, self.labels, self.fields)
+
+    def view(self, event: CachedEvent) -> str | None:
+        """The event type this watcher sees, or None (kube's filtered-watch rules)."""
+        if event.kind is not self.kind:
+            return None
+        if self.namespace and event.namespace != self.namespace:
+            return None
+        now, before = self.selects(event.probe), self.selects(event.prev_probe)
+        if event.type == "DELETED":
+            return "DELETED" if before or now else None
+        if now and before:
+            return "MODIFIED"
+        if now:
+            return "ADDED"
+        return "DELETED" if before else None
+
+    def group(self) -> tuple[Any, ...]:
+        """Watchers with equal groups see the same events (hashable)."""
+        return (self.kind, self.namespace, self.labels, tuple(self.fields))

@@ -1,0 +1,196 @@
+"""Serving one watch request: the initial state, then the changes.
+
+Two paths. The usual one (JSON, a revision the watch cache covers) hands the connection's
+transport to the cache's fan-out (``podnet.api.fanout``): events are encoded once and
+written, pre-framed, to every watcher; the handler only waits for the watch to end. The
+other one (a Table watch, or a revision older than the cache's ring, read from etcd)
+renders and writes each event for its one watcher, as before.
+
+``resourceVersion`` of a watch: unset is "the current state, then changes", the state
+read consistently (``podnet.api.listing``); ``0`` is any cached state, then changes;
+``N`` replays the changes after ``N``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+
+from aiohttp import web
+
+from podnet.api import listing, storedform, tables
+from podnet.api.cachedobjects import CachedEvent, CachedObject, WatchFilter
+from podnet.api.fanout import END, error_line, frame
+from podnet.api.metrics import ApiMetrics
+from podnet.api.params import QueryParams, watch_timeout
+from podnet.api.registry import Obj, Registry
+from podnet.api.watchcache import BOOKMARK_EVERY, WatchCache, direct_events
+from podnet.model import errors
+from podnet.model.kinds import Kind
+
+INITIAL_BATCH = 500  # initial ADDED events per write
+CLOSE_GRACE = 10.0  # seconds a dropped watcher gets to read its 410 before the abort
+Stream = AsyncIterator[CachedEvent | int | Obj]
+
+
+class WatchServer:
+    """Answers watch requests from the watch cache (or etcd for old revisions)."""
+
+    def __init__(self, registry: Registry, cache: WatchCache, metrics: ApiMetrics) -> None:
+        self.registry = registry
+        self.cache = cache
+        self.metrics = metrics
+
+    async def serve(
+        self, request: web.Request, wf: WatchFilter, params: QueryParams, as_table: bool
+    ) -> web.StreamResponse:
+        revision = params.resource_version
+        initial: list[CachedObject] = []
+        if not revision:  # absent or "0": the current state as ADDED events, then changes
+            # Consistent if the cache catches up with etcd in time; else its own state.
+            await listing.cache_can_serve(self.registry, self.cache, params)
+            selected, revision = self.cache.objects(wf.kind, wf.namespace, wf.labels, wf.fields)
+            initial = [obj for _, obj in selected]
+        else:
+            await listing.check_not_future(self.registry, revision)  # 504, never a hang
+            await listing.check_not_compacted(self.registry, revision, "watch")
+            await self.cache.wait_for(revision, listing.FRESH_WAIT)
+            if not self.cache.covers(revision):
+                return await self._stream(
+                    request, wf, params, as_table, direct_events(self.registry, revision)
+                )
+        if as_table:
+            bookmarks = BOOKMARK_EVERY if params.allow_bookmarks else None
+            events = _initial_then([o.obj for o in initial], self.cache.follow(revision, bookmarks))
+            return await self._stream(request, wf, params, as_table, events)
+        return await self._fanout(request, wf, params, initial, revision)
+
+    async def _fanout(
+        self,
+        request: web.Request,
+        wf: WatchFilter,
+        params: QueryParams,
+        initial: list[CachedObject],
+        revision: int,
+    ) -> web.StreamResponse:
+        response = _stream_response()
+        await response.prepare(request)
+        plural = wf.kind.plural
+        self.metrics.watchers.labels(plural).inc()
+        watcher, outcome = None, None
+        try:
+            for batch in _batches(initial, INITIAL_BATCH):
+                await response.write(b"".join(_added(obj) for obj in batch))
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return response
+            watcher = self.cache.watch(wf, transport, revision, params.allow_bookmarks)
+            async with asyncio.timeout(watch_timeout(params)):
+                outcome = await asyncio.shield(watcher.done)
+        except (TimeoutError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.metrics.watchers.labels(plural).dec()
+            if watcher is not None:
+                self.cache.unwatch(watcher)
+                self.metrics.watch_events.labels(plural).inc(watcher.sent + len(initial))
+        if outcome is not None and watcher is not None:
+            # Too slow or too far behind: tell it 410 and end the connection (its backlog
+            # may never drain, so it is aborted if it has not read it in a while).
+            sink = watcher.sink
+            assert isinstance(sink, asyncio.WriteTransport)
+            sink.write(frame(error_line(outcome) + b"\n") + END)
+            sink.close()
+            asyncio.get_running_loop().call_later(CLOSE_GRACE, sink.abort)
+            return response
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    async def _stream(
+        self,
+        request: web.Request,
+        wf: WatchFilter,
+        params: QueryParams,
+        as_table: bool,
+        events: Stream,
+    ) -> web.StreamResponse:
+        """One watcher, rendered and written event by event."""
+        response = _stream_response()
+        await response.prepare(request)
+        kind = wf.kind
+        self.metrics.watchers.labels(kind.plural).inc()
+        first = [True]
+        try:
+            async with asyncio.timeout(watch_timeout(params)):
+                async for item in events:
+                    line = _render(item, wf, kind, as_table, first)
+                    if line is not None:
+                        await response.write(line)
+                        self.metrics.watch_events.labels(kind.plural).inc()
+        except TimeoutError:
+            pass
+        except errors.ApiError as exc:
+            with contextlib.suppress(ConnectionError):
+                await response.write(error_line(exc) + b"\n")
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.metrics.watchers.labels(kind.plural).dec()
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+
+def _stream_response() -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    return response
+
+
+def _added(obj: CachedObject) -> bytes:
+    return b'{"type":"ADDED","object":%s}\n' % obj.wire()
+
+
+def _batches(items: list[CachedObject], size: int) -> Iterable[list[CachedObject]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _render(
+    item: CachedEvent | int | Obj, wf: WatchFilter, kind: Kind, as_table: bool, first: list[bool]
+) -> bytes | None:
+    if isinstance(item, int):
+        bookmark = {
+            "kind": kind.kind,
+            "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": str(item)},
+        }
+        return storedform.dumps({"type": "BOOKMARK", "object": bookmark}) + b"\n"
+    if isinstance(item, dict):  # an initial ADDED from the list
+        return _line("ADDED", item, kind, as_table, first)
+    seen = wf.view(item)
+    if seen is None:
+        return None
+    if not as_table:
+        return item.line(seen)
+    return _line(seen, item.obj, kind, as_table, first)
+
+
+def _line(type_: str, obj: Obj, kind: Kind, as_table: bool, first: list[bool]) -> bytes:
+    if as_table:
+        obj = tables.table(kind, [obj], obj["metadata"]["resourceVersion"], headers=first[0])
+        first[0] = False
+    return storedform.dumps({"type": type_, "object": obj}) + b"\n"
+
+
+async def _initial_then(
+    items: list[Obj], rest: AsyncIterator[CachedEvent | int]
+) -> AsyncIterator[CachedEvent | int | Obj]:
+    for obj in items:
+        yield obj
+    async for event in rest:
+        yield event
