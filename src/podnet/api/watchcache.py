@@ -31,6 +31,7 @@ from podnet.model.kinds import Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import Compacted, KeyValue, WatchEvent
 
+__all__ = ["BOOKMARK_EVERY", "CachedEvent", "WatchCache", "WatchFilter", "direct_events"]
 log = logging.getLogger(__name__)
 BOOKMARK_EVERY = 10.0
 
