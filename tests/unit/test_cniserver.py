@@ -8,8 +8,8 @@ import json
 import os
 import socket
 import stat
-import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,14 @@ from podnet.agent.cnierrors import ERR_DATAPLANE
 from podnet.agent.cniplugin import conflist, install_plugin_once
 from podnet.agent.cniserver import CniServer, CniServerError, claim_socket_path
 from podnet.agent.config import AgentConfig
+from podnet.agent.containerlocks import ContainerLocks
 from podnet.agent.pods import PodManager
 from podnet.cni import shim
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
+from podnet.testing.e2e import eventually
 
 NODE = NodeNetwork(
     "node-a",
@@ -39,12 +41,44 @@ NODE = NodeNetwork(
 )
 
 
-class SlowDataPlane(FakeDataPlane):
-    """Attaching takes a while, so overlapping requests would show."""
+class GatedDataPlane(FakeDataPlane):
+    """Attaches wait at a gate (open unless a test closes it); which containers are inside
+    ``attach_pod`` at once and the order of attach and detach are recorded, so overlap
+    and per-container order are seen, not timed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.attaching: list[str] = []
+        self.order: list[str] = []  # "attached c1", "detach c3", ...
 
     async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
-        await asyncio.sleep(0.2)
-        return await super().attach_pod(pod)
+        self.attaching.append(pod.container_id)
+        try:
+            await self.gate.wait()
+            return await super().attach_pod(pod)
+        finally:
+            self.attaching.remove(pod.container_id)
+            self.order.append(f"attached {pod.container_id}")
+
+    async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
+        self.order.append(f"detach {container_id}")
+        await super().detach_pod(container_id, ifname, netns)
+
+
+class LockRequests(ContainerLocks):
+    """Per-container locks that remember who asked for one (before getting it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    @asynccontextmanager
+    async def hold(self, container_id: str) -> AsyncIterator[None]:
+        self.asked.append(container_id)
+        async with super().hold(container_id):
+            yield
 
 
 class BuggyDataPlane(FakeDataPlane):
@@ -68,7 +102,7 @@ async def start_server(tmp_path: Path, dataplane: FakeDataPlane) -> CniServer:
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[CniServer]:
-    running = await start_server(tmp_path, SlowDataPlane())
+    running = await start_server(tmp_path, GatedDataPlane())
     yield running
     await running.stop()
 
@@ -145,17 +179,35 @@ async def test_a_bug_is_code_101_and_releases_the_address(tmp_path: Path) -> Non
         await running.stop()
 
 
-async def test_serial_per_container_concurrent_across(server: CniServer) -> None:
-    started = time.perf_counter()
-    results = await asyncio.gather(post(server, body("ADD", "c1")), post(server, body("ADD", "c2")))
-    assert [status for status, _ in results] == [200, 200]
-    assert time.perf_counter() - started < 0.38  # two 0.2 s attaches overlapped
-    add = asyncio.create_task(post(server, body("ADD", "c3")))
-    await asyncio.sleep(0.05)  # the ADD holds c3's lock, its attach in progress
-    assert await post(server, body("DEL", "c3")) == (200, None)
-    assert (await add)[0] == 200
-    assert ("c3", "eth0") not in server.pods.dataplane.state.pods  # type: ignore[attr-defined]
-    assert [cid for _, cid, _ in server.pods.store.allocations()] == ["c1", "c2"]
+async def test_serial_per_container_concurrent_across(tmp_path: Path) -> None:
+    dataplane = GatedDataPlane()
+    server = await start_server(tmp_path, dataplane)
+    assert isinstance(server.pods, PodManager)
+    locks = server.pods.locks = LockRequests()
+    try:
+        dataplane.gate.clear()
+        adds = asyncio.gather(post(server, body("ADD", "c1")), post(server, body("ADD", "c2")))
+        await eventually(lambda: sorted(dataplane.attaching) == ["c1", "c2"], what="overlap")
+        dataplane.gate.set()  # both were inside attach_pod at once: concurrent across
+        assert [status for status, _ in await adds] == [200, 200]
+
+        dataplane.gate.clear()
+        add = asyncio.create_task(post(server, body("ADD", "c3")))
+        await eventually(lambda: dataplane.attaching == ["c3"], what="c3's attach")
+        delete = asyncio.create_task(post(server, body("DEL", "c3")))
+        await eventually(lambda: locks.asked.count("c3") == 2, what="the DEL asking for c3")
+        for _ in range(20):  # the DEL waits behind the held ADD, however long it is held
+            await asyncio.sleep(0)
+        assert not delete.done() and "detach c3" not in dataplane.order
+        dataplane.gate.set()
+        assert (await add)[0] == 200
+        assert await delete == (200, None)
+        assert dataplane.order.index("attached c3") < dataplane.order.index("detach c3")
+        assert ("c3", "eth0") not in dataplane.state.pods
+        assert [cid for _, cid, _ in server.pods.store.allocations()] == ["c1", "c2"]
+    finally:
+        dataplane.gate.set()
+        await server.stop()
 
 
 async def test_the_python_shim_talks_to_the_server(server: CniServer) -> None:

@@ -1,7 +1,9 @@
-"""Helpers the integration and e2e tests share: bounded polling and the cluster's state."""
+"""Helpers the tests share: bounded polling (blocking and asyncio) and the cluster's state."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,23 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def eventually(
+    check: Callable[[], Any], timeout: float = 10.0, what: str = "condition", interval: float = 0.01
+) -> Any:
+    """The asyncio face of ``wait_for``: poll ``check`` (a function, or one returning an
+    awaitable) until its value is truthy, and return that. Bounded by ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def load_state(state_dir: Path) -> ClusterState:
