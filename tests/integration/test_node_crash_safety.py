@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from test_agent_fake_dataplane import NODE, Agent, Shim
 
-from podnet.agent.apiclient import WATCH_BACKOFF
+from podnet.client import WATCH_BACKOFF
 from podnet.cni.build import install_shim
 from podnet.ipam.hostlocal import parse_owner, well_formed
 from podnet.master import node_credentials

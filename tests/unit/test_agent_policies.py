@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from podnet.agent.apiclient import LISTED, WatchEvent
 from podnet.agent.policies import PolicySync, host_ip, network_plugin
+from podnet.client import LISTED, WatchEvent
 from podnet.controllers.config import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork

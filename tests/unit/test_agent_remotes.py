@@ -1,30 +1,18 @@
-"""Remote nodes: HostSubnets -> RemoteNode, the sync loop, the fake data plane's checks,
-and the API client's list+watch (relist on 410, resume after a dropped connection)."""
+"""Remote nodes: HostSubnets -> RemoteNode, the sync loop and the fake data plane's checks.
+(The API client's list+watch is tested in test_client_aio.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from podnet.agent.agent import apply_event
-from podnet.agent.apiclient import (
-    LISTED,
-    AsyncApiClient,
-    Backoff,
-    PermanentApiError,
-    TransientApiError,
-    WatchEvent,
-    with_retry,
-)
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
+from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import (
     DataPlaneError,
@@ -33,8 +21,6 @@ from podnet.dataplane.interface import (
     PodNetwork,
     RemoteNode,
 )
-from podnet.kubeconfig import ClientConfig
-from podnet.model.kinds import HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
 LOCAL = NodeNetwork(
@@ -186,128 +172,3 @@ async def test_fake_refuses_work_before_set_up_and_bad_nodes() -> None:
             await fresh.setup_node(bad)
     await fresh.setup_node(LOCAL)
     assert (await fresh.check_node(LOCAL)).ok
-
-
-# ---- the API client against a scripted server ----------------------------------------------
-
-
-@dataclass
-class ScriptedApi:
-    """Answers lists and watches of HostSubnets from a script, recording the watch RVs."""
-
-    lists: list[tuple[int, Obj]]
-    watches: list[tuple[int, list[Obj]]]
-    seen_versions: list[str] = field(default_factory=list)
-    hang: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") != "true":
-            status, body = self.lists.pop(0)
-            return web.json_response(body, status=status)
-        self.seen_versions.append(request.query["resourceVersion"])
-        status, lines = self.watches.pop(0) if self.watches else (200, [])
-        if status != 200:
-            return web.json_response({"kind": "Status", "code": status}, status=status)
-        response = web.StreamResponse()
-        await response.prepare(request)
-        for line in lines:
-            await response.write(json.dumps(line).encode() + b"\n")
-        if not self.watches:
-            await self.hang.wait()
-        return response
-
-
-def marker(rv: int) -> Obj:
-    return {"metadata": {"resourceVersion": str(rv)}}
-
-
-async def not_found(request: web.Request) -> web.Response:
-    body = {"kind": "Status", "code": 404, "reason": "NotFound", "message": "nodes not found"}
-    return web.json_response(body, status=404)
-
-
-@pytest.fixture
-async def scripted() -> AsyncIterator[tuple[ScriptedApi, AsyncApiClient]]:
-    a = hostsubnet("a", "10.128.1.0/24", "192.0.2.1", 5)
-    b = hostsubnet("b", "10.128.2.0/24", "192.0.2.2", 11)
-    c = hostsubnet("c", "10.128.3.0/24", "192.0.2.3", 15)
-    c2 = hostsubnet("c", "10.128.3.0/24", "192.0.2.33", 41)
-    api = ScriptedApi(
-        lists=[
-            (503, {"kind": "Status", "code": 503, "message": "etcd down"}),
-            (200, {"metadata": {"resourceVersion": "10"}, "items": [a]}),
-            (200, {"metadata": {"resourceVersion": "20"}, "items": [a, c]}),
-            (200, {"metadata": {"resourceVersion": "30"}, "items": [c]}),
-        ],
-        watches=[
-            (200, [{"type": "ADDED", "object": b}]),  # then the connection ends
-            (200, [{"type": "ERROR", "object": {"kind": "Status", "code": 410}}]),
-            (410, []),
-            (200, [{"type": "BOOKMARK", "object": marker(40)}, {"type": "MODIFIED", "object": c2}]),
-        ],
-    )
-    app = web.Application()
-    app.router.add_get("/apis/network.openshift.io/v1/hostsubnets", api.handle)
-    app.router.add_get("/api/v1/nodes/{name}", not_found)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    client = AsyncApiClient(ClientConfig(f"http://127.0.0.1:{port}", token="t"), timeout=5)
-    try:
-        yield api, client
-    finally:
-        api.hang.set()
-        await client.close()
-        await runner.cleanup()
-
-
-async def test_watch_relists_on_410_and_resumes_after_a_dropped_connection(
-    scripted: tuple[ScriptedApi, AsyncApiClient],
-) -> None:
-    api, client = scripted
-    events: list[tuple[str, list[str]]] = []
-    stream = client.watch(HOST_SUBNET, backoff=Backoff(0.01, 0.05))
-    async for event in stream:
-        objects = list(event.items) if event.type == LISTED else [event.object or {}]
-        events.append((event.type, [o["metadata"]["name"] for o in objects]))
-        if len(events) == 5:
-            break
-    await stream.aclose()
-    assert events == [
-        (LISTED, ["a"]),
-        ("ADDED", ["b"]),
-        (LISTED, ["a", "c"]),
-        (LISTED, ["c"]),
-        ("MODIFIED", ["c"]),
-    ]
-    assert api.seen_versions == ["10", "11", "20", "30"]
-
-
-async def test_errors_are_classified(scripted: tuple[ScriptedApi, AsyncApiClient]) -> None:
-    _, client = scripted
-    with pytest.raises(PermanentApiError) as info:
-        await client.get(NODE, "x")
-    assert (info.value.code, info.value.reason) == (404, "NotFound")
-    down = AsyncApiClient(ClientConfig("http://127.0.0.1:9"), timeout=1)
-    with pytest.raises(TransientApiError):
-        await down.list(HOST_SUBNET)
-    attempts = []
-
-    async def flaky() -> str:
-        attempts.append(1)
-        if len(attempts) < 3:
-            raise TransientApiError("503")
-        return "ok"
-
-    assert await with_retry(flaky, "flaky", 5.0, Backoff(0.001, 0.01)) == "ok"
-    with pytest.raises(PermanentApiError):
-        await with_retry(lambda: down_permanent(attempts), "perm", 5.0, Backoff(0.001, 0.01))
-    assert len(attempts) == 4  # a permanent error is not retried
-    await down.close()
-
-
-async def down_permanent(attempts: list[int]) -> None:
-    attempts.append(1)
-    raise PermanentApiError("forbidden", 403, "Forbidden")

@@ -16,7 +16,8 @@ from click.testing import CliRunner, Result
 
 from podnet.cli.adm import CHANGE_NETWORK
 from podnet.cli.main import CliState, cli
-from podnet.client import LAST_APPLIED, ApiClient
+from podnet.client.apply import LAST_APPLIED
+from podnet.client.sync import ApiClient
 from podnet.kubeconfig import ClientConfig, write_kubeconfig
 from podnet.model.kinds import KINDS
 

@@ -20,7 +20,8 @@ from click.testing import CliRunner, Result
 
 from podnet.cli.main import CliState, cli
 from podnet.cli.pod_cmd import parse_port
-from podnet.client import ApiClient, ApiClientError
+from podnet.client import NotFound
+from podnet.client.sync import ApiClient
 from podnet.cluster import matrix, pods
 from podnet.cluster.matrix import Endpoint, Probe
 from podnet.cluster.state import ClusterState, PodRecord
@@ -71,7 +72,7 @@ class FakeReader:
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
         assert (kind.plural, name) == ("clusternetworks", "default")
         if self.network is None:
-            raise ApiClientError(404, "NotFound", "not found")
+            raise NotFound(404, "NotFound", "not found")
         return self.network
 
     def list(self, kind: Kind, namespace: str | None = None) -> dict[str, Any]:

@@ -32,17 +32,6 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.client import (
-    LISTED,
-    Backoff,
-    ClientError,
-    WatchEvent,
-    has_reason,
-    is_transient,
-    with_retry,
-)
-from podnet.client.aio import AsyncApiClient
-from podnet.client.reflector import Reflectors, reflect
 from podnet.agent.cniplugin import conflist, install_plugin_once
 from podnet.agent.cniserver import CniServer, claim_socket_path
 from podnet.agent.config import (
@@ -59,6 +48,17 @@ from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
+from podnet.client import (
+    LISTED,
+    Backoff,
+    ClientError,
+    WatchEvent,
+    has_reason,
+    is_transient,
+    with_retry,
+)
+from podnet.client.aio import AsyncApiClient
+from podnet.client.reflector import Reflectors, reflect
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore

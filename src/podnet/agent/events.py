@@ -8,7 +8,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from podnet.agent.apiclient import ApiClientError, AsyncApiClient, with_retry
+from podnet.client import ClientError, with_retry
+from podnet.client.aio import AsyncApiClient
 from podnet.model.kinds import EVENT
 
 log = logging.getLogger("podnet.agent.events")
@@ -59,7 +60,7 @@ class NodeEvents:
                 "recording an event",
                 DEADLINE,
             )
-        except ApiClientError as exc:
+        except ClientError as exc:
             log.warning("event %s not recorded: %s", reason, exc)
 
     async def close(self) -> None:

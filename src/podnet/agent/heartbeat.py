@@ -15,7 +15,8 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-from podnet.agent.apiclient import ApiClientError, AsyncApiClient, has_reason
+from podnet.client import ClientError, has_reason
+from podnet.client.aio import AsyncApiClient
 from podnet.model.kinds import LEASE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
@@ -79,15 +80,13 @@ class NodeHeartbeat:
     async def renew(self) -> str:
         """Create or renew the Lease once; the renewTime written."""
         now = micro_time()
-        lease = await self.api.get_or_none(LEASE, self.node, NODE_LEASE_NAMESPACE)
+        lease = await self.api.get_or_none(LEASE, NODE_LEASE_NAMESPACE, self.node)
         if lease is None:
             await self.api.create(
                 LEASE, lease_object(self.node, self.seconds, now), NODE_LEASE_NAMESPACE
             )
         else:
-            await self.api.update(
-                LEASE, renewed(lease, self.node, self.seconds, now), NODE_LEASE_NAMESPACE
-            )
+            await self.api.update(LEASE, renewed(lease, self.node, self.seconds, now))
         self.last_renewal = now
         return now
 
@@ -98,7 +97,7 @@ class NodeHeartbeat:
         while True:
             try:
                 await self.renew()
-            except ApiClientError as exc:
+            except ClientError as exc:
                 if not failing:
                     log.warning("renewing the Lease of node %s failed: %s", self.node, exc)
                 failing = True

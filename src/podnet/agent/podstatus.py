@@ -15,14 +15,8 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.agent.apiclient import (
-    AsyncApiClient,
-    PermanentApiError,
-    TransientApiError,
-    has_reason,
-    is_transient,
-    with_retry,
-)
+from podnet.client import ClientError, has_reason, is_transient, with_retry
+from podnet.client.aio import AsyncApiClient
 from podnet.cni.types import ERR_TRY_AGAIN_LATER, CniError, CniRequest
 from podnet.model.kinds import POD
 
@@ -82,10 +76,10 @@ class PodStatusWriter:
         cannot record it would run unknown to the API; the runtime retries the ADD."""
         try:
             async with asyncio.timeout(timeout):
-                await self.api.get_or_none(POD, ref.name, ref.namespace)
-        except PermanentApiError:
-            return  # e.g. not allowed to read it: the API is up, the writer will tell
-        except (TimeoutError, TransientApiError) as exc:
+                await self.api.get_or_none(POD, ref.namespace, ref.name)
+        except (TimeoutError, ClientError) as exc:
+            if not is_transient(exc):
+                return  # e.g. not allowed to read it: the API is up, the writer will tell
             why = "no answer in time" if isinstance(exc, TimeoutError) else str(exc)
             raise CniError(
                 ERR_TRY_AGAIN_LATER,
@@ -135,8 +129,11 @@ class PodStatusWriter:
             await with_retry(
                 lambda: self._write(ref, wish), f"pod {ref}", self.deadline, retry_if=retry
             )
-        except PermanentApiError as exc:
-            log.warning("pod %s: status not recorded: %s", ref, exc)
+        except ClientError as exc:
+            if is_transient(exc):
+                log.warning("pod %s: status not recorded (gave up): %s", ref, exc)
+            else:
+                log.warning("pod %s: status not recorded: %s", ref, exc)
         except Exception as exc:
             log.warning("pod %s: status not recorded (gave up): %s", ref, exc)
 
@@ -145,7 +142,7 @@ class PodStatusWriter:
             await self._write_now(ref, wish)
 
     async def _write_now(self, ref: PodRef, wish: PodWish) -> None:
-        pod = await self.api.get_or_none(POD, ref.name, ref.namespace)
+        pod = await self.api.get_or_none(POD, ref.namespace, ref.name)
         if pod is not None and (pod.get("spec") or {}).get("nodeName") != self.node_name:
             log.warning("pod %s is not bound to this node; its IP is not recorded", ref)
         elif wish.running:
@@ -153,7 +150,7 @@ class PodStatusWriter:
         elif pod is not None and (pod.get("status") or {}).get("podIP") == str(wish.ip):
             meta = {"resourceVersion": pod["metadata"]["resourceVersion"]}
             clear = {"metadata": meta, "status": {"podIP": None, "podIPs": None}}
-            await self.api.patch(POD, ref.name, clear, ref.namespace, "status")
+            await self.api.patch(POD, ref.namespace, ref.name, clear, subresource="status")
 
     async def _write_running(self, ref: PodRef, wish: PodWish, pod: Obj | None) -> None:
         ip = str(wish.ip)
@@ -162,7 +159,8 @@ class PodStatusWriter:
         if pod is None:
             await self.api.create(POD, self._new_pod(ref, wish, status), ref.namespace)
         elif any((pod.get("status") or {}).get(k) != v for k, v in status.items()):
-            await self.api.patch(POD, ref.name, {"status": status}, ref.namespace, "status")
+            patch = {"status": status}
+            await self.api.patch(POD, ref.namespace, ref.name, patch, subresource="status")
 
     def _new_pod(self, ref: PodRef, wish: PodWish, status: Obj) -> Obj:
         return {

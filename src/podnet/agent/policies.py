@@ -32,7 +32,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Protocol
 
-from podnet.agent.apiclient import DELETED, LISTED, Backoff, WatchEvent
+from podnet.client import DELETED, LISTED, Backoff, WatchEvent
 from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork
 from podnet.files import write_atomic
 from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY, POD, Kind

@@ -145,7 +145,7 @@ def node(
 
 async def _run(config: AgentConfig, dataplane_kind: str) -> None:
     from podnet.agent.agent import NodeAgent
-    from podnet.agent.apiclient import AsyncApiClient
+    from podnet.client.aio import AsyncApiClient
     from podnet.kubeconfig import load_client_config
 
     path = str(config.kubeconfig) if config.kubeconfig else None

@@ -160,3 +160,19 @@ async def _bounded(
         if closer is not None:
             with contextlib.suppress(Exception):
                 await closer()
+
+
+class Reflectors:
+    """Reflector streams by kind over one ``ObjectApi``: what a consumer that only wants
+    "everything, then every change" of a few kinds is given (the agent's policy sync)."""
+
+    def __init__(
+        self, api: ObjectApi, resync_period: float | None = None, backoff: Backoff = WATCH_BACKOFF
+    ) -> None:
+        self.api = api
+        self.resync_period = resync_period
+        self.backoff = backoff
+
+    def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
+        """``LISTED``, then every change of ``kind`` in all namespaces, for ever."""
+        return reflect(self.api, kind, None, self.resync_period, self.backoff)

@@ -1,4 +1,5 @@
-"""ApiClient: URLs, methods, bodies, errors, watch streams, TLS trust and apply patches."""
+"""The CLI's ApiClient (podnet.client.sync): URLs, methods, bodies, errors, watch streams,
+TLS trust and apply patches."""
 
 from __future__ import annotations
 
@@ -20,19 +21,22 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from podnet.client import (
-    LAST_APPLIED,
-    MERGE_PATCH,
-    ApiClient,
-    ApiClientError,
-    ApiUnreachable,
     ClientConfigError,
+    Expired,
+    InvalidResponse,
+    NotFound,
+    ServerError,
+    StatusError,
+    TLSFailure,
     UnknownKind,
-    last_applied,
+    Unreachable,
+    is_transient,
     resource_path,
-    ssl_verify,
-    three_way_patch,
-    with_last_applied,
 )
+from podnet.client.apply import LAST_APPLIED, last_applied, three_way_patch, with_last_applied
+from podnet.client.sync import ApiClient
+from podnet.client.tls import ssl_context
+from podnet.client.wire import MERGE_PATCH
 from podnet.kubeconfig import ClientConfig
 from podnet.model.kinds import HOST_SUBNET, NET_NAMESPACE, POD
 
@@ -147,17 +151,19 @@ def test_create_replace_patch_delete_methods_and_bodies() -> None:
 
 def test_status_body_becomes_api_client_error() -> None:
     rec = Recorder(lambda r: status(404, "NotFound", 'hostsubnets "n9" not found'))
-    with pytest.raises(ApiClientError) as info:
+    with pytest.raises(NotFound) as info:
         rec.client().get(HOST_SUBNET, "n9")
     err = info.value
+    assert not is_transient(err)
     assert (err.code, err.reason, err.message) == (404, "NotFound", 'hostsubnets "n9" not found')
     assert str(err) == 'from server (NotFound): hostsubnets "n9" not found'
 
 
 def test_error_without_status_body_uses_http_code() -> None:
     rec = Recorder(lambda r: httpx.Response(503, text="upstream\nbusy"))
-    with pytest.raises(ApiClientError) as info:
+    with pytest.raises(ServerError) as info:
         rec.client().list(HOST_SUBNET)
+    assert is_transient(info.value)
     assert (info.value.code, info.value.reason, info.value.message) == (
         503,
         "ServiceUnavailable",
@@ -167,7 +173,7 @@ def test_error_without_status_body_uses_http_code() -> None:
 
 def test_non_json_success_is_an_error() -> None:
     rec = Recorder(lambda r: httpx.Response(200, text="<html>"))
-    with pytest.raises(ApiClientError, match="did not answer with JSON"):
+    with pytest.raises(InvalidResponse, match="did not answer with JSON"):
         rec.client().get(HOST_SUBNET, "n1")
 
 
@@ -176,8 +182,9 @@ def test_transport_failure_is_unreachable_naming_the_server() -> None:
         raise httpx.ConnectTimeout("timed out\nwhile connecting", request=request)
 
     client = ApiClient(ClientConfig(server=SERVER), transport=httpx.MockTransport(boom))
-    with pytest.raises(ApiUnreachable) as info:
+    with pytest.raises(Unreachable) as info:
         client.get(HOST_SUBNET, "n1")
+    assert is_transient(info.value)
     assert (
         str(info.value) == f"cannot reach the podnet master at {SERVER}: timed out while connecting"
     )
@@ -191,7 +198,7 @@ def free_port() -> int:
 
 def test_connection_refused_on_loopback_is_unreachable() -> None:
     server = f"http://127.0.0.1:{free_port()}"
-    with ApiClient(ClientConfig(server=server)) as client, pytest.raises(ApiUnreachable) as info:
+    with ApiClient(ClientConfig(server=server)) as client, pytest.raises(Unreachable) as info:
         client.list(HOST_SUBNET)
     assert server in str(info.value)
     assert "\n" not in str(info.value)
@@ -211,7 +218,7 @@ def test_watch_streams_events_from_a_resource_version() -> None:
     ]
     rec = Recorder(lambda r: httpx.Response(200, content=event_lines(*events) + b"\n"))
     got = list(rec.client().watch(NET_NAMESPACE, resource_version="42", label_selector="team=x"))
-    assert got == events
+    assert [{"type": e.type, "object": e.object} for e in got] == events
     req = rec.requests[0]
     assert req.url.path == "/apis/network.openshift.io/v1/netnamespaces"
     assert dict(req.url.params) == {
@@ -232,11 +239,11 @@ def test_watch_error_event_and_error_answer_raise() -> None:
         },
     }
     rec = Recorder(lambda r: httpx.Response(200, content=event_lines(gone)))
-    with pytest.raises(ApiClientError) as info:
+    with pytest.raises(Expired) as info:
         list(rec.client().watch(HOST_SUBNET, resource_version="1"))
     assert (info.value.code, info.value.reason) == (410, "Expired")
     rec = Recorder(lambda r: status(403, "Forbidden", "no watching"))
-    with pytest.raises(ApiClientError, match="no watching"):
+    with pytest.raises(StatusError, match="no watching"):
         list(rec.client().watch(HOST_SUBNET))
 
 
@@ -319,20 +326,24 @@ def test_https_with_the_kubeconfig_ca(tls_server: tuple[str, bytes, list[str]]) 
     with ApiClient(ClientConfig(server=url, ca_data=ca_pem, token="abc")) as client:
         assert client.list(HOST_SUBNET)["kind"] == "HostSubnetList"
     assert seen == ["Bearer abc"]
-    # Without the CA the server's certificate is not trusted: unreachable, one line.
+    # Without the CA the server's certificate is not trusted: a TLS failure, one line.
     other_ca = _pem(_cert("other", ec.generate_private_key(ec.SECP256R1()), None, ca=True))
     with (
         ApiClient(ClientConfig(server=url, ca_data=other_ca)) as client,
-        pytest.raises(ApiUnreachable, match="CERTIFICATE_VERIFY_FAILED"),
+        pytest.raises(TLSFailure, match="CERTIFICATE_VERIFY_FAILED") as info,
     ):
         client.list(HOST_SUBNET)
+    assert not is_transient(info.value)
+    assert "\n" not in str(info.value)
 
 
-def test_ssl_verify_choices() -> None:
-    assert ssl_verify(ClientConfig(server=SERVER, insecure_skip_tls_verify=True)) is False
-    assert ssl_verify(ClientConfig(server=SERVER)) is True
+def test_ssl_context_choices() -> None:
+    insecure = ssl_context(ClientConfig(server=SERVER, insecure_skip_tls_verify=True))
+    assert (insecure.verify_mode, insecure.check_hostname) == (ssl.CERT_NONE, False)
+    system = ssl_context(ClientConfig(server=SERVER))
+    assert (system.verify_mode, system.check_hostname) == (ssl.CERT_REQUIRED, True)
     with pytest.raises(ClientConfigError, match="certificate authority"):
-        ssl_verify(ClientConfig(server=SERVER, ca_data=b"not a certificate"))
+        ssl_context(ClientConfig(server=SERVER, ca_data=b"not a certificate"))
 
 
 # ---- apply patches ----------------------------------------------------------------------
