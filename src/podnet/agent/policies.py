@@ -8,32 +8,38 @@
   the node addresses, VNID 0 like the outside).
 - ``redhat/openshift-ovs-networkpolicy``: those, Namespaces and NetworkPolicies.
 
-The watch handlers queue each change, slimmed to the fields compile reads. The sync loop
-does nothing until every watch has delivered its listing (a partial view would isolate
-pods from peers it has not seen yet). Then it waits ``coalesce`` for the rest of a burst,
-applies the queued changes to a ``PolicyCompiler`` and compiles in a worker thread (a
-rebuild after a pod change takes ~0.6 s at 5,000 pods and 1,000 policies, which must not
-stall CNI requests; a policy change takes a few ms), and hands the ``RuleSet`` to
-``DataPlane.sync_policy``. A failed apply is retried with backoff, and every
-``resync_period`` the same rule set is applied again (the backend makes that cheap) to
-repair drift.
+The watch handlers queue each change, slimmed to the fields compile reads. PolicySync is
+the ``podnet.reconcile`` target: its loop does nothing until every watch has delivered
+its listing (a partial view would isolate pods from peers it has not seen yet), then
+waits ``coalesce`` for the rest of a burst, applies the queued changes to a
+``PolicyCompiler`` and compiles in a worker thread (a rebuild after a pod change takes
+~0.6 s at 5,000 pods and 1,000 policies, which must not stall CNI requests; a policy
+change takes a few ms), and hands the ``RuleSet`` to ``DataPlane.sync_policy``. A
+failed apply is retried with backoff, and every ``resync_period`` the same rule set is
+applied again (the backend makes that cheap) to repair drift.
+
+A rule set the data plane refuses (a policy whose rendering nft rejects) is bisected by
+policy: the policies at fault are left out and the rest applies. A left-out policy
+keeps its pods isolated but allows nothing (``leave_out``): failing closed, as a policy
+that could not be enforced must not open its pods to everyone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Protocol
 
-from podnet.client import DELETED, LISTED, Backoff, WatchEvent
-from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork
+from podnet.client import DELETED, LISTED, WatchEvent
+from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.files import write_atomic
 from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_POLICY, POD, Kind
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET, plugin_name
@@ -47,6 +53,7 @@ from podnet.policy.incremental import (
     PolicyCompiler,
 )
 from podnet.policy.model import RuleSet
+from podnet.reconcile import ApplyRecord, ReconcileLoop, ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.policies")
 
@@ -54,8 +61,6 @@ Obj = Mapping[str, Any]
 Change = tuple[str, str, Any]  # (verb, collection, slim object or list of them)
 PUT, REMOVE, REPLACE = "put", "remove", "replace"
 COALESCE_SECONDS = 0.015  # wait this long after a change for the rest of a burst
-RETRY_BACKOFF = Backoff(0.5, 30.0)
-SYNC_TIMEOUT = 120.0
 
 WATCHED: dict[str, tuple[Kind, ...]] = {
     SUBNET: (),
@@ -91,6 +96,18 @@ def host_ip(hostsubnet: Obj) -> str | None:
         return None
 
 
+def leave_out(rules: RuleSet, keys: frozenset[str]) -> RuleSet:
+    """``rules`` with the policies named in ``keys`` (``namespace/name``) enforcing
+    nothing: their pods stay isolated (the isolated sets are unchanged) but their rules,
+    what they allow, are gone."""
+    if not keys:
+        return rules
+    policies = tuple(
+        dataclasses.replace(p, rules=()) if p.key in keys else p for p in rules.policies
+    )
+    return dataclasses.replace(rules, policies=policies)
+
+
 def _name(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
@@ -109,6 +126,8 @@ def _change(collection: str, event: WatchEvent) -> Change:
 class PolicySync:
     """Keeps the data plane's isolation and policy rules equal to the compiled cluster."""
 
+    name = "policy"
+
     def __init__(
         self,
         api: WatchSource,
@@ -118,42 +137,46 @@ class PolicySync:
         resync_period: float,
         coalesce: float = COALESCE_SECONDS,
         status_path: Path | None = None,
+        metrics: ReconcileMetrics | None = None,
+        report: Callable[[ApplyRecord], None] | None = None,
     ) -> None:
         self.api = api
         self.status_path = status_path  # a JSON note of the last applied change
         self.dataplane = dataplane
         self.node = node
         self.plugin = plugin
-        self.resync_period = resync_period
         self.coalesce = coalesce
         self.compiler = PolicyCompiler(plugin)  # touched only by the compile thread
         self.kinds = WATCHED[plugin]
-        self.synced = asyncio.Event()  # set after each successful apply
         self.last_rules: RuleSet | None = None
         self.applied = 0  # rule sets applied that differ from the one before
         self.applied_at: float | None = None  # time.monotonic() of the last of them
         self.last_latency: float | None = None  # seconds from its first change to applied
-        self._listed: set[str] = set()  # kinds whose listing arrived
         self._pending: list[Change] = []
-        self._first_change: float | None = None  # when the oldest pending change came
         self._node_ips: dict[str, str] = {}  # HostSubnet name -> hostIP
         self._node_addresses: dict[str, list[tuple[str, str]]] = {}  # name -> (node, address)
         self._announced_plugin = plugin
-        self._changed = asyncio.Event()
-        self._changed.set()  # the first apply is due (in subnet mode, right away)
+        self.loop = ReconcileLoop(
+            self,
+            resync_period,
+            inputs=[kind.plural for kind in self.kinds],  # subnet mode: none, apply at once
+            coalesce=coalesce,
+            compile_in_thread=True,
+            metrics=metrics,
+            report=report,
+        )
+        self.synced = self.loop.synced  # set after each successful apply
+        self.ready = self.loop.ready  # whether every watch has delivered its listing
+        self.poke = self.loop.poke  # apply now even if nothing changed (node set up again)
 
     def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
         """(name, coroutine function) to run supervised: the sync loop, one watch per kind."""
         found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("policy-sync", self.run)
+            ("policy-sync", self.loop.run)
         ]
         for kind in self.kinds:
             found.append((f"policy-watch-{kind.plural}", functools.partial(self.watch, kind)))
         return found
-
-    def ready(self) -> bool:
-        """Whether every watch has delivered its listing."""
-        return all(kind.plural in self._listed for kind in self.kinds)
 
     def plugin_change(self, cluster_network: Obj) -> list[str]:
         """``pluginName: old -> new``, once, when ClusterNetwork names another plugin than
@@ -164,28 +187,23 @@ class PolicySync:
         old, self._announced_plugin = self._announced_plugin, plugin
         return [f"pluginName: {old} -> {plugin}"]
 
-    def poke(self) -> None:
-        """Ask for an apply now even if nothing changed (after the node was set up again)."""
-        self._changed.set()
-
     # ---- the watches ---------------------------------------------------------------------
 
     async def watch(self, kind: Kind) -> None:
         """Queue one kind's events for the sync loop; the API client relists on expiry."""
         async for event in self.api.watch(kind):
-            self.take(kind, event)
+            self.queue(kind, event)
 
-    def take(self, kind: Kind, event: WatchEvent) -> None:
+    def queue(self, kind: Kind, event: WatchEvent) -> None:
         """Queue one watch event of ``kind``."""
         if kind.plural == HOST_SUBNET.plural:
             self._take_hostsubnet(event)
         else:
             self._pending.append(_change(COLLECTION_OF[kind.plural], event))
         if event.type == LISTED:
-            self._listed.add(kind.plural)
-        if self._first_change is None:
-            self._first_change = time.monotonic()
-        self._changed.set()
+            self.loop.listed(kind.plural)
+        else:
+            self.loop.changed()
 
     def _take_hostsubnet(self, event: WatchEvent) -> None:
         if event.type == LISTED:
@@ -204,52 +222,49 @@ class PolicySync:
         else:
             self._node_addresses[name] = hostsubnet_addresses(event.object)
 
-    # ---- the sync loop -------------------------------------------------------------------
+    # ---- the reconcile target ------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Apply on every change (coalesced, once every watch has listed) and every
-        ``resync_period``; never returns."""
-        attempt = 0
-        while True:
-            await self._wait_for_change()
-            await asyncio.sleep(self.coalesce)
-            self._changed.clear()
-            if not self.ready():
-                continue
-            if await self.sync_once():
-                attempt = 0
-                continue
-            await asyncio.sleep(RETRY_BACKOFF.delay(attempt))
-            attempt += 1
-            self._changed.set()
-
-    async def sync_once(self) -> bool:
-        """Compile the queued changes and apply the rule set; False when applying failed."""
+    def take(self) -> Callable[[], RuleSet]:
+        """Take the queued changes; the step compiles them (in the loop's worker thread)."""
         pending, self._pending = self._pending, []
-        first, self._first_change = self._first_change, None
         node_ips = sorted(set(self._node_ips.values()))
         addresses = [pair for pairs in self._node_addresses.values() for pair in pairs]
-        started = time.monotonic()
-        rules = await asyncio.to_thread(self._compile, pending, node_ips, addresses)
-        compiled = time.monotonic()
-        try:
-            async with asyncio.timeout(SYNC_TIMEOUT):
-                await self.dataplane.sync_policy(self.node, rules)
-        except (DataPlaneError, TimeoutError) as exc:
-            log.error("applying policy rules failed: %s", exc or "timed out")
-            if first is not None:
-                self._first_change = first  # older than any change queued since
-            self.synced.clear()
-            return False
-        if rules is not self.last_rules:
-            applied = time.monotonic()
-            self._log_applied(rules, first or started, compiled - started)
-            await self._note_applied(rules, compiled - started, applied - compiled)
+        return functools.partial(self._compile, pending, node_ips, addresses)
+
+    async def apply(self, desired: RuleSet) -> None:
+        """The whole rule set to the data plane, in one atomic change."""
+        await self.dataplane.sync_policy(self.node, desired)
+
+    def keys(self, desired: RuleSet) -> Sequence[str]:
+        """Policies by ``namespace/name``, in key order."""
+        return [policy.key for policy in desired.policies]
+
+    def without(self, desired: RuleSet, left_out: frozenset[str]) -> RuleSet:
+        """See ``leave_out``."""
+        return leave_out(desired, left_out)
+
+    def describe(self, desired: RuleSet) -> str:
+        """Sizes: pods, policies, rules."""
+        pods, policies, rules = len(desired.endpoints), len(desired.policies), len(desired.rules)
+        return f"{pods} pods, {policies} policies, {rules} rules"
+
+    async def after_apply(self, desired: RuleSet, record: ApplyRecord) -> None:
+        """Log and note a rule set that differs from the last one applied."""
+        if desired is not self.last_rules:
+            self.applied += 1
+            self.applied_at = time.monotonic()
+            self.last_latency = self.loop.last_latency
+            log.info(
+                "policy rules applied (%s): %s; compiled in %.1f ms, %.1f ms after the change",
+                self.plugin.rsplit("-", 1)[-1],
+                record.what,
+                record.compile_seconds * 1000,
+                (self.last_latency or 0.0) * 1000,
+            )
+            await self._note_applied(desired, record)
             if self.last_rules is None:
                 gc.freeze()  # the view is built: keep full collections from walking it
-        self.last_rules = rules
-        self.synced.set()
-        return True
+        self.last_rules = desired
 
     def _compile(
         self, changes: list[Change], node_ips: list[str], addresses: list[tuple[str, str]]
@@ -267,22 +282,7 @@ class PolicySync:
         compiler.set_node_addresses(addresses)
         return compiler.rules()
 
-    def _log_applied(self, rules: RuleSet, since: float, compile_seconds: float) -> None:
-        self.applied += 1
-        self.applied_at = time.monotonic()
-        self.last_latency = self.applied_at - since
-        log.info(
-            "policy rules applied (%s): %d pods, %d policies, %d rules; "
-            "compiled in %.1f ms, %.1f ms after the change",
-            self.plugin.rsplit("-", 1)[-1],
-            len(rules.endpoints),
-            len(rules.policies),
-            len(rules.rules),
-            compile_seconds * 1000,
-            self.last_latency * 1000,
-        )
-
-    async def _note_applied(self, rules: RuleSet, compiled: float, applied: float) -> None:
+    async def _note_applied(self, rules: RuleSet, record: ApplyRecord) -> None:
         """Write ``status_path`` (for people and benchmarks: what was applied, when, and
         how long compiling and applying took)."""
         if self.status_path is None:
@@ -293,19 +293,14 @@ class PolicySync:
             "changes": self.applied,
             "pods": len(rules.endpoints),
             "policies": len(rules.policies),
-            "compile_ms": round(compiled * 1000, 1),
-            "apply_ms": round(applied * 1000, 1),
+            "compile_ms": round(record.compile_seconds * 1000, 1),
+            "apply_ms": round((record.seconds - record.compile_seconds) * 1000, 1),
             "latency_ms": round((self.last_latency or 0.0) * 1000, 1),
+            "result": record.result,
+            "left_out": list(record.left_out),
         }
         text = json.dumps(note, indent=1) + "\n"
         try:
             await asyncio.to_thread(write_atomic, self.status_path, text, 0o644)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.status_path, exc)
-
-    async def _wait_for_change(self) -> None:
-        try:
-            async with asyncio.timeout(self.resync_period):
-                await self._changed.wait()
-        except TimeoutError:
-            log.debug("periodic resync of policy rules")

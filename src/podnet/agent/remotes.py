@@ -1,29 +1,29 @@
-"""Remote nodes: HostSubnets turned into ``RemoteNode``s, and the loop that syncs them.
+"""Remote nodes: HostSubnets turned into ``RemoteNode``s, and the target that syncs them.
 
 ``remote_nodes`` is pure: it keeps every other node's HostSubnet that has a usable
 subnet and host IP. ``RemoteNodeSync`` owns the desired set (replaced as a whole on every
-HostSubnet event) and hands it to ``DataPlane.sync_remote_nodes``: bursts of events are
-coalesced into one call, a failed call is retried with backoff, and a periodic resync
-sends the same set again so the backend repairs drift (a route deleted by hand).
+HostSubnet event) and is the ``podnet.reconcile`` target that hands it to
+``DataPlane.sync_remote_nodes``: bursts of events are coalesced into one call, a failed
+call is retried with backoff, a periodic resync sends the same set again so the backend
+repairs drift (a route deleted by hand), and a remote the data plane refuses (a subnet
+overlapping another, host-gw without L2 adjacency) is left out by bisection while the
+others are routed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from podnet.agent.apiclient import Backoff
-from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, RemoteNode
+from podnet.dataplane.interface import DataPlane, NodeNetwork, RemoteNode
+from podnet.reconcile import ApplyRecord, ReconcileLoop, ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.remotes")
 
 Obj = Mapping[str, Any]
 COALESCE_SECONDS = 0.05  # wait this long after a change for the rest of a burst
-RETRY_BACKOFF = Backoff(0.5, 30.0)
-SYNC_TIMEOUT = 120.0
 
 
 def _remote_node(hostsubnet: Obj) -> RemoteNode | None:
@@ -55,70 +55,68 @@ def _by_name(remote: RemoteNode) -> str:
 class RemoteNodeSync:
     """Keeps the data plane's remote nodes equal to the latest HostSubnet set."""
 
+    name = "remote-nodes"
+
     def __init__(
         self,
         dataplane: DataPlane,
         node: NodeNetwork,
         resync_period: float,
         coalesce: float = COALESCE_SECONDS,
+        metrics: ReconcileMetrics | None = None,
+        report: Callable[[ApplyRecord], None] | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.node = node
-        self.resync_period = resync_period
-        self.coalesce = coalesce
-        self.synced = asyncio.Event()  # set after each successful sync
         self._hostsubnets: dict[str, Obj] = {}
-        self._changed = asyncio.Event()
         self._applied: list[RemoteNode] | None = None
+        self.loop = ReconcileLoop(
+            self,
+            resync_period,
+            inputs=("hostsubnets",),
+            coalesce=coalesce,
+            metrics=metrics,
+            report=report,
+        )
+        self.synced = self.loop.synced  # set after each successful sync
+        self.run = self.loop.run
+        self.poke = self.loop.poke  # ask for a sync now even if nothing changed
 
     def replace(self, hostsubnets: Mapping[str, Obj]) -> None:
-        """Make ``hostsubnets`` (name -> object) the desired set; a sync follows soon."""
+        """Make ``hostsubnets`` (name -> object, a listing folded with its changes) the
+        desired set; a sync follows soon."""
         self._hostsubnets = dict(hostsubnets)
-        self._changed.set()
-
-    def poke(self) -> None:
-        """Ask for a sync now even if nothing changed (a resync)."""
-        self._changed.set()
+        self.loop.listed("hostsubnets")
 
     def desired(self) -> list[RemoteNode]:
         """The remote nodes the data plane should have now."""
         return remote_nodes(self._hostsubnets.values(), self.node.node_name)
 
-    async def run(self) -> None:
-        """Sync on every change (coalesced) and every ``resync_period``; never returns."""
-        attempt = 0
-        while True:
-            await self._wait_for_change()
-            await asyncio.sleep(self.coalesce)
-            self._changed.clear()
-            if await self.sync_once():
-                attempt = 0
-                continue
-            delay = RETRY_BACKOFF.delay(attempt)
-            attempt += 1
-            await asyncio.sleep(delay)
-            self._changed.set()
+    # ---- the reconcile target -------------------------------------------------------------
 
-    async def sync_once(self) -> bool:
-        """One ``sync_remote_nodes`` with the full desired set; False when it failed."""
-        remotes = self.desired()
-        try:
-            async with asyncio.timeout(SYNC_TIMEOUT):
-                await self.dataplane.sync_remote_nodes(self.node, remotes)
-        except (DataPlaneError, TimeoutError) as exc:
-            log.error("syncing %d remote nodes failed: %s", len(remotes), exc or "timed out")
-            self.synced.clear()
-            return False
-        if remotes != self._applied:
-            names = ", ".join(f"{r.name}={r.subnet}@{r.node_ip}" for r in remotes) or "none"
+    def take(self) -> Callable[[], list[RemoteNode]]:
+        """The desired set is cheap to compute: no thread needed."""
+        return self.desired
+
+    async def apply(self, desired: list[RemoteNode]) -> None:
+        """One ``sync_remote_nodes`` with the full desired set."""
+        await self.dataplane.sync_remote_nodes(self.node, desired)
+
+    def keys(self, desired: list[RemoteNode]) -> Sequence[str]:
+        """Remote nodes by name."""
+        return [r.name for r in desired]
+
+    def without(self, desired: list[RemoteNode], left_out: frozenset[str]) -> list[RemoteNode]:
+        """The remotes not named in ``left_out``."""
+        return [r for r in desired if r.name not in left_out]
+
+    def describe(self, desired: list[RemoteNode]) -> str:
+        """How many remote nodes."""
+        return f"{len(desired)} remote nodes"
+
+    async def after_apply(self, desired: list[RemoteNode], record: ApplyRecord) -> None:
+        """Log the set when it changed."""
+        if desired != self._applied:
+            names = ", ".join(f"{r.name}={r.subnet}@{r.node_ip}" for r in desired) or "none"
             log.info("remote nodes synced: %s", names)
-            self._applied = remotes
-        self.synced.set()
-        return True
-
-    async def _wait_for_change(self) -> None:
-        try:
-            async with asyncio.timeout(self.resync_period):
-                await self._changed.wait()
-        except TimeoutError:
-            log.debug("periodic resync of remote nodes")
+            self._applied = desired

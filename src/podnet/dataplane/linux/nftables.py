@@ -13,12 +13,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from podnet.dataplane.interface import DataPlaneError
+from podnet.dataplane.interface import DataPlaneError, DataPlaneRejected
 from podnet.dataplane.linux.desired import NFT_TABLE, POD_PORTS_SET, VTEP_PEERS_SET, PodPort
 
 NFT = "nft"
 TIMEOUT = 10.0
 _COUNTER = re.compile(r"counter packets \d+ bytes \d+")
+TRANSIENT_ERRNOS = (  # strerror texts of kernel answers that say "not now", not "never"
+    "Device or resource busy",
+    "No such file or directory",  # an object deleted behind our back: read it again
+    "Cannot allocate memory",
+    "No buffer space available",
+    "Interrupted system call",
+    "Resource temporarily unavailable",
+)
 
 
 def run(script: str, timeout: float = TIMEOUT) -> str:
@@ -30,8 +38,17 @@ def run(script: str, timeout: float = TIMEOUT) -> str:
     except (OSError, subprocess.TimeoutExpired) as err:
         raise DataPlaneError(f"nft failed to run: {err}") from err
     if done.returncode != 0:
-        raise DataPlaneError(f"nft transaction failed: {done.stderr.strip()}")
+        raise nft_error(f"nft transaction failed: {done.stderr.strip()}")
     return done.stdout
+
+
+def nft_error(message: str) -> DataPlaneError:
+    """``DataPlaneRejected`` when nft refused the script itself (a parse or range error,
+    or the kernel's EINVAL/ERANGE/EEXIST), else ``DataPlaneError``: a busy or missing
+    object, or no memory, may pass on a retry."""
+    if "Error:" in message and not any(text in message for text in TRANSIENT_ERRNOS):
+        return DataPlaneRejected(message)
+    return DataPlaneError(message)
 
 
 def list_ruleset(timeout: float = TIMEOUT) -> str:
