@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,6 +31,7 @@ from podnet.model.kinds import HOST_SUBNET, NODE
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess, pid_alive, start_etcd
 from podnet.testing import tools
+from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
 NODES = 500
@@ -241,14 +243,14 @@ async def test_two_managers_with_election_take_turns(
         managers.append(manager)
         runs.append(asyncio.create_task(manager.run()))
     try:
-        leader = await wait_until(lambda: next((m for m in managers if m.ready), None))
+        leader = await eventually(lambda: next((m for m in managers if m.ready), None), 20)
         follower = next(m for m in managers if m is not leader)
         assert not follower.ready
         await create_nodes(registry, [f"ha-{i:03d}" for i in range(NODES)])
         allocated = await wait_for_subnets(registry, NODES)
         assert_distinct(allocated)
         await leader.stop()  # hand over: the follower must take the lease
-        await wait_until(lambda: follower.ready, timeout=15)
+        await eventually(lambda: follower.ready, timeout=15)
         await create_nodes(registry, [f"late-{i}" for i in range(5)], first=NODES)
         allocated = await wait_for_subnets(registry, NODES + 5)
         assert_distinct(allocated)
@@ -258,41 +260,33 @@ async def test_two_managers_with_election_take_turns(
         await asyncio.gather(*runs, return_exceptions=True)
 
 
-async def wait_until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 # ---- leader election ---------------------------------------------------------------------
 
 
 async def test_second_elector_waits_for_release(
-    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "podnet.controllers.leader")
     key = f"{prefix}leader"
     first = EtcdLeaderElector(await connect(), key, "first", ttl=3)
-    second = EtcdLeaderElector(await connect(), key, "second", ttl=3)
+    # A 30 s ttl: the waiter's own re-check comes a ttl later, so only the watch can wake
+    # it within the 10 s bound below.
+    second = EtcdLeaderElector(await connect(), key, "second", ttl=30)
     await first.acquire()
     waiting = asyncio.create_task(second.acquire())
-    await asyncio.sleep(1.5)
+    await eventually(lambda: "second waits for leadership: first holds" in caplog.text)
     assert not waiting.done() and await second.holder() == "first"
-    started = time.monotonic()
     await first.release()
-    await asyncio.wait_for(waiting, 5)
-    assert time.monotonic() - started < 2.0  # woken by the watch, not by polling
+    await asyncio.wait_for(waiting, 10)  # woken by the watch, not by polling
     assert second.is_leader and await first.holder() == "second"
     await second.release()
     assert await first.holder() is None
 
 
 async def test_a_dead_leaders_lease_expires(
-    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "podnet.controllers.leader")
     key = f"{prefix}leader"
     crashed = EtcdLeaderElector(await connect(), key, "crashed", ttl=2)
     await crashed.acquire()
@@ -300,9 +294,9 @@ async def test_a_dead_leaders_lease_expires(
     crashed._keepalive.cancel()  # the process "dies": no more renewals, no revoke
     crashed._lease_id = None
     heir = EtcdLeaderElector(await connect(), key, "heir", ttl=2)
-    started = time.monotonic()
+    assert await heir.holder() == "crashed"  # its key outlives it until the lease expires
     await asyncio.wait_for(heir.acquire(), 10)
-    assert 0.5 < time.monotonic() - started < 6.0
+    assert "heir waits for leadership: crashed holds" in caplog.text  # it had to wait
     assert await heir.holder() == "heir"
     await heir.release()
 
