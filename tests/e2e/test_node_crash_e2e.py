@@ -25,7 +25,7 @@ from test_runtime import cni, node_record
 from podnet import netns
 from podnet.cluster import lifecycle, nodes
 from podnet.cluster.state import ClusterState
-from podnet.ipam.hostlocal import well_formed
+from podnet.ipam.reservations import well_formed
 from podnet.testing.chaos import quick_api
 from podnet.testing.chaoscheck import ipam_files, pod_port_elements, pod_veths
 

@@ -31,7 +31,7 @@ from test_agent_fake_dataplane import NODE, Agent, Shim
 
 from podnet.client import WATCH_BACKOFF
 from podnet.cni.build import install_shim
-from podnet.ipam.hostlocal import parse_owner, well_formed
+from podnet.ipam.reservations import parse_owner, well_formed
 from podnet.master import node_credentials
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace

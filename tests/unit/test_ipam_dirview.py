@@ -24,13 +24,13 @@ def fill(store: HostLocalStore, count: int, sets: tuple[RangeSet, ...] = WIDE) -
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    real = hostlocal._read_at
+    real = hostlocal.read_at
 
     def counting(dfd: int, name: str) -> str | None:
         seen.append(name)
         return real(dfd, name)
 
-    monkeypatch.setattr(hostlocal, "_read_at", counting)
+    monkeypatch.setattr(hostlocal, "read_at", counting)
     return seen
 
 

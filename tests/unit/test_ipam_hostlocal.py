@@ -20,16 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from podnet.ipam import hostlocal
-from podnet.ipam.config import IpamConfigError, RangeSet, parse_ipam_config
-from podnet.ipam.hostlocal import (
-    Allocation,
-    HostLocalStore,
-    IpamArgumentError,
-    IpamConflict,
-    IpamError,
-    IpamExhausted,
-    IpamLockTimeout,
-)
+from podnet.ipam.config import IpamConfigError, IpamError, RangeSet, parse_ipam_config
+from podnet.ipam.hostlocal import Allocation, HostLocalStore, IpamConflict, IpamExhausted
+from podnet.ipam.reservations import IpamArgumentError, IpamLockTimeout
 
 V4 = IPv4Address
 
@@ -404,13 +397,13 @@ def test_add_reads_only_new_files(store: HostLocalStore, monkeypatch: pytest.Mon
     for i in range(300):
         one(store, f"c{i}", rs=rs)
     reads: list[str] = []
-    real = hostlocal._read_at
+    real = hostlocal.read_at
 
     def counting(dfd: int, name: str) -> str | None:
         reads.append(name)
         return real(dfd, name)
 
-    monkeypatch.setattr(hostlocal, "_read_at", counting)
+    monkeypatch.setattr(hostlocal, "read_at", counting)
     one(store, "new", rs=rs)
     assert reads == ["last_reserved_ip.0"]
     HostLocalStore(store.path.parent, "net").allocate("other", "eth0", rs)  # another writer

@@ -22,7 +22,8 @@ import logging
 
 from podnet.cni.types import ERR_INTERNAL, ERR_TRY_AGAIN_LATER, CniError
 from podnet.dataplane.interface import DataPlaneError
-from podnet.ipam.hostlocal import IpamError, IpamLockTimeout
+from podnet.ipam.config import IpamError
+from podnet.ipam.reservations import IpamLockTimeout
 
 log = logging.getLogger("podnet.agent.cni")
 

@@ -34,12 +34,11 @@ Deliberate deviations from the reference:
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, ip_address
@@ -61,11 +60,19 @@ from podnet.ipam.config import (
 )
 from podnet.ipam.dirview import CURSOR_PREFIX, LOCK_NAME, DirIndex, DirWatch
 from podnet.ipam.requested import assign_requested, ipv4_sets, v4
+from podnet.ipam.reservations import (
+    FILE_MODE,
+    IpamLockTimeout,
+    checked_id,
+    flock,
+    ipv4s,
+    owner_line,
+    parse_owner,
+    read_at,
+    well_formed,
+)
 
-LINE_BREAK = "\r\n"
-FILE_MODE = 0o600
 DIR_MODE = 0o755
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class IpamExhausted(IpamError):
@@ -80,14 +87,6 @@ class IpamConflict(IpamError):
     """A requested IP is taken (or reserved), or differs from the one already held."""
 
 
-class IpamArgumentError(IpamError, ValueError):
-    """Container ID or interface name unusable in a reservation file."""
-
-
-class IpamLockTimeout(IpamError):
-    """The store's lock stayed busy past the timeout (transient: retry later)."""
-
-
 @dataclass(frozen=True)
 class Allocation:
     """One address handed out: with its prefix, its range's gateway, and the range set."""
@@ -95,76 +94,6 @@ class Allocation:
     address: IPv4Interface
     gateway: IPv4Address
     range_set_index: int
-
-
-def _checked_id(container_id: str, ifname: str, *, legacy: bool = False) -> str:
-    """The trimmed container ID; ``legacy`` allows ifname "" (ID-only reservations)."""
-    cid = container_id.strip()
-    if not cid or any(c.isspace() for c in cid):
-        raise IpamArgumentError(f"invalid container ID {container_id!r}")
-    if (not ifname and not legacy) or any(c.isspace() for c in ifname):
-        raise IpamArgumentError(f"invalid interface name {ifname!r}")
-    return cid
-
-
-def owner_line(container_id: str, ifname: str) -> str:
-    """The reservation file content for (container ID, ifname), as the reference writes it."""
-    return f"{_checked_id(container_id, ifname)}{LINE_BREAK}{ifname}"
-
-
-def parse_owner(text: str) -> tuple[str, str]:
-    """(container ID, ifname) from a reservation file; ifname is "" in legacy files."""
-    cid, _, ifname = text.strip().partition(LINE_BREAK)
-    return cid, ifname
-
-
-def well_formed(text: str) -> bool:
-    """Whether a reservation file's text names an owner (an empty or garbled file does
-    not: a write torn by a crash of an older podnet or of another plugin)."""
-    try:
-        _checked_id(*parse_owner(text), legacy=True)
-    except IpamArgumentError:
-        return False
-    return True
-
-
-def _read_at(dfd: int, name: str) -> str | None:
-    """Stripped content of a small file in the directory, or None if it cannot be read."""
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _ipv4s(names: Iterable[str]) -> list[IPv4Address]:
-    """The names that are IPv4 addresses, as sorted addresses."""
-    out = []
-    for name in names:
-        with suppress(ValueError):
-            out.append(IPv4Address(name))
-    return sorted(out)
-
-
-def _flock(fd: int, deadline: float, path: Path) -> None:
-    """LOCK_EX with a deadline: poll LOCK_NB with a short exponential back-off."""
-    delay = 0.0002
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise IpamLockTimeout(f"timed out waiting for the flock on {path}")
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.01)
 
 
 @dataclass
@@ -228,18 +157,18 @@ class HostLocalStore:
         Releasing what is not allocated is fine and returns ``[]``. ``ifname=""`` names
         the container's legacy ID-only files (``allocations`` reports them that way).
         """
-        _checked_id(container_id, ifname, legacy=True)
+        checked_id(container_id, ifname, legacy=True)
         with self._locked() as dfd:
             names = self._match(container_id, ifname)
             for name in names:
                 self._remove(dfd, name)
-        return _ipv4s(names)
+        return ipv4s(names)
 
     def find(self, container_id: str, ifname: str) -> list[IPv4Address]:
         """The IPv4 addresses the pair holds (what ``release`` would free)."""
-        _checked_id(container_id, ifname, legacy=True)
+        checked_id(container_id, ifname, legacy=True)
         with self._locked():
-            return _ipv4s(self._match(container_id, ifname))
+            return ipv4s(self._match(container_id, ifname))
 
     def allocations(self) -> list[tuple[IPv4Address, str, str]]:
         """Every well-formed IPv4 reservation as (ip, container ID, ifname), by address.
@@ -247,7 +176,7 @@ class HostLocalStore:
         Damaged files (``damaged``) are left out: they name no owner to release."""
         with self._locked():
             texts = {n: t for n, t in self._index.owner_of.items() if well_formed(t)}
-        return [(ip, *parse_owner(texts[str(ip)])) for ip in _ipv4s(texts)]
+        return [(ip, *parse_owner(texts[str(ip)])) for ip in ipv4s(texts)]
 
     def damaged(self) -> dict[IPv4Address, str]:
         """IPv4 reservation files that name no owner (empty or garbled), with their text.
@@ -256,7 +185,7 @@ class HostLocalStore:
         ``discard`` decides, from what the node knows, whose it is."""
         with self._locked():
             texts = {n: t for n, t in self._index.owner_of.items() if not well_formed(t)}
-        return {ip: texts[str(ip)] for ip in _ipv4s(texts)}
+        return {ip: texts[str(ip)] for ip in ipv4s(texts)}
 
     def repair(self, ip: IPv4Address, container_id: str, ifname: str) -> bool:
         """Rewrite the damaged file of ``ip`` for its owner (a live attachment has that
@@ -280,7 +209,7 @@ class HostLocalStore:
         return True
 
     def _still_damaged(self, dfd: int, name: str) -> bool:
-        text = _read_at(dfd, name)
+        text = read_at(dfd, name)
         return text is not None and not well_formed(text)
 
     @contextmanager
@@ -298,7 +227,7 @@ class HostLocalStore:
                 LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd
             )
             stack.callback(os.close, lock_fd)  # closing drops the flock
-            _flock(lock_fd, deadline, self.path / LOCK_NAME)
+            flock(lock_fd, deadline, self.path / LOCK_NAME)
             self._sync(dfd)
             yield dfd
             if self._touched:
@@ -312,9 +241,9 @@ class HostLocalStore:
         if changes is None:
             remove_stale_temps(dfd)  # only a killed writer leaves one: we hold the flock
             self._rewatch()  # before reading: nothing changed from here on is missed
-            self._index.rebuild(dfd, _read_at)
+            self._index.rebuild(dfd, read_at)
         else:
-            self._index.update(dfd, _read_at, changes | self._pending)
+            self._index.update(dfd, read_at, changes | self._pending)
         self._pending = set()
         self._touched = set()
 
@@ -333,7 +262,7 @@ class HostLocalStore:
             self._watch = None  # no inotify (or none left): read files instead
 
     def _match(self, container_id: str, ifname: str) -> list[str]:
-        return self._index.match(_checked_id(container_id, ifname, legacy=True), ifname)
+        return self._index.match(checked_id(container_id, ifname, legacy=True), ifname)
 
     def _open_dir(self) -> int:
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -346,8 +275,8 @@ class HostLocalStore:
     def _held(self, dfd: int, container_id: str, ifname: str) -> list[IPv4Address]:
         """Addresses the pair holds per the view, each confirmed by reading its file."""
         names = self._match(container_id, ifname)
-        confirmed = [n for n in names if _read_at(dfd, n) == self._index.owner_of[n]]
-        return _ipv4s(confirmed)
+        confirmed = [n for n in names if read_at(dfd, n) == self._index.owner_of[n]]
+        return ipv4s(confirmed)
 
     def _allocate_one(
         self, dfd: int, claim: _Claim, index: int, rset: RangeSet, want: IPv4Address | None
@@ -403,7 +332,7 @@ class HostLocalStore:
             os.unlink(name, dir_fd=dfd)
 
     def _read_cursor(self, dfd: int, index: int) -> IPAddress | None:
-        text = _read_at(dfd, f"{CURSOR_PREFIX}{index}")
+        text = read_at(dfd, f"{CURSOR_PREFIX}{index}")
         try:
             return ip_address(text) if text else None
         except ValueError:

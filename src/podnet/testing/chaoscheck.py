@@ -35,7 +35,7 @@ from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.linux.desired import BRIDGE, host_veth_name, is_host_veth_name
-from podnet.ipam.hostlocal import parse_owner
+from podnet.ipam.reservations import parse_owner
 from podnet.testing.chaos import ECHO_PORT, IFNAME, Runtime, Sandbox
 
 NETWORK = "podnet"  # the conflist's network name: IPAM keeps <ipam dir>/<network>/
