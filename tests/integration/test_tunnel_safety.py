@@ -9,9 +9,7 @@ frame is malformed". Every send is a few datagrams; every wait is bounded.
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from ipaddress import IPv4Address
 
@@ -19,7 +17,7 @@ import pytest
 
 from podnet.dataplane.linux import LinuxDataPlane
 from podnet.dataplane.linux.desired import vtep_mac
-from podnet.testing.lab import EXTERNAL_IP, Lab, ping, sh, up
+from podnet.testing.lab import EXTERNAL_IP, Lab, built_lab, ping, sh, up
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root]  # root, nft and ip are required (tests/conftest.py)
@@ -32,12 +30,8 @@ TARGET_PORT = 19999
 @pytest.fixture
 async def lab() -> AsyncIterator[Lab]:
     """Underlay, outside host and three nodes; everything removed afterwards."""
-    the_lab = Lab(f"pnv-{os.getpid()}-{uuid.uuid4().hex[:4]}")
-    try:
-        the_lab.build()
+    async with built_lab("pnv") as the_lab:
         yield the_lab
-    finally:
-        await the_lab.close()
 
 
 def forgery(

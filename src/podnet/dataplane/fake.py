@@ -55,12 +55,14 @@ IFNAME_MAX = 15
 
 @dataclass
 class FakeState:
-    """What the fake "kernel" holds: the node's version note, remotes, pods and policy
-    rules (the state file keeps the rule set's fingerprint, not the rule set)."""
+    """What the fake "kernel" holds: the node's version note, remotes, pods (with the
+    routes each pod got besides its default route) and policy rules (the state file keeps
+    the rule set's fingerprint, not the rule set)."""
 
     version_note: str = ""
     remotes: dict[str, RemoteNode] = field(default_factory=dict)
     pods: dict[tuple[str, str], PodAttachment] = field(default_factory=dict)
+    pod_routes: dict[tuple[str, str], tuple[IPv4Network, ...]] = field(default_factory=dict)
     policy: RuleSet | None = None
     policy_fingerprint: str = ""
 
@@ -148,7 +150,7 @@ class FakeDataPlane:
             gateway=pod.gateway,
             mtu=pod.mtu,
         )
-        self._put_pod(attachment)
+        self._put_pod(attachment, pod.routes)
         return attachment
 
     async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
@@ -156,6 +158,7 @@ class FakeDataPlane:
         self._record("detach_pod")
         self._fail("detach_pod")
         if self.state.pods.pop((container_id, ifname), None) is not None:
+            self.state.pod_routes.pop((container_id, ifname), None)
             self._owner_cache = None
             self._pod_records.pop((container_id, ifname), None)
             self._save()
@@ -273,12 +276,13 @@ class FakeDataPlane:
 
     # ---- persistence ---------------------------------------------------------------------
 
-    def _put_pod(self, attachment: PodAttachment) -> None:
+    def _put_pod(self, attachment: PodAttachment, routes: tuple[IPv4Network, ...]) -> None:
         pair = (attachment.container_id, attachment.ifname)
         self.state.pods[pair] = attachment
+        self.state.pod_routes[pair] = routes
         self._owners()[attachment.address.ip] = pair
         if self.state_file is not None:
-            self._pod_records[pair] = _pod_record(attachment)
+            self._pod_records[pair] = _pod_record(attachment, routes)
         self._save()
 
     def _record(self, method: str) -> None:
@@ -290,7 +294,10 @@ class FakeDataPlane:
         if self.state_file is None:
             return
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
-        records = [self._pod_records.get(k) or _pod_record(a) for k, a in self.state.pods.items()]
+        records = [
+            self._pod_records.get(k) or _pod_record(a, self.state.pod_routes.get(k, ()))
+            for k, a in self.state.pods.items()
+        ]
         tmp.write_text(json.dumps(_dump(self.state, records, self.history + self.calls)))
         os.replace(tmp, self.state_file)
 
@@ -301,6 +308,10 @@ class FakeDataPlane:
             version_note=data.get("version_note", ""),
             remotes={r["name"]: _remote(r) for r in data.get("remotes", [])},
             pods={(p["container_id"], p["ifname"]): _attachment(p) for p in data.get("pods", [])},
+            pod_routes={
+                (p["container_id"], p["ifname"]): tuple(map(IPv4Network, p.get("routes", [])))
+                for p in data.get("pods", [])
+            },
             policy_fingerprint=data.get("policy_fingerprint", ""),
         )
         self._pod_records = {(p["container_id"], p["ifname"]): p for p in data.get("pods", [])}
@@ -341,8 +352,9 @@ def _policy_problems(rules: RuleSet) -> list[str]:
     return problems
 
 
-def _pod_record(attachment: PodAttachment) -> dict[str, Any]:
-    return {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(attachment).items()}
+def _pod_record(attachment: PodAttachment, routes: tuple[IPv4Network, ...]) -> dict[str, Any]:
+    record = {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(attachment).items()}
+    return {**record, "routes": [str(r) for r in routes]}
 
 
 def _dump(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -> dict[str, Any]:

@@ -8,6 +8,10 @@ before it is created and removed by exact name in ``Lab.close``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
@@ -124,18 +128,22 @@ class Lab:
         return plane
 
     def pod(self, node: int, host: int, tag: str) -> tuple[str, PodNetwork]:
+        """A pod namespace (created here) and the pod's values."""
         ns = self.namespace(f"p-{tag}")
+        return ns, self.pod_network(node, host, tag, str(netns.path(ns)))
+
+    def pod_network(self, node: int, host: int, tag: str, sandbox: str) -> PodNetwork:
+        """Pod ``tag``'s values: address ``host`` in node ``node``'s subnet, in ``sandbox``."""
         subnet = self.subnet(node)
-        pod = PodNetwork(
+        return PodNetwork(
             container_id=f"{self.run}-{tag}",
-            netns=str(netns.path(ns)),
+            netns=sandbox,
             ifname="eth0",
             address=IPv4Interface(f"{subnet.network_address + host}/{subnet.prefixlen}"),
             gateway=subnet.network_address + 1,
             mtu=MTU,
             routes=(CLUSTER,),
         )
-        return ns, pod
 
     async def close(self) -> None:
         """Close the data planes, then remove every namespace (by exact name)."""
@@ -145,6 +153,23 @@ class Lab:
         finally:
             for name in reversed(self.created):
                 netns.remove(name)
+
+
+def unique_run(tag: str) -> str:
+    """A namespace prefix no other run and no other test shares."""
+    return f"{tag}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+@contextlib.asynccontextmanager
+async def built_lab(tag: str, nodes: int = 3) -> AsyncIterator[Lab]:
+    """An underlay, the outside host and ``nodes`` nodes; everything removed afterwards,
+    also when the body (or the build itself) fails."""
+    lab = Lab(unique_run(tag))
+    try:
+        lab.build(nodes)
+        yield lab
+    finally:
+        await lab.close()
 
 
 async def up(lab: Lab, nodes: list[int], tunnel: str = "vxlan") -> dict[int, LinuxDataPlane]:

@@ -1,0 +1,303 @@
+"""Every registered data plane implementation, ready for the one contract test suite.
+
+``tests/integration/test_dataplane_contract.py`` runs the same tests against each name in
+``podnet.dataplane.registry``. Here each name gets a *harness*: planes built by the
+registry's own factory (``linux`` inside node 1 of a ``Lab``: an underlay namespace and a
+node namespace, removed afterwards; ``fake`` needs none), the plain values of this node,
+its remotes and pods (the lab's addressing for every implementation), and a read-only
+view of what the implementation holds, in neutral terms: where each remote subnet is
+sent, what a pod sees from inside, whether a policy is in force, and a snapshot that
+changes when anything changes. ``drift_*`` break things the way an operator's hand would.
+
+A new implementation (``ovs``) adds its harness to ``HARNESSES``; until it does, the
+contract suite fails for it instead of leaving it untested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Container
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+from podnet import netns
+from podnet.dataplane import registry
+from podnet.dataplane.fake import FakeDataPlane
+from podnet.dataplane.interface import DataPlane, NodeNetwork, PodNetwork, RemoteNode
+from podnet.dataplane.linux.desired import BRIDGE, NFT_TABLE, POD_PORTS_SET, VXLAN, host_veth_name
+from podnet.testing.lab import Lab, policy_table, sh, unique_run
+
+NODE = 1  # the node under test; remotes use the lab's addressing of nodes 2, 3...
+DEFAULT_ROUTE = IPv4Network("0.0.0.0/0")
+Routes = frozenset[tuple[IPv4Network, IPv4Address]]  # (destination, gateway)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A wired pod interface as the pod itself sees it."""
+
+    address: IPv4Interface
+    mac: str
+    mtu: int
+    routes: Routes
+
+    @staticmethod
+    def wanted(pod: PodNetwork) -> PodView:
+        """What ``attach_pod(pod)`` promises: the default route and ``pod.routes``, all
+        via the gateway."""
+        routes = frozenset((dst, pod.gateway) for dst in (DEFAULT_ROUTE, *pod.routes))
+        return PodView(pod.address, pod.mac, pod.mtu, routes)
+
+
+class Harness(ABC):
+    """One implementation under test, on node ``NODE`` of ``lab``."""
+
+    name: ClassVar[str]
+    needs_root: ClassVar[bool] = False
+    lab_nodes: ClassVar[int] = 0  # lab nodes to build (0: no namespaces at all)
+
+    def __init__(self, lab: Lab, state_dir: Path) -> None:
+        self.lab = lab
+        self.state_dir = state_dir
+        self.planes: list[DataPlane] = []
+
+    @property
+    def plane(self) -> DataPlane:
+        """The plane opened last (a restarted agent's, after ``open``)."""
+        return self.planes[-1]
+
+    def network(self, tunnel: str = "vxlan", **overrides: object) -> NodeNetwork:
+        """This node's values."""
+        return self.lab.network(NODE, tunnel, **overrides)
+
+    def remote(self, i: int) -> RemoteNode:
+        """Lab node ``i`` (never ``NODE``) as a remote."""
+        return self.lab.remote(i)
+
+    async def open(self) -> DataPlane:
+        """A new plane from the registry's factory, on the same "kernel": a restart."""
+        with self.inside():
+            plane = await registry.create(self.name, registry.DataPlaneOptions(self.state_dir))
+        self.planes.append(plane)
+        return plane
+
+    def inside(self) -> contextlib.AbstractContextManager[None]:
+        """Where the factory runs: the node's network namespace."""
+        return contextlib.nullcontext()
+
+    async def close(self) -> None:
+        """Close every plane opened (twice: closing again must be harmless)."""
+        for plane in self.planes:
+            await plane.close()
+            await plane.close()
+
+    @abstractmethod
+    def pod(self, host: int, tag: str) -> PodNetwork:
+        """A pod of this node at address ``host`` of its subnet, its sandbox ready."""
+
+    @abstractmethod
+    async def remote_routes(self) -> dict[IPv4Network, IPv4Address]:
+        """Each remote subnet the node routes, and the node IP its traffic goes to."""
+
+    @abstractmethod
+    async def pod_view(self, pod: PodNetwork) -> PodView | None:
+        """``pod``'s interface as wired (None when it is not)."""
+
+    @abstractmethod
+    async def leftovers(self, pod: PodNetwork) -> list[str]:
+        """Whatever of ``pod`` the node still holds."""
+
+    @abstractmethod
+    async def policy_in_force(self) -> bool:
+        """Whether any isolation or policy rule is in force."""
+
+    @abstractmethod
+    async def snapshot(self) -> Any:
+        """Everything the node holds, down to identities (equal: nothing changed)."""
+
+    @abstractmethod
+    async def drift_node(self) -> None:
+        """Break the node's own set-up by hand."""
+
+    @abstractmethod
+    async def drift_remote(self, remote: RemoteNode) -> None:
+        """Remove the route to ``remote`` by hand."""
+
+
+class FakeHarness(Harness):
+    """``fake``: its state file plays the kernel; the views read the plane opened last."""
+
+    name = "fake"
+
+    @property
+    def fake(self) -> FakeDataPlane:
+        return cast("FakeDataPlane", self.plane)
+
+    def pod(self, host: int, tag: str) -> PodNetwork:
+        return self.lab.pod_network(NODE, host, tag, f"/run/netns/{self.lab.run}-p-{tag}")
+
+    async def remote_routes(self) -> dict[IPv4Network, IPv4Address]:
+        return {r.subnet: r.node_ip for r in self.fake.state.remotes.values()}
+
+    async def pod_view(self, pod: PodNetwork) -> PodView | None:
+        key = (pod.container_id, pod.ifname)
+        wired = self.fake.state.pods.get(key)
+        if wired is None:
+            return None
+        extra = self.fake.state.pod_routes.get(key, ())
+        routes = frozenset((dst, wired.gateway) for dst in (DEFAULT_ROUTE, *extra))
+        return PodView(wired.address, wired.mac, wired.mtu, routes)
+
+    async def leftovers(self, pod: PodNetwork) -> list[str]:
+        key, state = (pod.container_id, pod.ifname), self.fake.state
+        held: dict[str, Container[tuple[str, str]]] = {
+            "pods": state.pods,
+            "pod_routes": state.pod_routes,
+        }
+        return [f"{key} in {name}" for name, found in held.items() if key in found]
+
+    async def policy_in_force(self) -> bool:
+        policy = self.fake.state.policy
+        return policy is not None and policy.size().rules > 0
+
+    async def snapshot(self) -> Any:
+        state = self.fake.state
+        return (
+            state.version_note,
+            sorted(state.remotes.items()),
+            sorted(state.pods.items()),
+            sorted(state.pod_routes.items()),
+            state.policy_fingerprint,
+        )
+
+    async def drift_node(self) -> None:
+        self.fake.drift_version_note()
+
+    async def drift_remote(self, remote: RemoteNode) -> None:
+        self.fake.drift_remove_remote(remote.name)
+
+
+class LinuxHarness(Harness):
+    """``linux``: node 1 of a lab; the views read the kernel with ``ip``, ``bridge``,
+    ``nft`` (not through the plane's own code)."""
+
+    name = "linux"
+    needs_root = True
+    lab_nodes = 1
+
+    @property
+    def ns(self) -> str:
+        return self.lab.node_ns(NODE)
+
+    def inside(self) -> contextlib.AbstractContextManager[None]:
+        return netns.entered(self.ns)
+
+    def pod(self, host: int, tag: str) -> PodNetwork:
+        return self.lab.pod(NODE, host, tag)[1]
+
+    async def remote_routes(self) -> dict[IPv4Network, IPv4Address]:
+        found = {}
+        vtep_of = {n["dst"]: n.get("lladdr") for n in _json(self.ns, "ip", "neigh", "show")}
+        node_of = {f["mac"]: f.get("dst") for f in _json(self.ns, "bridge", "fdb", "show")}
+        for route in _json(self.ns, "ip", "route", "show", "proto", "80"):
+            via = route["gateway"]
+            if route["dev"] == VXLAN:  # via the remote subnet's .0, a VTEP, a node IP
+                via = node_of.get(vtep_of.get(via))
+            found[IPv4Network(route["dst"])] = IPv4Address(via)
+        return found
+
+    async def pod_view(self, pod: PodNetwork) -> PodView | None:
+        if not Path(pod.netns).exists():
+            return None
+        argv = ["ip", "-j", "addr", "show", "dev", pod.ifname]
+        done = netns.run(pod.netns, argv, timeout=30)
+        if done.returncode != 0:
+            return None
+        (link,) = json.loads(done.stdout)
+        (inet,) = [a for a in link["addr_info"] if a["family"] == "inet"]
+        routes = _json(pod.netns, "ip", "route", "show", "dev", pod.ifname)
+        return PodView(
+            IPv4Interface(f"{inet['local']}/{inet['prefixlen']}"),
+            link["address"],
+            link["mtu"],
+            frozenset(
+                (IPv4Network(r["dst"].replace("default", "0.0.0.0/0")), IPv4Address(r["gateway"]))
+                for r in routes
+                if "gateway" in r
+            ),
+        )
+
+    async def leftovers(self, pod: PodNetwork) -> list[str]:
+        host = host_veth_name(pod.container_id, pod.ifname)
+        ports = sh(self.ns, "nft", "list", "set", "bridge", NFT_TABLE, POD_PORTS_SET)
+        places = {"link": sh(self.ns, "ip", "link"), POD_PORTS_SET: ports}
+        return [f"{host} in {where}" for where, text in places.items() if host in text]
+
+    async def policy_in_force(self) -> bool:
+        return policy_table(self.ns) is not None
+
+    async def snapshot(self) -> Any:
+        return snapshot(self.ns)
+
+    async def drift_node(self) -> None:
+        sh(self.ns, "ip", "link", "set", BRIDGE, "mtu", "1400")
+
+    async def drift_remote(self, remote: RemoteNode) -> None:
+        sh(self.ns, "ip", "route", "del", str(remote.subnet))
+
+
+HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (FakeHarness, LinuxHarness)}
+
+
+def snapshot(ns: str) -> tuple[str, ...]:
+    """Links (with their indexes), addresses, podnet's routes, permanent neighbours, tunnel
+    FDB entries and the nft ruleset with rule handles, of namespace ``ns``: equal
+    snapshots mean nothing was re-made, not even a link or a rule with the same content.
+    (What the bridge learns from pod traffic is left out: it comes and goes.)"""
+    fdb = sh(ns, "bridge", "fdb", "show").splitlines()
+    return (
+        sh(ns, "ip", "-o", "link", "show"),
+        sh(ns, "ip", "-4", "-o", "addr", "show"),
+        sh(ns, "ip", "route", "show", "proto", "80"),
+        sh(ns, "ip", "neigh", "show", "nud", "permanent"),
+        "\n".join(line for line in fdb if " dst " in line),
+        sh(ns, "nft", "-a", "list", "ruleset"),
+    )
+
+
+def harness_class(name: str) -> type[Harness]:
+    """The harness of registered implementation ``name``."""
+    found = HARNESSES.get(name)
+    if found is None:
+        raise LookupError(
+            f"data plane {name!r} is registered but has no harness in podnet.testing.dataplanes"
+        )
+    return found
+
+
+@contextlib.asynccontextmanager
+async def opened(name: str, state_dir: Path) -> AsyncIterator[Harness]:
+    """Implementation ``name`` with one plane open; planes closed and namespaces removed
+    afterwards, even when the body fails."""
+    kind = harness_class(name)
+    lab = Lab(unique_run("pnc"))
+    harness = kind(lab, state_dir)
+    try:
+        if kind.lab_nodes:
+            lab.build(kind.lab_nodes)
+        await harness.open()
+        yield harness
+    finally:
+        try:
+            await harness.close()
+        finally:
+            await lab.close()
+
+
+def _json(ns: str, *argv: str) -> list[dict[str, Any]]:
+    """``argv`` with ``-j`` (JSON output) in namespace ``ns``."""
+    return cast("list[dict[str, Any]]", json.loads(sh(ns, argv[0], "-j", *argv[1:]) or "[]"))
