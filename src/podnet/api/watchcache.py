@@ -276,6 +276,9 @@ class WatchCache:
         when it must relist).
         """
         watcher = Watcher(wf, sink, self._position_after(after), bookmarks)
+        if not self.covers(after):
+            watcher.finish(errors.gone(f"too old resource version: {after}"))
+            return watcher
         self.fanout.add(watcher)
         if watcher.position < self._offset + len(self._events):
             self._schedule()
@@ -288,6 +291,8 @@ class WatchCache:
         self, after_revision: int, bookmark_every: float | None = None
     ) -> AsyncIterator[CachedEvent | int]:
         """Events after ``after_revision``, then live; an int is a bookmark revision."""
+        if not self.covers(after_revision):
+            raise errors.gone(f"too old resource version: {after_revision}")
         position = self._position_after(after_revision)
         while True:
             if position < self._offset:
