@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -118,13 +117,13 @@ def test_bad_resource_versions(master: MasterProcess) -> None:
             status_of(api.get(NS, params={"watch": "1", "resourceVersion": rv}), 400)
             status_of(api.get(NS, params={"resourceVersion": rv}), 400)
         future = str(current + 10**6)
-        started = time.monotonic()
+        # A 504 Status is the server's own answer: a server that hung instead would meet
+        # the client's timeout, which raises rather than returning a body.
         for params in ({"watch": "1", "resourceVersion": future}, {"resourceVersion": future}):
             body = status_of(api.get(NS, params=params), 504)
             assert body["reason"] == "Timeout"
             assert body["message"].startswith("Too large resource version")
             assert body["details"]["causes"][0]["reason"] == "ResourceVersionTooLarge"
-        assert time.monotonic() - started < 25  # answered, not hung until the client gave up
 
 
 def test_non_ascii_token_is_401(master: MasterProcess) -> None:
