@@ -27,7 +27,7 @@ from podnet.api.server import ApiServer
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
-from podnet.controllers.manager import ControllerManager
+from podnet.controllers.manager import ControllerManager, run_or_stop_process
 from podnet.kubeconfig import write_kubeconfig
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
@@ -106,17 +106,9 @@ class Master:
             elector = EtcdLeaderElector(self.store, f"{opts.etcd_prefix}leader", opts.identity)
         api = InProcessApi(self.registry, server.cache)
         self.controllers = ControllerManager(api, opts.network, elector)
-        self._tasks.append(asyncio.create_task(self._run_controllers(), name="controllers"))
+        run = run_or_stop_process(self.controllers, "the master")
+        self._tasks.append(asyncio.create_task(run, name="controllers"))
 
-    async def _run_controllers(self) -> None:
-        assert self.controllers is not None
-        try:
-            await self.controllers.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("controllers failed; the master stops")
-            os.kill(os.getpid(), 15)
 
     async def _compact_forever(self) -> None:
         """Compact etcd history older than one interval, as kube-apiserver does."""

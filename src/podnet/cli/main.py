@@ -33,6 +33,7 @@ COMMANDS = {
     "adm": ("podnet.cli.adm", "adm"),
     "apply": ("podnet.cli.resources", "apply"),
     "cluster": ("podnet.cli.cluster_cmd", "cluster"),
+    "controllers": ("podnet.cli.controllers_cmd", "controllers"),
     "delete": ("podnet.cli.resources", "delete"),
     "describe": ("podnet.cli.resources", "describe"),
     "get": ("podnet.cli.resources", "get"),

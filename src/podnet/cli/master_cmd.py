@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 
 from podnet.api.registry import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
+    from podnet.controllers.config import NetworkConfig
     from podnet.store.etcd_pki import EtcdTls
 
 PLUGIN_ALIASES = {
@@ -25,6 +28,68 @@ PLUGIN_ALIASES = {
 
 def _plugin(value: str) -> str:
     return PLUGIN_ALIASES.get(value, value)
+
+
+def network_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The ClusterNetwork flags (``podnet master``, ``podnet controllers``), passed to the
+    command as one ``network: NetworkConfig``."""
+    flags = [
+        click.option(
+            "--cluster-network",
+            "cluster_networks",
+            multiple=True,
+            default=["10.128.0.0/14:9"],
+            show_default=True,
+            help="CIDR:hostSubnetLength, repeatable, tried in order",
+        ),
+        click.option("--service-network", default="172.30.0.0/16", show_default=True),
+        click.option(
+            "--network-plugin",
+            default="subnet",
+            show_default=True,
+            help="subnet | multitenant | networkpolicy (or the full redhat/openshift-ovs-* name)",
+        ),
+        click.option("--mtu", default=1450, show_default=True, type=int),
+        click.option("--vxlan-port", default=4789, show_default=True, type=int),
+    ]
+
+    @functools.wraps(command)
+    def with_network(
+        *args: Any,
+        cluster_networks: tuple[str, ...],
+        service_network: str,
+        network_plugin: str,
+        mtu: int,
+        vxlan_port: int,
+        **kwargs: Any,
+    ) -> None:
+        network = _network(cluster_networks, service_network, network_plugin, mtu, vxlan_port)
+        command(*args, network=network, **kwargs)
+
+    for flag in reversed(flags):
+        with_network = flag(with_network)
+    return with_network
+
+
+def _network(
+    cluster_networks: tuple[str, ...],
+    service_network: str,
+    network_plugin: str,
+    mtu: int,
+    vxlan_port: int,
+) -> NetworkConfig:
+    from podnet.controllers.config import NetworkConfig, parse_cluster_network_flag
+
+    try:
+        return NetworkConfig(
+            cluster_networks=[parse_cluster_network_flag(v) for v in cluster_networks],
+            service_network=ipaddress.IPv4Network(service_network),
+            plugin_name=_plugin(network_plugin),
+            vxlan_port=vxlan_port,
+            mtu=mtu,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -66,23 +131,7 @@ def _listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="PKI, tokens and the admin kubeconfig live here",
 )
-@click.option(
-    "--cluster-network",
-    "cluster_networks",
-    multiple=True,
-    default=["10.128.0.0/14:9"],
-    show_default=True,
-    help="CIDR:hostSubnetLength, repeatable, tried in order",
-)
-@click.option("--service-network", default="172.30.0.0/16", show_default=True)
-@click.option(
-    "--network-plugin",
-    default="subnet",
-    show_default=True,
-    help="subnet | multitenant | networkpolicy (or the full redhat/openshift-ovs-* name)",
-)
-@click.option("--mtu", default=1450, show_default=True, type=int)
-@click.option("--vxlan-port", default=4789, show_default=True, type=int)
+@network_options
 @click.option(
     "--host", "extra_hosts", multiple=True, help="extra name/IP for the server certificate"
 )
@@ -110,31 +159,16 @@ def master(
     etcd_prefix: str,
     listen: str,
     state_dir: Path,
-    cluster_networks: tuple[str, ...],
-    service_network: str,
-    network_plugin: str,
-    mtu: int,
-    vxlan_port: int,
+    network: NetworkConfig,
     extra_hosts: tuple[str, ...],
     compact_interval: float,
     leader_elect: bool,
     run_controllers: bool,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
-    from podnet.controllers.config import NetworkConfig, parse_cluster_network_flag
     from podnet.master import Master, MasterOptions
 
     host, port = _listen(listen)
-    try:
-        network = NetworkConfig(
-            cluster_networks=[parse_cluster_network_flag(v) for v in cluster_networks],
-            service_network=ipaddress.IPv4Network(service_network),
-            plugin_name=_plugin(network_plugin),
-            vxlan_port=vxlan_port,
-            mtu=mtu,
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
     options = MasterOptions(
         network=network,
         etcd=_etcd_endpoints(etcd_endpoints),
@@ -149,10 +183,8 @@ def master(
         leader_elect=leader_elect,
         run_controllers=run_controllers,
     )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    asyncio.run(_run(Master(options)))
+    log_to_stderr()
+    asyncio.run(run_until_signalled(Master(options), "podnet.master"))
 
 
 def _etcd_endpoints(values: tuple[str, ...]) -> str:
@@ -179,22 +211,34 @@ def _etcd_tls(ca: Path | None, cert: Path | None, key: Path | None) -> EtcdTls |
     return EtcdTls(ca, cert, key)
 
 
-async def _run(master_process: object) -> None:
-    from podnet.master import Master
+class Service(Protocol):
+    """A long-running process body: ``podnet master``, ``podnet controllers``."""
 
-    assert isinstance(master_process, Master)
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run_until_signalled(service: Service, logger: str) -> None:
+    """Start ``service``, run until SIGTERM or SIGINT, then stop it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await master_process.start()
+        await service.start()
     except Exception as exc:
-        await master_process.stop()
+        await service.stop()
         raise click.ClickException(str(exc)) from exc
     await stop.wait()
-    logging.getLogger("podnet.master").info("stopping")
-    await master_process.stop()
+    logging.getLogger(logger).info("stopping")
+    await service.stop()
+
+
+def log_to_stderr() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 @click.command("node-credentials")

@@ -1,27 +1,28 @@
-"""The object API inside the master: the registry for reads and writes, the watch cache
-for watches.
+"""The object API inside the master: the registry for writes and fresh reads, the watch
+cache for lists and watches.
 
 The leader's controllers use it instead of the HTTPS client: a write goes through the
-same registry (validation, claims, preconditions) a user's does, and a watch is one more
-cursor into the master's watch cache, so the controllers open no etcd watch of their own.
-A watch from a revision older than the cache holds reads etcd directly (as the API
-server's handler does) and ends with ``Expired`` once etcd has compacted it. Errors are
-translated into the client's tree (``podnet.client.errors``), so a controller handles the
-same exceptions whichever API it is given.
-
-Objects in the watch cache are shared by every watcher: a watch hands out copies, so a
-controller may keep and change what it gets.
+same registry (validation, claims, preconditions) a user's does, a ``get`` reads etcd, a
+list is the watch cache's consistent list (etcd's current revision, one round trip
+without data, then the cache once it has reached it; etcd itself if it does not within
+``CONSISTENT_WAIT``), and a watch is one more cursor into the master's watch cache, so
+the controllers open no etcd watch of their own. A watch from a revision older than the
+cache holds reads etcd directly (as the API server does) and ends with ``Expired`` once
+etcd has compacted it. Errors are translated into the client's tree
+(``podnet.client.errors``), so a controller handles the same exceptions whichever API it
+is given. Every object handed out is a fresh dict: a controller may keep and change it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+from podnet.api.cachedobjects import CachedEvent, WatchFilter
+from podnet.api.listing import CONSISTENT_WAIT
 from podnet.api.registry import Registry
-from podnet.api.watchcache import CachedEvent, WatchCache, WatchFilter, direct_events
+from podnet.api.watchcache import WatchCache, direct_events
 from podnet.client.errors import error_from_status
 from podnet.client.objectapi import Listing
 from podnet.client.watch import BOOKMARK, EventType, ResourceVersion, WatchEvent, bookmark
@@ -64,7 +65,11 @@ class InProcessApi:
             await cache.stop()
 
     async def list(self, kind: Kind, namespace: str | None = None) -> Listing:
-        items, revision = await _translated(self.registry.list(kind, namespace))
+        current = await _translated(self.registry.store.revision())
+        if await self.cache.wait_for(current, CONSISTENT_WAIT):
+            items, revision = self.cache.list(kind, namespace)
+        else:
+            items, revision = await _translated(self.registry.list(kind, namespace))
         return Listing(items, revision)
 
     async def watch(
@@ -120,7 +125,8 @@ class InProcessApi:
         """Remove a Terminating Namespace whose contents are gone."""
         current = await self.get(NAMESPACE, None, name)
         if not current["metadata"].get("deletionTimestamp"):
-            raise error_from_status(409, "Conflict", f'namespace "{name}" is not terminating')
+            message = f'Operation cannot be fulfilled on namespaces "{name}": it is not terminating'
+            raise error_from_status(409, "Conflict", message)
         await _translated(self.registry.finalize_namespace(name))
 
 
@@ -138,4 +144,4 @@ def _event(wanted: WatchFilter, item: CachedEvent | int) -> WatchEvent | None:
     seen = wanted.view(item)
     if seen is None:
         return None
-    return WatchEvent(EventType(seen), copy.deepcopy(item.obj))
+    return WatchEvent(EventType(seen), item.obj)  # decoded afresh for each call

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from collections.abc import Awaitable
 from typing import Any
 
@@ -148,7 +150,7 @@ class ControllerManager:
             self._controllers.append(controller)
             await controller.start()
         self._started = True
-        self.log.info("all controllers synced; the master is ready")
+        self.log.info("all controllers synced; ready")
         await self._supervise()
 
     def _build(self, cluster_network: Obj) -> list[Controller]:
@@ -183,3 +185,15 @@ class ControllerManager:
             await controller.stop()
         self._controllers.clear()
         self.log.info("controllers stopped")
+
+
+async def run_or_stop_process(manager: ControllerManager, process: str) -> None:
+    """Run ``manager``; if it fails (a refused configuration), log it and SIGTERM this
+    process, whose signal handler stops it cleanly."""
+    try:
+        await manager.run()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        manager.log.exception("controllers failed; %s stops", process)
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -137,7 +137,7 @@ NAMESPACE = Kind(
     False,
     ("ns",),
     (NAME, Column("STATUS", lambda o: _meta("status", "phase")(o) or "Active")),
-    subresources=("status",),
+    subresources=("status", "finalize"),
 )
 NODE = Kind(
     "",
