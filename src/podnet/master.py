@@ -109,7 +109,6 @@ class Master:
         run = run_or_stop_process(self.controllers, "the master")
         self._tasks.append(asyncio.create_task(run, name="controllers"))
 
-
     async def _compact_forever(self) -> None:
         """Compact etcd history older than one interval, as kube-apiserver does."""
         previous = None
