@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from podnet.testing.cli import KUBECTL, run_kubectl
+from podnet.testing.e2e import Lines, wait_for
 from podnet.testing.processes import MasterProcess
 
 pytestmark = pytest.mark.usefixtures("kubectl")
@@ -51,15 +51,11 @@ spec:
 
 
 def wait_output(master: MasterProcess, args: list[str], needle: str, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    out = ""
-    while time.monotonic() < deadline:
+    def output() -> str | None:
         result = run_kubectl(master.kubeconfig, *args)
-        out = result.stdout + result.stderr
-        if needle in out:
-            return out
-        time.sleep(0.2)
-    raise AssertionError(f"{needle!r} not in kubectl {' '.join(args)} output:\n{out}")
+        return result.stdout + result.stderr if needle in result.stdout + result.stderr else None
+
+    return str(wait_for(output, timeout, f"{needle!r} in kubectl {' '.join(args)}"))
 
 
 def test_kubectl_create_get_describe_delete(master: MasterProcess, tmp_path: Path) -> None:
@@ -114,8 +110,12 @@ def test_kubectl_watch_sees_new_objects(master: MasterProcess) -> None:
         "-w",
     ]
     watcher = subprocess.Popen(env_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None
+    lines = Lines(watcher.stdout)
     try:
-        time.sleep(1.5)
+        # The listing is printed first; the watch starts from its resourceVersion, so an
+        # object made after this line is seen however soon the watch connects.
+        lines.wait_for("default")
         made = run_kubectl(
             master.kubeconfig,
             "create",
@@ -124,9 +124,8 @@ def test_kubectl_watch_sees_new_objects(master: MasterProcess) -> None:
             stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: watched}\n",
         )
         assert made.returncode == 0, made.stderr
-        time.sleep(1.5)
+        assert lines.wait_for("watched").split()[:2] == ["watched", "Active"]
     finally:
         watcher.terminate()
-        out, err = watcher.communicate(timeout=10)
-    assert "default" in out, err
-    assert "watched" in out, err
+        _, err = watcher.communicate(timeout=10)
+    assert "error" not in err.lower(), err

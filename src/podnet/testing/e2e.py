@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from podnet.cluster.state import ClusterState
 
@@ -48,6 +49,36 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+class Lines:
+    """The lines a running process writes to a pipe, collected by a thread as they come,
+    so that a test waits for a line (a readiness signal) instead of sleeping."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._reader.start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        for line in pipe:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float = 30.0) -> str:
+        """The first line containing ``needle``, once it has come (bounded by ``timeout``)."""
+        return str(
+            wait_for(
+                lambda: next((line for line in list(self.lines) if needle in line), None),
+                timeout,
+                f"a line with {needle!r}",
+                interval=0.05,
+            )
+        )
+
+    def finish(self, timeout: float = 10.0) -> list[str]:
+        """Every line, once the pipe has closed (the process ended)."""
+        self._reader.join(timeout)
+        return list(self.lines)
 
 
 def load_state(state_dir: Path) -> ClusterState:
