@@ -41,14 +41,7 @@ def controllers(
     """Run the controllers against a master started with --no-controllers."""
     from podnet.controllers.process import ControllersOptions, ControllersProcess
 
-    options = ControllersOptions(
-        network=network,
-        server=server,
-        token_file=token_file,
-        ca_file=ca_file,
-        leader_elect=leader_elect,
-        lease_seconds=lease_seconds,
-    )
+    options = ControllersOptions(network, server, token_file, ca_file, leader_elect, lease_seconds)
     try:
         process = ControllersProcess(options)
     except (OSError, ValueError) as exc:

@@ -58,32 +58,38 @@ def is_marker(cache: ObjectCache, change: str, obj: Obj) -> bool:
     return False
 
 
-def track(cache: ObjectCache, change: str, obj: Obj) -> str | None:
-    """Keep ``cache`` in step with one stream item; the name changed (None for a marker)."""
+def track(
+    cache: ObjectCache,
+    change: str,
+    obj: Obj,
+    remember: Callable[[Obj], object] | None = None,
+    forget: Callable[[str, int], object] | None = None,
+) -> str | None:
+    """Keep ``cache`` in step with one stream item; the name changed (None for a marker).
+
+    ``remember`` and ``forget`` replace ``cache.put`` and ``cache.remove`` for a controller
+    that keeps more in step with its cache (the allocator's marks).
+    """
     if is_marker(cache, change, obj):
         return None
     name: str = obj["metadata"]["name"]
     if change == DELETED:
-        cache.remove(name, revision_of(obj))
+        (forget or cache.remove)(name, revision_of(obj))
     else:
-        cache.put(obj)
+        (remember or cache.put)(obj)
     return name
 
 
 class Controller:
     """Start, stop and supervise one controller; subclasses say what to watch and do."""
 
-    name = "controller"
+    name = "controller"  # its work queue's and tasks' names
 
     def __init__(
-        self,
-        api: ControllerApi,
-        log: logging.Logger,
-        workers: int = 0,
-        resync_period: float | None = 300.0,
+        self, api: ControllerApi, workers: int = 0, resync_period: float | None = 300.0
     ) -> None:
         self.api = api
-        self.log = log
+        self.log = logging.getLogger(type(self).__module__)
         self.ready = False
         self.resync_period = resync_period
         self.queue = KeyedQueue(self.name, self.reconcile, workers)  # no workers: unused

@@ -12,14 +12,13 @@ means "try the next subnet".
 from __future__ import annotations
 
 import copy
-import logging
 from functools import partial
 from ipaddress import IPv4Network
 from typing import Any
 
 from podnet.client.errors import has_reason
 from podnet.client.watch import ADDED, DELETED, MODIFIED
-from podnet.controllers.base import SYNC, Controller, Watch, is_marker
+from podnet.controllers.base import SYNC, Controller, Watch, track
 from podnet.controllers.cache import ObjectCache, revision_of
 from podnet.controllers.calls import (
     ControllerApi,
@@ -48,6 +47,7 @@ from podnet.controllers.subnets import SubnetAllocator, SubnetsExhausted
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
 
 Obj = dict[str, Any]
+WORKERS = 16
 
 
 class HostSubnetController(Controller):
@@ -56,15 +56,9 @@ class HostSubnetController(Controller):
     name = "hostsubnets"
 
     def __init__(
-        self,
-        api: ControllerApi,
-        cluster_network_obj: Obj,
-        log: logging.Logger | None = None,
-        workers: int = 16,
-        resync_period: float | None = 300.0,
+        self, api: ControllerApi, cluster_network_obj: Obj, resync_period: float | None = 300.0
     ) -> None:
-        log = log or logging.getLogger("podnet.controllers.hostsubnets")
-        super().__init__(api, log, workers, resync_period)
+        super().__init__(api, WORKERS, resync_period)
         config = NetworkConfig.from_object(cluster_network_obj)
         self.allocator = SubnetAllocator(config.cluster_networks)
         self.nodes = ObjectCache()
@@ -94,25 +88,17 @@ class HostSubnetController(Controller):
     # ---- events -------------------------------------------------------------------------
 
     def _on_hostsubnet(self, change: str, obj: Obj) -> None:
-        if is_marker(self.subnets, change, obj):
-            return
-        name = obj["metadata"]["name"]
-        if change == DELETED:
-            self._forget(name, revision_of(obj))
-        else:
-            self._remember(obj)
-        self.queue.add(name)
+        name = track(self.subnets, change, obj, self._remember, self._forget)
+        if name is not None:
+            self.queue.add(name)
 
     def _on_node(self, change: str, obj: Obj) -> None:
-        if is_marker(self.nodes, change, obj):
+        name = track(self.nodes, change, obj)
+        if name is None:
             return
-        name = obj["metadata"]["name"]
         if change == DELETED:
-            self.nodes.remove(name, revision_of(obj))
             for remembered in (self._waiting, self._evented, self._no_ip):
                 remembered.discard(name)
-        else:
-            self.nodes.put(obj)
         self.queue.add(name)
 
     def _remember(self, hostsubnet: Obj) -> None:

@@ -32,6 +32,7 @@ from podnet.store.base import StoreUnavailable
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+Precondition = ResourceVersion | None  # a delete's: only at this version
 BOOKMARK_EVERY = 10.0  # seconds of silence before a watch says "up to date to here"
 
 
@@ -111,12 +112,7 @@ class InProcessApi:
         return await _translated(self.registry.update(kind, obj, namespace, name, "status"))
 
     async def delete(
-        self,
-        kind: Kind,
-        namespace: str | None,
-        name: str,
-        *,
-        resource_version: ResourceVersion | None = None,
+        self, kind: Kind, namespace: str | None, name: str, *, resource_version: Precondition = None
     ) -> None:
         version = None if resource_version is None else str(resource_version)
         await _translated(self.registry.delete(kind, namespace, name, version))

@@ -20,6 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.agent.heartbeat import micro_time, renewed
@@ -37,34 +38,35 @@ LEASE_NAME = "podnet-controllers"
 DEFAULT_DURATION = 15  # seconds, client-go's default lease duration
 
 
+@dataclass(eq=False)
 class ApiLeaseElector:
     """Leadership as a Lease object written through the object API."""
 
-    def __init__(
-        self,
-        api: ControllerApi,
-        identity: str,
-        duration: int = DEFAULT_DURATION,
-        name: str = LEASE_NAME,
-        namespace: str = LEASE_NAMESPACE,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if duration < 2:
+    api: ControllerApi
+    identity: str
+    duration: int = DEFAULT_DURATION  # the Lease's leaseDurationSeconds
+    name: str = LEASE_NAME
+    namespace: str = LEASE_NAMESPACE
+    clock: Callable[[], float] = time.monotonic
+    lost: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _observed: tuple[str, str] | None = field(default=None, init=False)  # (holder, renewTime)
+    _observed_at: float = field(default=0.0, init=False)  # when it last changed
+    _renewed_at: float = field(default=0.0, init=False)
+    _leading: bool = field(default=False, init=False)
+    _keepalive: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        if self.duration < 2:
             raise ValueError("the lease duration must be at least 2 seconds")
-        self.api = api
-        self.identity = identity
-        self.duration = duration
-        self.name = name
-        self.namespace = namespace
-        self.clock = clock
-        self.renew_deadline = duration * 2 / 3
-        self.renew_every = duration / 5
-        self.lost = asyncio.Event()
-        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
-        self._observed_at = 0.0
-        self._renewed_at = 0.0
-        self._leading = False
-        self._keepalive: list[asyncio.Task[None]] = []
+
+    @property
+    def renew_every(self) -> float:
+        return self.duration / 5
+
+    @property
+    def renew_deadline(self) -> float:
+        """How long the holder may go without a renewal before it stops leading."""
+        return self.duration * 2 / 3
 
     async def acquire(self) -> None:
         """Block until this process holds the Lease; then keep renewing it."""

@@ -8,7 +8,6 @@ finds namespaced objects whose Namespace is gone entirely and removes those.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from podnet.client.watch import DELETED
@@ -34,6 +33,7 @@ from podnet.model.kinds import (
 )
 
 Obj = dict[str, Any]
+WORKERS = 4
 
 # Deleted in this order: workloads first, then what describes them.
 NAMESPACED_KINDS: tuple[Kind, ...] = (
@@ -55,13 +55,10 @@ class NamespaceCleanupController(Controller):
     def __init__(
         self,
         api: ControllerApi,
-        log: logging.Logger | None = None,
-        workers: int = 4,
         resync_period: float | None = 300.0,
         kinds: tuple[Kind, ...] = NAMESPACED_KINDS,
     ) -> None:
-        log = log or logging.getLogger("podnet.controllers.namespaces")
-        super().__init__(api, log, workers, resync_period)
+        super().__init__(api, WORKERS, resync_period)
         self.kinds = kinds
         self.namespaces = ObjectCache()
 

@@ -18,11 +18,10 @@ refusal. A later successful change removes a stale error annotation.
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any
 
 from podnet.client.watch import DELETED
-from podnet.controllers.base import Controller, Watch, is_marker, track
+from podnet.controllers.base import Controller, Watch, track
 from podnet.controllers.cache import ObjectCache, revision_of
 from podnet.controllers.calls import (
     ControllerApi,
@@ -35,6 +34,7 @@ from podnet.controllers.vnids import GLOBAL_VNID, VnidAllocator, VnidsExhausted
 from podnet.model.kinds import NAMESPACE, NET_NAMESPACE
 
 Obj = dict[str, Any]
+WORKERS = 8
 
 CHANGE_NETWORK_ANNOTATION = "pod.network.openshift.io/multitenant.change-network"
 CHANGE_NETWORK_ERROR_ANNOTATION = "pod.network.openshift.io/multitenant.change-network-error"
@@ -74,15 +74,9 @@ class NetNamespaceController(Controller):
     name = "netnamespaces"
 
     def __init__(
-        self,
-        api: ControllerApi,
-        plugin_name: str,
-        log: logging.Logger | None = None,
-        workers: int = 8,
-        resync_period: float | None = 300.0,
+        self, api: ControllerApi, plugin_name: str, resync_period: float | None = 300.0
     ) -> None:
-        log = log or logging.getLogger("podnet.controllers.netnamespaces")
-        super().__init__(api, log, workers, resync_period)
+        super().__init__(api, WORKERS, resync_period)
         self.plugin_name = plugin_name
         self.vnids = VnidAllocator()
         self.namespaces = ObjectCache()
@@ -102,13 +96,9 @@ class NetNamespaceController(Controller):
     # ---- events -------------------------------------------------------------------------
 
     def _on_netnamespace(self, change: str, obj: Obj) -> None:
-        if is_marker(self.netnamespaces, change, obj):
+        name = track(self.netnamespaces, change, obj, self._remember, self._forget)
+        if name is None:
             return
-        name = obj["metadata"]["name"]
-        if change == DELETED:
-            self._forget(name, revision_of(obj))
-        else:
-            self._remember(obj)
         self.queue.add(name)
         for starved in self._starved:  # a VNID may have come free
             self.queue.add(starved)

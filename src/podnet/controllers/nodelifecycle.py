@@ -16,7 +16,6 @@ sets the grace for the master; tests use a short one.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -100,11 +99,9 @@ class NodeLifecycleController(Controller):
         self,
         api: ControllerApi,
         grace: float | None = None,
-        log: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        log = log or logging.getLogger("podnet.controllers.nodelifecycle")
-        super().__init__(api, log)
+        super().__init__(api)
         self.grace = grace if grace is not None else grace_from_env()
         self.period = min(1.0, self.grace / 8)
         self.clock = clock
