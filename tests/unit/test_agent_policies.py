@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +29,7 @@ from podnet.model.kinds import HOST_SUBNET, NAMESPACE, NET_NAMESPACE, NETWORK_PO
 from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.incremental import PODS
 from podnet.policy.model import RuleSet
+from podnet.reconcile import APPLIED, PARTIAL, ReconcileMetrics
 
 Obj = dict[str, Any]
 LOCAL = NodeNetwork(
@@ -398,3 +400,45 @@ async def test_fake_keeps_the_policy_fingerprint_across_restarts(tmp_path: Path)
     again = FakeDataPlane(state_file=tmp_path / "fake.json")
     assert again.state.policy_fingerprint == rules.fingerprint()
     assert again.count("sync_policy") == 1
+
+
+# ---- a policy the data plane refuses ---------------------------------------------------------
+
+
+async def test_a_refused_policy_is_left_out_and_the_rest_applies(
+    api: FakeApi, dataplane: FakeDataPlane, tmp_path: Path
+) -> None:
+    for i in range(12):
+        api.put(NETWORK_POLICY, allow("x", f"allow-{i:02d}", f"a{i % 2}", "a1"))
+    api.put(NETWORK_POLICY, from_team("y", "from-team-x", "x"))
+    dataplane.refuse.add("x/allow-07")  # its rendering is refused, as nft would
+    metrics, records = ReconcileMetrics(), []
+    note = tmp_path / "policy.json"
+    sync = PolicySync(
+        api, dataplane, LOCAL, NETWORKPOLICY, resync_period=60, coalesce=0.01,
+        status_path=note, metrics=metrics, report=records.append,
+    )  # fmt: skip
+    started = Running(sync)
+    try:
+        await asyncio.wait_for(sync.synced.wait(), 20)
+        held = dataplane.state.policy
+        assert held is not None and sync.loop.left_out == {"x/allow-07"}
+        want = api.expected(NETWORKPOLICY)
+        assert [p.key for p in held.policies] == [p.key for p in want.policies]
+        for have, full in zip(held.policies, want.policies, strict=True):
+            assert have.rules == (() if have.key == "x/allow-07" else full.rules), have.key
+        assert held.ingress_isolated == want.ingress_isolated  # its pods stay isolated
+        assert records[-1].result == PARTIAL and records[-1].left_out == ("x/allow-07",)
+        assert "x/allow-07" in records[-1].error
+        value = metrics.registry.get_sample_value
+        assert value("podnet_reconcile_permanent_errors_total", {"loop": "policy"}) == 1
+        assert value("podnet_reconcile_left_out", {"loop": "policy"}) == 1
+        written = json.loads(note.read_text())
+        assert written["result"] == PARTIAL and written["left_out"] == ["x/allow-07"]
+
+        dataplane.refuse.clear()  # fixed, say by a new agent: the next change applies all
+        api.put(POD, pod("x", "x9", "10.128.0.99", app="a0"))
+        await converged(api, dataplane)
+        assert sync.loop.left_out == frozenset() and records[-1].result == APPLIED
+    finally:
+        await started.stop()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from podnet.agent.agent import apply_event
+from podnet.agent.clusterwatch import apply_event
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane

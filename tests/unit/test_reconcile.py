@@ -9,6 +9,7 @@ once and are recorded, and the resync period passes only when a test says so.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -328,11 +329,16 @@ async def test_status_note_is_compact_and_rate_limited() -> None:
     async def publish(text: str) -> None:
         published.append(text)
 
-    note = StatusNote(publish, min_interval=5.0, refresh_interval=300.0, clock=clock)
+    note = StatusNote(publish, 5.0, 300.0, first_delay=1.0, clock=clock)
     task = asyncio.create_task(note.run())
     try:
         note.record(record(APPLIED, clock.now))
+        note.record(dataclasses.replace(record(PARTIAL, clock.now, ("far",)), loop="remote"))
+        await _idle()
+        assert published == []  # the first write waits for every loop's first pass
+        clock.resync()  # 1 s
         await _until(lambda: len(published) == 1)
+        written = clock.now
         assert json.loads(published[0]) == {
             "policy": {
                 "what": "3 pods",
@@ -340,20 +346,51 @@ async def test_status_note_is_compact_and_rate_limited() -> None:
                 "ms": 12.0,
                 "compile_ms": 2.0,
                 "result": "applied",
-            }
+            },
+            "remote": {
+                "what": "3 pods",
+                "at": "1970-01-01T00:16:40Z",
+                "ms": 12.0,
+                "compile_ms": 2.0,
+                "result": "partial",
+                "left_out": ["far"],
+            },
         }
         assert "\n" not in published[0] and ", " not in published[0]
-        note.record(record(APPLIED, clock.now + 1))  # a resync: only a refresh, not yet
+        note.record(record(APPLIED, clock.now + 30))  # a resync: only a refresh, not yet
         await _idle()
         assert len(published) == 1
-        note.record(record(PARTIAL, clock.now + 2, ("shop/bad",)))  # news: due after 5 s
+        note.record(dataclasses.replace(record(APPLIED, clock.now), loop="remote"))  # news
         await _idle()
-        assert len(published) == 1
-        clock.resync()  # the 5 s pass
+        assert len(published) == 1  # within 5 s of the last write
+        clock.resync()
         await _until(lambda: len(published) == 2)
-        assert json.loads(published[1])["policy"]["left_out"] == ["shop/bad"]
-        assert clock.now == 1000.0 + 5.0
-        assert note.writes == 2
+        assert clock.now == written + 5.0
+        assert json.loads(published[1])["remote"]["result"] == "applied"
+        assert note.writes == 2 and not note.news()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_status_note_tries_again_after_a_failed_publish() -> None:
+    clock = FakeClock()
+    attempts: list[str] = []
+
+    async def publish(text: str) -> None:
+        attempts.append(text)
+        if len(attempts) == 1:
+            raise OSError("API down")
+
+    note = StatusNote(publish, 5.0, 300.0, first_delay=0.0, clock=clock)
+    task = asyncio.create_task(note.run())
+    try:
+        note.record(record(PARTIAL, clock.now, ("shop/bad",)))
+        await _until(lambda: len(attempts) == 1)
+        assert note.writes == 0 and note.news()
+        clock.resync()
+        await _until(lambda: len(attempts) == 2)
+        assert attempts[0] == attempts[1] and note.writes == 1 and not note.news()
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -13,8 +13,11 @@ Start order (each step logs what it does):
 5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
 6. Serve CNI on the unix socket, renew the node's Lease (``heartbeat``, for ever from
    here on), then mark the Node ``Ready``.
-7. Watch HostSubnets (remote nodes, coalesced) and ClusterNetwork; watch what isolation
-   and NetworkPolicy read (``policies.PolicySync``); resync periodically.
+7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what
+   isolation and NetworkPolicy read (``policies.PolicySync``); resync periodically. The
+   remote-node and policy loops are ``podnet.reconcile`` loops: their last passes are
+   published as the Node's annotation ``podnet.io/reconcile`` (``nodestatus``) and
+   counted in ``/metrics`` (``--metrics-address``).
 
 Stopping (SIGTERM/SIGINT) stops serving and exits without tearing anything down: pods
 keep running, and a SIGKILL is just as safe since all state is in the kernel and IPAM.
@@ -24,102 +27,54 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from ipaddress import IPv4Address
 from typing import Any
 
+from podnet.agent.clusterwatch import CLUSTER_NETWORK_NAME, ClusterWatch
 from podnet.agent.cniplugin import conflist, install_plugin_once
 from podnet.agent.cniserver import CniServer, claim_socket_path
 from podnet.agent.config import (
     AgentConfig,
     cluster_network_problem,
     hostsubnet_problem,
-    network_changes,
     node_network,
 )
 from podnet.agent.events import NodeEvents
 from podnet.agent.heartbeat import NodeHeartbeat
+from podnet.agent.metrics import MetricsServer
+from podnet.agent.nodestatus import node_addresses, node_object, reconcile_note, with_condition
 from podnet.agent.podrefs import PodRefs
 from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
-from podnet.client import (
-    LISTED,
-    Backoff,
-    ClientError,
-    WatchEvent,
-    has_reason,
-    is_transient,
-    with_retry,
-)
+from podnet.client import Backoff, ClientError, has_reason, is_transient, with_retry
 from podnet.client.aio import AsyncApiClient
-from podnet.client.reflector import Reflectors, reflect
-from podnet.dataplane.interface import DataPlane, DataPlaneError, NodeNetwork, NodeSetupRefused
+from podnet.client.reflector import Reflectors
+from podnet.dataplane.interface import (
+    DataPlane,
+    DataPlaneError,
+    DataPlaneRejected,
+    NodeNetwork,
+    NodeSetupRefused,
+)
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
+from podnet.reconcile import ReconcileMetrics
 
 log = logging.getLogger("podnet.agent")
 
 Obj = dict[str, Any]
-CLUSTER_NETWORK_NAME = "default"
 POLL_SECONDS = 0.5
 WAIT_LOG_SECONDS = 5.0
 SHUTDOWN_FLUSH_SECONDS = 5.0
 WATCHER_BACKOFF = Backoff(0.2, 3.0, floor=0.0)  # a watcher that failed is restarted soon
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def node_object(name: str, ip: IPv4Address) -> Obj:
-    """The Node this agent registers."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "status": {"addresses": node_addresses(name, ip)},
-    }
-
-
-def node_addresses(name: str, ip: IPv4Address) -> list[Obj]:
-    """``status.addresses``: the InternalIP (what the master allocates by) and Hostname."""
-    return [{"type": "InternalIP", "address": str(ip)}, {"type": "Hostname", "address": name}]
-
-
-def with_condition(status: Obj, kind: str, value: str, reason: str, message: str) -> Obj:
-    """``status`` with condition ``kind`` set; unchanged when it already says so."""
-    conditions = [dict(c) for c in status.get("conditions") or []]
-    old = next((c for c in conditions if c.get("type") == kind), None)
-    wanted = (value, reason, message)
-    if old and (old.get("status"), old.get("reason"), old.get("message")) == wanted:
-        return status
-    now = _now()
-    changed = old is None or old.get("status") != value
-    new = {"type": kind, "status": value, "reason": reason, "message": message}
-    new["lastHeartbeatTime"] = now
-    new["lastTransitionTime"] = now if changed else (old or {}).get("lastTransitionTime", now)
-    others = [c for c in conditions if c.get("type") != kind]
-    return {**status, "conditions": [*others, new]}
-
-
-def apply_event(objects: dict[str, Obj], event: WatchEvent) -> None:
-    """Fold one watch event into ``objects`` (name -> object)."""
-    if event.type == LISTED:
-        objects.clear()
-        objects.update({o["metadata"]["name"]: o for o in event.items})
-    elif event.object is not None:
-        name = event.object["metadata"]["name"]
-        if event.type == "DELETED":
-            objects.pop(name, None)
-        else:
-            objects[name] = event.object
 
 
 def freeze_startup_objects() -> None:
@@ -135,7 +90,7 @@ def _retry_write(exc: BaseException) -> bool:
 
 
 def _retry_dataplane(exc: BaseException) -> bool:
-    return isinstance(exc, DataPlaneError) and not isinstance(exc, NodeSetupRefused)
+    return isinstance(exc, DataPlaneError) and not isinstance(exc, DataPlaneRejected)
 
 
 class NodeAgent:
@@ -163,11 +118,13 @@ class NodeAgent:
         self.heartbeat = NodeHeartbeat(api, config.node_name)
         self.remote_sync: RemoteNodeSync | None = None
         self.policy_sync: PolicySync | None = None
+        self.metrics = ReconcileMetrics()
+        self.note = reconcile_note(api, config.node_name)  # the loops' last passes
+        address = config.metrics_address
+        self.metrics_server = MetricsServer(self.metrics, address) if address else None
         self.plugin = ""  # ClusterNetwork pluginName, read at start
         self.serving = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._announced: NodeNetwork | None = None
-        self._own_subnet: str | None = None  # as last seen in a HostSubnet event
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start (abandoned if ``stop`` comes first), serve until ``stop``, shut down."""
@@ -195,9 +152,8 @@ class NodeAgent:
             CLUSTER_NETWORK, CLUSTER_NETWORK_NAME, cluster_network_problem
         )
         node = node_network(self.config, self.node_ip, hostsubnet, network)
-        self.node = self._announced = node
+        self.node = node
         self.plugin = network_plugin(network)
-        self._own_subnet = str(node.subnet)
         log.info(
             "node %s: subnet %s, gateway %s, mtu %d, %s, %s",
             name,
@@ -217,7 +173,7 @@ class NodeAgent:
         await self.start_pods(node)
         await self.install_cni_plugin(node)
         await self.start_serving()
-        self.start_watchers(node)
+        await self.start_watchers(node)
         await self.start_heartbeat()
         await self.set_ready()
         freeze_startup_objects()
@@ -226,16 +182,20 @@ class NodeAgent:
     async def sync_remote_nodes_once(self, node: NodeNetwork) -> None:
         """Route to the nodes known now, before serving; host-gw refuses to start here
         when a node is not on this node's L2 segment (NodeSetupRefused ends the agent)."""
-        listing = await with_retry(
-            lambda: self.api.list(HOST_SUBNET), "listing HostSubnets", 60.0
-        )
+        listing = await with_retry(lambda: self.api.list(HOST_SUBNET), "listing HostSubnets", 60.0)
         remotes = remote_nodes(listing.items, self.config.node_name)
-        await with_retry(
-            lambda: self.dataplane.sync_remote_nodes(node, remotes),
-            "routing to remote nodes",
-            60.0,
-            retry_if=_retry_dataplane,
-        )
+        try:
+            await with_retry(
+                lambda: self.dataplane.sync_remote_nodes(node, remotes),
+                "routing to remote nodes",
+                60.0,
+                retry_if=_retry_dataplane,
+            )
+        except DataPlaneRejected as exc:
+            if isinstance(exc, NodeSetupRefused):
+                raise
+            log.error("routing to remote nodes refused (%s); the remote-node loop follows", exc)
+            return
         log.info("routes to %d remote nodes in place", len(remotes))
 
     async def register_node(self) -> None:
@@ -346,20 +306,37 @@ class NodeAgent:
         await self.server.start()
         self.serving.set()
 
-    def start_watchers(self, node: NodeNetwork) -> None:
-        """HostSubnets -> remote nodes, policy rules, ClusterNetwork changes, resync."""
-        resync = self.config.resync_period
-        self.remote_sync = RemoteNodeSync(self.dataplane, node, resync)
+    async def start_watchers(self, node: NodeNetwork) -> None:
+        """HostSubnets -> remote nodes, policy rules, ClusterNetwork changes, resync, the
+        reconcile note and /metrics."""
+        resync, metrics, report = self.config.resync_period, self.metrics, self.note.record
+        self.remote_sync = RemoteNodeSync(
+            self.dataplane, node, resync, metrics=metrics, report=report
+        )
         self._spawn("remote-sync", self.remote_sync.run)
-        note = self.config.state_dir / "policy.json"
         self.policy_sync = PolicySync(
-            Reflectors(self.api), self.dataplane, node, self.plugin, resync, status_path=note
+            Reflectors(self.api),
+            self.dataplane,
+            node,
+            self.plugin,
+            resync,
+            status_path=self.config.state_dir / "policy.json",
+            metrics=metrics,
+            report=report,
         )
         for name, body in self.policy_sync.tasks():
             self._spawn(name, body)
-        self._spawn("watch-hostsubnets", self._watch_hostsubnets)
-        self._spawn("watch-clusternetwork", self._watch_cluster_network)
+        watch = ClusterWatch(self.api, self.config, self.node_ip, node)
+        self._spawn(
+            "watch-hostsubnets", functools.partial(watch.watch_hostsubnets, self.remote_sync)
+        )
+        self._spawn(
+            "watch-clusternetwork", functools.partial(watch.watch_cluster_network, self.policy_sync)
+        )
         self._spawn("resync", self._resync_forever)
+        self._spawn("reconcile-note", self.note.run)
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
 
     def _spawn(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         self._tasks.append(asyncio.create_task(self._supervise(name, body), name=name))
@@ -375,50 +352,6 @@ class NodeAgent:
                 log.exception("%s failed; restarting it", name)
             await asyncio.sleep(WATCHER_BACKOFF.delay(attempt))
             attempt += 1
-
-    async def _watch_hostsubnets(self) -> None:
-        assert self.remote_sync is not None and self.node is not None
-        hostsubnets: dict[str, Obj] = {}
-        async for event in reflect(self.api, HOST_SUBNET):
-            apply_event(hostsubnets, event)
-            self._check_own_subnet(hostsubnets.get(self.config.node_name))
-            self.remote_sync.replace(hostsubnets)
-
-    def _check_own_subnet(self, hostsubnet: Obj | None) -> None:
-        assert self.node is not None
-        subnet = (hostsubnet or {}).get("subnet")
-        if subnet != self._own_subnet:
-            self._own_subnet = subnet
-            if subnet == str(self.node.subnet):
-                return
-            log.error(
-                "this node's HostSubnet is now %s (serving %s); restart the agent to rebuild",
-                subnet or "gone",
-                self.node.subnet,
-            )
-
-    async def _watch_cluster_network(self) -> None:
-        networks: dict[str, Obj] = {}
-        async for event in reflect(self.api, CLUSTER_NETWORK):
-            apply_event(networks, event)
-            self._check_cluster_network(networks.get(CLUSTER_NETWORK_NAME))
-
-    def _check_cluster_network(self, network: Obj | None) -> None:
-        assert self.node and self._announced and self.policy_sync
-        if network is None:
-            log.warning(
-                "ClusterNetwork %s is gone; keeping the current set-up", CLUSTER_NETWORK_NAME
-            )
-            return
-        new = node_network(self.config, self.node_ip, {"subnet": str(self.node.subnet)}, network)
-        changes = network_changes(self._announced, new) + self.policy_sync.plugin_change(network)
-        if changes:
-            log.warning(
-                "ClusterNetwork changed (%s); this needs a data plane rebuild: restart "
-                "the node agent to apply it",
-                "; ".join(changes),
-            )
-            self._announced = new
 
     async def _resync_forever(self) -> None:
         """Repair drift of the node's own set-up; the remote and policy syncs repair theirs."""
@@ -436,6 +369,8 @@ class NodeAgent:
         """Stop serving and watching; leave the data plane and pods as they are."""
         if self.server is not None:
             await self.server.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -54,6 +54,7 @@ class AgentConfig:
     network_name: str = DEFAULT_NETWORK_NAME
     pod_namespace: str = "default"  # for pods whose runtime sends no K8S_POD_NAMESPACE
     resync_period: float = DEFAULT_RESYNC_PERIOD
+    metrics_address: str | None = None  # HOST:PORT of /metrics; None: not served
 
     @property
     def conflist_path(self) -> Path:

@@ -175,11 +175,13 @@ def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
 
 
 def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
+    from podnet.cluster.health import reconcile_report
     from podnet.cluster.lifecycle import node_health
     from podnet.cluster.pods import admin_api
 
     with admin_api(state_dir) as api:
         report = node_health(state, state_dir, api)
+        problems = reconcile_report(api, [node.name for node in report])
     click.echo("nodes:")
     header = f"  {'NAME':<8} {'NETNS':<20} {'NODE IP':<16} {'SUBNET':<18} {'AGENT':<12} HEALTH"
     click.echo(header)
@@ -195,6 +197,8 @@ def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
             f"  {node.name:<8} {node.netns:<20} {node.ip:<16} {node.subnet or '<none>':<18} "
             f"{agent:<12} {verdict} ({', '.join(checks)})"
         )
+        for problem in problems.get(node.name, []):
+            click.echo(f"    RECONCILE {problem}")
     return all(node.healthy for node in report)
 
 

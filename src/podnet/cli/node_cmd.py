@@ -87,6 +87,11 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
     help="seconds",
 )
 @click.option(
+    "--metrics-address",
+    default=None,
+    help="Serve Prometheus /metrics on HOST:PORT (e.g. 127.0.0.1:9101); off by default",
+)
+@click.option(
     "--dataplane",
     type=click.Choice(registry.names()),
     default="linux",
@@ -113,6 +118,7 @@ def node(
     network_name: str,
     pod_namespace: str,
     resync_period: float,
+    metrics_address: str | None,
     dataplane: str,
     log_level: str,
 ) -> None:
@@ -135,6 +141,7 @@ def node(
         network_name=network_name,
         pod_namespace=pod_namespace,
         resync_period=resync_period,
+        metrics_address=metrics_address,
     )
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

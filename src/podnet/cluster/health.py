@@ -3,7 +3,8 @@
 Each etcd member: its recorded process alive, and ``/health`` over TLS with the masters'
 client certificate (true only while the cluster has quorum). Each master: its process,
 ``/healthz`` (serving) and ``/readyz`` (leading with synced controllers). The leader:
-the holder of the election key in etcd, matched to a master by PID.
+the holder of the election key in etcd, matched to a master by PID. Each node: what its
+agent's reconcile note (``podnet.io/reconcile``) says is wrong, e.g. a policy left out.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from podnet.agent.nodestatus import reconcile_problems
 from podnet.cluster.controlplane import REGISTRY_PREFIX, ControlPlane, alive
 from podnet.cluster.state import ClusterState
 from podnet.store.etcd import EtcdStore
@@ -89,6 +93,20 @@ async def _holder(endpoints: str, plane: ControlPlane) -> str | None:
         return str(json.loads(kv.value)["holder"])
     except (ValueError, KeyError, TypeError):
         return kv.value.decode(errors="replace")
+
+
+def reconcile_report(api: Any, names: Iterable[str]) -> dict[str, list[str]]:
+    """Per node, the problems its reconcile note names (objects left out, refusals)."""
+    from podnet.client import ClientError
+    from podnet.model.kinds import NODE
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = reconcile_problems(api.get(NODE, name))
+        except ClientError:
+            found[name] = []
+    return found
 
 
 def control_plane_health(state: ClusterState, plane: ControlPlane) -> ControlPlaneHealth:

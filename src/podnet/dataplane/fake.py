@@ -16,6 +16,10 @@ what the kernel (or a correct agent) would never allow:
   unsorted or sharing a key, a rule whose targets are not its policy's, isolation sets
   that are not the union of the isolating policies' targets.
 
+What the fake refuses as the kernel refuses input, it refuses permanently
+(``DataPlaneRejected``); ``refuse`` names remote nodes and policies (``namespace/name``,
+while they hold rules) to refuse that way, as a rendering nft rejects.
+
 Every call is recorded in ``calls`` (method names) so tests can assert, for example, that
 ``setup_node`` is not called again after a restart. With ``state_file`` the state and the
 call history survive the process (for restart tests of ``podnet node --dataplane fake``):
@@ -29,6 +33,7 @@ import asyncio
 import json
 import os
 import zlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from podnet.dataplane.interface import (
     DataPlaneError,
+    DataPlaneRejected,
     DataPlaneStatus,
     NodeNetwork,
     NodeSetupRefused,
@@ -90,6 +96,7 @@ class FakeDataPlane:
         self.underlay_mtu = underlay_mtu
         self.state_file = state_file
         self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
+        self.refuse: set[str] = set()  # remote names, policy keys: refused permanently
         self.closed = False
         self._owner_cache: dict[IPv4Address, tuple[str, str]] | None = None
         self._pod_records: dict[tuple[str, str], dict[str, Any]] = {}
@@ -123,6 +130,7 @@ class FakeDataPlane:
         self._fail("sync_remote_nodes")
         self._require_setup()
         self._validate_remotes(node, remotes)
+        self._refuse(r.name for r in remotes)
         desired = {r.name: r for r in remotes}
         for name in sorted(self.state.remotes.keys() - desired.keys()):
             self.remote_changes.append(f"remove {name}")
@@ -176,6 +184,7 @@ class FakeDataPlane:
         self._require_setup()
         if rules is not self.state.policy:
             _validate_rules(rules)
+            self._refuse(p.key for p in rules.policies if p.rules)
             fingerprint = await asyncio.to_thread(rules.fingerprint)  # ~1 s at 5,000 pods
             self.state.policy, self.state.policy_fingerprint = rules, fingerprint
             self.policy_changes += 1
@@ -228,15 +237,15 @@ class FakeDataPlane:
         names: set[str] = set()
         for i, remote in enumerate(remotes):
             if remote.name in names or remote.name == node.node_name:
-                raise DataPlaneError(f"remote node {remote.name} listed twice or is this node")
+                raise DataPlaneRejected(f"remote node {remote.name} listed twice or is this node")
             names.add(remote.name)
             if remote.node_ip == node.node_ip:
-                raise DataPlaneError(f"remote node {remote.name} has this node's IP")
+                raise DataPlaneRejected(f"remote node {remote.name} has this node's IP")
             if remote.subnet.overlaps(node.subnet):
-                raise DataPlaneError(f"remote subnet {remote.subnet} overlaps {node.subnet}")
+                raise DataPlaneRejected(f"remote subnet {remote.subnet} overlaps {node.subnet}")
             for other in remotes[:i]:
                 if remote.subnet.overlaps(other.subnet):
-                    raise DataPlaneError(f"remote subnets {remote.subnet} and {other.subnet}")
+                    raise DataPlaneRejected(f"remote subnets {remote.subnet} and {other.subnet}")
 
     def _validate_pod(self, node: NodeNetwork, pod: PodNetwork) -> None:
         key = (pod.container_id, pod.ifname)
@@ -268,6 +277,11 @@ class FakeDataPlane:
         if self.node is None or self.state.version_note != self.node.version_note():
             raise DataPlaneError("the node is not set up")
         return self.node
+
+    def _refuse(self, names: Iterable[str]) -> None:
+        refused = sorted(self.refuse.intersection(names))
+        if refused:
+            raise DataPlaneRejected(f"refused as the kernel would: {', '.join(refused)}")
 
     def _fail(self, method: str) -> None:
         error = self.fail_next.pop(method, None)
@@ -331,7 +345,7 @@ def _validate_rules(rules: RuleSet) -> None:
         problems.append(f"policies outside {NETWORKPOLICY}")
     problems += _policy_problems(rules)
     if problems:
-        raise DataPlaneError("policy rule set refused: " + "; ".join(problems))
+        raise DataPlaneRejected("policy rule set refused: " + "; ".join(problems))
 
 
 def _policy_problems(rules: RuleSet) -> list[str]:

@@ -5,8 +5,9 @@
 ``publish`` (the agent writes a Node annotation). Writes are rate limited so thousands
 of nodes do not flood etcd: a new outcome (result, error or left-out objects changed) is
 published at most every ``min_interval`` seconds, a mere refresh (same outcome, newer
-time or size) at most every ``refresh_interval``. A failed publish is retried at the
-next due time.
+time or size) at most every ``refresh_interval``; the first write waits ``first_delay``
+after the first record, so that it carries the first pass of every loop. A failed
+publish is retried at the next due time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from podnet.reconcile.record import SYSTEM_CLOCK, ApplyRecord, Clock
 
 log = logging.getLogger("podnet.reconcile.note")
 
+FIRST_DELAY = 1.0  # the first write waits this long: every loop's first pass is in
 MIN_INTERVAL = 5.0
 REFRESH_INTERVAL = 300.0
 
@@ -33,21 +35,26 @@ class StatusNote:
         publish: Callable[[str], Awaitable[None]],
         min_interval: float = MIN_INTERVAL,
         refresh_interval: float = REFRESH_INTERVAL,
+        first_delay: float = FIRST_DELAY,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.publish = publish
         self.min_interval = min_interval
         self.refresh_interval = refresh_interval
+        self.first_delay = first_delay
         self.clock = clock
         self.records: dict[str, ApplyRecord] = {}
         self.published: dict[str, ApplyRecord] = {}
         self.writes = 0
         self._last_attempt: float | None = None
+        self._first_record: float | None = None
         self._changed = asyncio.Event()
 
     def record(self, record: ApplyRecord) -> None:
         """Keep ``record`` as its loop's newest; published when due."""
         self.records[record.loop] = record
+        if self._first_record is None:
+            self._first_record = self.clock.monotonic()
         self._changed.set()
 
     def text(self) -> str:
@@ -85,6 +92,6 @@ class StatusNote:
 
     def _due_in(self) -> float:
         if self._last_attempt is None:
-            return 0.0
+            return (self._first_record or 0.0) + self.first_delay - self.clock.monotonic()
         interval = self.min_interval if self.news() else self.refresh_interval
         return self._last_attempt + interval - self.clock.monotonic()
