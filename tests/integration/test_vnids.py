@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 
 from podnet.testing.api import client_for, namespace
 from podnet.testing.cli import run_podnet
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
 
 NETNS = "/apis/network.openshift.io/v1/netnamespaces"
@@ -19,13 +19,11 @@ def netids(api: httpx.Client) -> dict[str, int]:
 
 
 def wait_netids(api: httpx.Client, names: set[str], timeout: float = 20.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def all_there() -> dict[str, int] | None:
         ids = netids(api)
-        if names <= set(ids):
-            return ids
-        time.sleep(0.1)
-    raise AssertionError(f"NetNamespaces {names} did not appear: {netids(api)}")
+        return ids if names <= set(ids) else None
+
+    return dict(wait_for(all_there, timeout, f"NetNamespaces {names}"))
 
 
 def annotation(api: httpx.Client, name: str) -> Any:
@@ -60,7 +58,8 @@ def test_vnid_lifecycle_through_the_cli(master: MasterProcess) -> None:
 
         # c leaves, so b's VNID ... and a's VNID is now used by a alone: isolating a keeps it.
         api.delete("/api/v1/namespaces/c")
-        time.sleep(0.5)
+        # The controller deletes c's NetNamespace and drops c as a user of a's VNID in one go.
+        wait_for(lambda: "c" not in netids(api), 20, "c's NetNamespace to go")
         kept = after["a"]
         assert (
             run_podnet(master.kubeconfig, "adm", "pod-network", "isolate-projects", "a").returncode
