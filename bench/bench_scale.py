@@ -236,6 +236,11 @@ async def bench_fanout(
         max_ms=max(latencies, default=float("nan")),
         rss_peak_mb=max(usage.rss, default=0.0),
         expired=fan.total("expired"),
+        writes=len(writes),
+        per_watcher=(min(counts, default=0), max(counts, default=0)),
+        watchers=len(counts),
+        heartbeats=fan.total("heartbeats"),
+        kinds=kinds,
     )
     print(
         f"   {len(writes)} changes ({out['write rate']:.1f}/s) x {args.nodes} watchers: "
