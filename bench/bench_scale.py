@@ -277,11 +277,14 @@ async def run(args: argparse.Namespace, work: Path) -> Results:
         await bench_lists(cluster, args, out)
         server, ca, _ = cluster.parts()
         fleet = Fleet(server, ca, cluster.tokens, work)
-        await fleet.start(args.workers)
-        usage = Usage(cluster.pid, fleet.pids)
-        sampler = asyncio.create_task(usage.sample_forever())
-        await bench_registration(cluster, fleet, usage, args, out)
-        await bench_fanout(cluster, fleet, usage, args, out)
+        await fleet.start(args.workers, poll_seconds=args.poll)
+        async with aiohttp_session_for(cluster.master.kubeconfig, 1) as probe:
+            usage = Usage(cluster.pid, fleet.pids, probe)
+            sampler = asyncio.create_task(usage.sample_forever())
+            await bench_registration(cluster, fleet, usage, args, out)
+            if not args.no_fanout:
+                await bench_fanout(cluster, fleet, usage, args, out)
+            sampler.cancel()
     finally:
         if sampler is not None:
             sampler.cancel()
@@ -310,8 +313,12 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of changes")
     parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
     parser.add_argument("--workers", type=int, default=2, help="simulator processes")
+    parser.add_argument(
+        "--poll", type=float, default=0.5, help="HostSubnet poll period (the agent's: 0.5 s)"
+    )
     parser.add_argument("--kinds", default=",".join(AGENT_KINDS), help="kinds each agent watches")
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase, seconds")
+    parser.add_argument("--no-fanout", action="store_true", help="stop after registration")
     parser.add_argument("--log-dir", default="/tmp/podnet-scale-logs", help="logs kept here")
     return parser.parse_args(argv)
 

@@ -24,7 +24,7 @@ from podnet.model.kinds import HOST_SUBNET, KINDS, LEASE, NODE, Kind
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 from simulator.wire import VERSION, Endpoint, WatchStream, open_watch
 
-POLL_SECONDS = 0.5  # podnet.agent.agent.POLL_SECONDS: the HostSubnet wait
+POLL_SECONDS = 0.5  # podnet.agent.agent.POLL_SECONDS: the HostSubnet wait (default)
 WATCH_SECONDS = (300, 600)  # podnet.agent: the server ends each watch after this long
 RETRY = (0.2, 5.0)  # first and largest retry delay, jittered
 
@@ -108,12 +108,18 @@ class SimAgent:
     """One node's API traffic."""
 
     def __init__(
-        self, spec: AgentSpec, endpoint: Endpoint, tally: Tally, lease_seconds: int = 40
+        self,
+        spec: AgentSpec,
+        endpoint: Endpoint,
+        tally: Tally,
+        lease_seconds: int = 40,
+        poll_seconds: float = POLL_SECONDS,
     ) -> None:
         self.spec = spec
         self.endpoint = endpoint
         self.tally = tally
         self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
         self.counts: dict[str, int] = {}  # kind plural -> events seen (bookmarks aside)
         self.versions: dict[str, int] = {}  # kind plural -> last resourceVersion seen
         self.subnet = ""
@@ -195,7 +201,7 @@ class SimAgent:
             if status == 200 and subnet.get("subnet"):
                 self.subnet = str(subnet["subnet"])
                 return self.subnet
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(self.poll_seconds)
 
     async def set_ready(self) -> None:
         path = f"{collection_path(NODE)}/{self.spec.name}"

@@ -104,7 +104,7 @@ class Fleet:
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers]
 
-    async def start(self, workers: int, lease_seconds: int = 40) -> None:
+    async def start(self, workers: int, lease_seconds: int = 40, poll_seconds: float = 0.5) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), *sys.path])}
         for index in range(workers):
             rows = [
@@ -128,7 +128,9 @@ class Fleet:
             self.workers.append(worker)
             self._pumps.append(asyncio.create_task(worker.pump()))
             config = {"server": self.server, "ca": self.ca, "agents": rows}
-            await worker.send(config | {"lease_seconds": lease_seconds})
+            await worker.send(
+                config | {"lease_seconds": lease_seconds, "poll_seconds": poll_seconds}
+            )
         for worker in self.workers:
             await worker.answer("started", 60)
 

@@ -7,6 +7,7 @@ numbers the benchmark prints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import statistics
@@ -105,7 +106,9 @@ class Usage:
 
     master: int
     workers: list[int]
+    api: aiohttp.ClientSession | None = None  # for the /healthz probe
     rss: list[float] = field(default_factory=list)
+    probe_ms: list[float] = field(default_factory=list)  # /healthz round trips
     _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def _cpu(self) -> tuple[float, float, float]:
@@ -115,10 +118,16 @@ class Usage:
     def begin(self) -> None:
         self._start = self._cpu()
         self.rss.clear()
+        self.probe_ms.clear()
 
     async def sample_forever(self) -> None:
+        """RSS every second, and the round trip of ``GET /healthz``: a cheap request
+        whose latency is mostly the time the master's event loop takes to get to it."""
         while True:
             self.rss.append(rss_mb(self.master))
+            if self.api is not None:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, RuntimeError):
+                    self.probe_ms.append((await timed_get(self.api, "/healthz"))[0] * 1000)
             await asyncio.sleep(1.0)
 
     def summary(self) -> str:
@@ -127,9 +136,11 @@ class Usage:
         master_pct = (master - self._start[1]) / wall * 100
         workers_pct = (workers - self._start[2]) / wall * 100
         peak = max(self.rss, default=rss_mb(self.master))
+        probe = self.probe_ms
         return (
             f"CPU master {master_pct:.0f}%, simulator {workers_pct:.0f}% (of one core, "
-            f"2 cores in all); master RSS peak {peak:.0f} MB"
+            f"2 cores in all); master RSS peak {peak:.0f} MB; /healthz p50 "
+            f"{percentile(probe, 50):.0f} ms, max {max(probe, default=float('nan')):.0f} ms"
         )
 
 

@@ -2,7 +2,8 @@
 
 Run as ``python -m simulator.worker`` (``bench/`` on the path). The first stdin line is
 the configuration (JSON): ``server``, ``ca`` (PEM), ``agents`` ([name, token, ip]),
-``lease_seconds``. Each later line is a command; each answer is one JSON line on stdout:
+``lease_seconds``, ``poll_seconds``. Each later line is a command; each answer is one
+JSON line on stdout:
 
 - ``{"cmd": "register"}``: every agent registers, starts its heartbeat, waits for its
   HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``.
@@ -24,7 +25,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from simulator.agent import AgentSpec, Failed, SimAgent, Tally
+from simulator.agent import POLL_SECONDS, AgentSpec, Failed, SimAgent, Tally
 from simulator.wire import Endpoint
 
 
@@ -50,7 +51,13 @@ class Worker:
         endpoint = endpoint_of(config["server"], config["ca"])
         self.tally = Tally()
         self.agents = [
-            SimAgent(AgentSpec(*row), endpoint, self.tally, config.get("lease_seconds", 40))
+            SimAgent(
+                AgentSpec(*row),
+                endpoint,
+                self.tally,
+                config.get("lease_seconds", 40),
+                config.get("poll_seconds", POLL_SECONDS),
+            )
             for row in config["agents"]
         ]
         self.tasks: list[asyncio.Task[Any]] = []
