@@ -25,6 +25,7 @@ from podnet.reconcile import (
     REJECTED,
     ApplyRecord,
     Clock,
+    Pacing,
     ReconcileLoop,
     ReconcileMetrics,
     StatusNote,
@@ -149,10 +150,8 @@ async def running() -> object:
         clock, metrics, records = FakeClock(), ReconcileMetrics(), []
         loop = ReconcileLoop(
             target,
-            30.0,
+            Pacing(30.0, COALESCE, backoff=BACKOFF),
             inputs=inputs,
-            coalesce=COALESCE,
-            backoff=BACKOFF,
             metrics=metrics,
             report=records.append,
             clock=clock,

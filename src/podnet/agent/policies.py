@@ -53,7 +53,7 @@ from podnet.policy.incremental import (
     PolicyCompiler,
 )
 from podnet.policy.model import RuleSet
-from podnet.reconcile import ApplyRecord, ReconcileLoop, ReconcileMetrics
+from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.policies")
 
@@ -158,10 +158,8 @@ class PolicySync:
         self._announced_plugin = plugin
         self.loop = ReconcileLoop(
             self,
-            resync_period,
+            Pacing(resync_period, coalesce, compile_in_thread=True),
             inputs=[kind.plural for kind in self.kinds],  # subnet mode: none, apply at once
-            coalesce=coalesce,
-            compile_in_thread=True,
             metrics=metrics,
             report=report,
         )

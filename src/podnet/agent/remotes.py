@@ -18,7 +18,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from podnet.dataplane.interface import DataPlane, NodeNetwork, RemoteNode
-from podnet.reconcile import ApplyRecord, ReconcileLoop, ReconcileMetrics
+from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.remotes")
 
@@ -70,13 +70,9 @@ class RemoteNodeSync:
         self.node = node
         self._hostsubnets: dict[str, Obj] = {}
         self._applied: list[RemoteNode] | None = None
+        pacing = Pacing(resync_period, coalesce)
         self.loop = ReconcileLoop(
-            self,
-            resync_period,
-            inputs=("hostsubnets",),
-            coalesce=coalesce,
-            metrics=metrics,
-            report=report,
+            self, pacing, inputs=("hostsubnets",), metrics=metrics, report=report
         )
         self.synced = self.loop.synced  # set after each successful sync
         self.run = self.loop.run

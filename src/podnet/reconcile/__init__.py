@@ -14,8 +14,9 @@ class Target(Protocol[D]):       # D: the desired state, a plain value
     def describe(self, desired: D) -> str        # "12 pods, 3 policies"
     async def after_apply(self, desired: D, record: ApplyRecord) -> None
 
-loop = ReconcileLoop(target, resync_period, inputs=("pods", "policies"),
-                     compile_in_thread=True, metrics=..., report=note.record)
+pacing = Pacing(resync_period, coalesce=0.015, compile_in_thread=True)
+loop = ReconcileLoop(target, pacing, inputs=("pods", "policies"),
+                     metrics=..., report=note.record)
 loop.listed("pods")   # an input's first listing arrived
 loop.changed()        # any later change
 loop.poke()           # apply again now (after the node was set up again)
@@ -26,8 +27,8 @@ What a pass does:
 
 1. Nothing until every named input has delivered its first listing (a partial view
    would, for example, isolate pods from peers not seen yet).
-2. After a change it waits ``coalesce`` for the rest of a burst, then ``take``s the
-   changes and compiles, in a worker thread when ``compile_in_thread``.
+2. After a change it waits ``Pacing.coalesce`` for the rest of a burst, then ``take``s
+   the changes and compiles, in a worker thread when ``compile_in_thread``.
 3. ``apply`` runs under ``apply_timeout``. A transient error (``DataPlaneError``, the
    timeout) is logged and retried with the one ``podnet.client.Backoff``.
 4. A permanent error (``DataPlaneRejected``: the kernel or nft refused the input) is
@@ -48,7 +49,7 @@ Modules: ``loop`` (the loop and ``Target``), ``bisect`` (pure search over keys),
 note), ``metrics`` (Prometheus counters).
 """
 
-from podnet.reconcile.loop import ReconcileLoop, Target
+from podnet.reconcile.loop import Pacing, ReconcileLoop, Target
 from podnet.reconcile.metrics import ReconcileMetrics
 from podnet.reconcile.note import StatusNote
 from podnet.reconcile.record import (
@@ -67,6 +68,7 @@ __all__ = [
     "REJECTED",
     "ApplyRecord",
     "Clock",
+    "Pacing",
     "ReconcileLoop",
     "ReconcileMetrics",
     "StatusNote",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from podnet.client.backoff import Backoff
@@ -66,32 +67,34 @@ class Target(Protocol[D]):
         ...
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How a loop paces its passes: ``resync_period`` seconds without a change before the
+    same state is applied again, ``coalesce`` seconds of a burst taken together, the
+    compile in a worker thread or not, the apply timeout and the transient-error backoff."""
+
+    resync_period: float
+    coalesce: float = COALESCE_SECONDS
+    compile_in_thread: bool = False
+    apply_timeout: float = APPLY_TIMEOUT
+    backoff: Backoff = RETRY_BACKOFF
+
+
 class ReconcileLoop(Generic[D]):
     """Keeps the data plane equal to ``target``'s desired state (package docstring)."""
 
     def __init__(
         self,
         target: Target[D],
-        resync_period: float,
+        pacing: Pacing,
         *,
         inputs: Iterable[str] = (),
-        coalesce: float = COALESCE_SECONDS,
-        compile_in_thread: bool = False,
-        apply_timeout: float = APPLY_TIMEOUT,
-        backoff: Backoff = RETRY_BACKOFF,
         metrics: ReconcileMetrics | None = None,
         report: Callable[[ApplyRecord], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.target = target
-        self.resync_period = resync_period
-        self.coalesce = coalesce
-        self.compile_in_thread = compile_in_thread
-        self.apply_timeout = apply_timeout
-        self.backoff = backoff
-        self.metrics = metrics
-        self.report = report
-        self.clock = clock
+        self.target, self.pacing, self.clock = target, pacing, clock
+        self.metrics, self.report = metrics, report
         self.synced = asyncio.Event()  # set after each pass that applied (all or part)
         self.last: ApplyRecord | None = None  # the last pass's record
         self.last_latency: float | None = None  # first change -> applied, seconds
@@ -133,16 +136,16 @@ class ReconcileLoop(Generic[D]):
         ``resync_period``; back off after transient errors; never returns."""
         attempt = 0
         while True:
-            if not await self.clock.wait(self._changed, self.resync_period):
+            if not await self.clock.wait(self._changed, self.pacing.resync_period):
                 log.debug("periodic resync of %s", self.target.name)
-            await self.clock.sleep(self.coalesce)
+            await self.clock.sleep(self.pacing.coalesce)
             self._changed.clear()
             if not self.ready():
                 continue
             if await self.reconcile_once():
                 attempt = 0
                 continue
-            await self.clock.sleep(self.backoff.delay(attempt))
+            await self.clock.sleep(self.pacing.backoff.delay(attempt))
             attempt += 1
             self._changed.set()
 
@@ -151,7 +154,7 @@ class ReconcileLoop(Generic[D]):
         first, self._first_change = self._first_change, None
         started = self.clock.monotonic()
         step = self.target.take()
-        desired = await asyncio.to_thread(step) if self.compile_in_thread else step()
+        desired = await asyncio.to_thread(step) if self.pacing.compile_in_thread else step()
         self._compiled = self.clock.monotonic() - started
         try:
             result, left_out, error = await self._apply(desired)
@@ -212,7 +215,7 @@ class ReconcileLoop(Generic[D]):
         """Apply with the timeout; False when refused (the error kept), transient errors
         raised."""
         try:
-            async with asyncio.timeout(self.apply_timeout):
+            async with asyncio.timeout(self.pacing.apply_timeout):
                 await self.target.apply(desired)
         except PERMANENT as exc:
             self._error = str(exc) or type(exc).__name__

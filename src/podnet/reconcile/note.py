@@ -38,11 +38,9 @@ class StatusNote:
         first_delay: float = FIRST_DELAY,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.publish = publish
-        self.min_interval = min_interval
-        self.refresh_interval = refresh_interval
+        self.publish, self.clock = publish, clock
+        self.min_interval, self.refresh_interval = min_interval, refresh_interval
         self.first_delay = first_delay
-        self.clock = clock
         self.records: dict[str, ApplyRecord] = {}
         self.published: dict[str, ApplyRecord] = {}
         self.writes = 0
