@@ -10,22 +10,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podnet.cni import validate
-from podnet.cni.types import (
+from podnet.cni.result import (
     DNS,
-    SUPPORTED_VERSIONS,
-    Attachment,
-    CniError,
     CniResult,
     Interface,
     IPConfig,
     Route,
-    error_answer,
     format_result,
+    parse_result,
+)
+from podnet.cni.types import (
+    SUPPORTED_VERSIONS,
+    Attachment,
+    CniError,
+    error_answer,
     http_status_for,
     parse_cni_args,
     parse_network_config,
     parse_request,
-    parse_result,
     result_answer,
 )
 

@@ -26,11 +26,11 @@ from typing import Protocol
 from aiohttp import web
 
 from podnet.agent.cnierrors import as_cni_error
+from podnet.cni.result import CniResult
 from podnet.cni.types import (
     AGENT_PATH,
     CniError,
     CniRequest,
-    CniResult,
     error_answer,
     parse_request,
     result_answer,

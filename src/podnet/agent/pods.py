@@ -21,16 +21,13 @@ from podnet.agent.ipamrepair import Report, repair_damaged
 from podnet.agent.podcleanup import CleanupPlan, IpamEntry, plan_gc, plan_restart_cleanup
 from podnet.agent.podrefs import Pair, PodRefs
 from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
+from podnet.cni.result import CniResult, Interface, IPConfig, Route
 from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
     ERR_NOT_AVAILABLE_LIMITED,
     CniError,
     CniRequest,
-    CniResult,
-    Interface,
-    IPConfig,
-    Route,
 )
 from podnet.dataplane.interface import (
     DataPlane,

@@ -1,17 +1,20 @@
-"""CNI types for the node agent: results in each spec version, errors, args, config.
+"""CNI requests for the node agent: the network config, CNI_ARGS, errors, and the answers.
 
 The agent receives the shim's ``POST /cni`` body, turns it into a ``CniRequest`` with
 ``parse_request`` (which re-runs every check the shims make, with the same codes), and
-answers with ``result_answer`` or ``error_answer``.
+answers with ``result_answer`` or ``error_answer``. ADD's result and its formats per spec
+version are ``podnet.cni.result``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from podnet.cni.fields import get_field, invalid, objects, required
+from podnet.cni.result import CniResult, format_result, parse_result
 
 # Names imported "as" themselves are re-exported: the agent imports everything from here.
 from podnet.cni.shim import AGENT_PATH as AGENT_PATH
@@ -20,7 +23,6 @@ from podnet.cni.validate import (
     DEFAULT_VERSION,
     CniError,
     check_config,
-    check_version,
     decode_config,
     validate_request,
 )
@@ -38,194 +40,8 @@ from podnet.cni.validate import ERR_UNKNOWN_CONTAINER as ERR_UNKNOWN_CONTAINER
 from podnet.cni.validate import ERR_UNSUPPORTED_FIELD as ERR_UNSUPPORTED_FIELD
 from podnet.cni.validate import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
 
-# Versions whose results carry "version": "4"|"6" in each ip.
-LEGACY_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.4.0"})
-# Interface mtu and the route attributes after gw are new in 1.1.0.
-EXTRAS_SINCE = "1.1.0"
 MTU_RANGE = range(68, 65536)
-ROUTE_EXTRAS = ("mtu", "advmss", "priority", "table", "scope")
 VALID_ATTACHMENTS_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
-
-
-@dataclass(frozen=True)
-class Interface:
-    """An interface of a result; ``sandbox`` is the netns path for pod-side ones."""
-
-    name: str
-    mac: str = ""
-    mtu: int | None = None  # 1.1.0 only
-    sandbox: str = ""
-
-
-@dataclass(frozen=True)
-class IPConfig:
-    """An address in CIDR form; ``interface`` indexes ``CniResult.interfaces``."""
-
-    address: str
-    gateway: str | None = None
-    interface: int | None = None
-
-    @property
-    def version(self) -> str:
-        """The IP version as the 0.3.x/0.4.0 formats spell it: "4" or "6"."""
-        return str(ipaddress.ip_interface(self.address).version)
-
-
-@dataclass(frozen=True)
-class Route:
-    """A route; the attributes after ``gw`` exist in spec 1.1.0 only."""
-
-    dst: str
-    gw: str | None = None
-    mtu: int | None = None
-    advmss: int | None = None
-    priority: int | None = None
-    table: int | None = None
-    scope: int | None = None
-
-
-@dataclass(frozen=True)
-class DNS:
-    """DNS settings of a result."""
-
-    nameservers: tuple[str, ...] = ()
-    domain: str = ""
-    search: tuple[str, ...] = ()
-    options: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CniResult:
-    """The version-neutral result of ADD; ``format_result`` renders one version."""
-
-    interfaces: tuple[Interface, ...] = ()
-    ips: tuple[IPConfig, ...] = ()
-    routes: tuple[Route, ...] = ()
-    dns: DNS = field(default_factory=DNS)
-
-
-def _format_interface(iface: Interface, extras: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": iface.name}
-    if iface.mac:
-        out["mac"] = iface.mac
-    if iface.mtu and extras:
-        out["mtu"] = iface.mtu
-    if iface.sandbox:
-        out["sandbox"] = iface.sandbox
-    return out
-
-
-def _format_ip(ip: IPConfig, legacy: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"version": ip.version} if legacy else {}
-    out["address"] = ip.address
-    if ip.gateway:
-        out["gateway"] = ip.gateway
-    if ip.interface is not None:
-        out["interface"] = ip.interface
-    return out
-
-
-def _format_route(route: Route, extras: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"dst": route.dst}
-    if route.gw:
-        out["gw"] = route.gw
-    if extras:
-        out.update({k: getattr(route, k) for k in ROUTE_EXTRAS if getattr(route, k) is not None})
-    return out
-
-
-def _format_dns(dns: DNS) -> dict[str, Any]:
-    out = {"nameservers": list(dns.nameservers), "domain": dns.domain}
-    out.update({"search": list(dns.search), "options": list(dns.options)})
-    return {key: value for key, value in out.items() if value}
-
-
-def format_result(result: CniResult, cni_version: str) -> dict[str, Any]:
-    """Render ``result`` in the format of ``cni_version`` (the request config's)."""
-    check_version("ADD", {"cniVersion": cni_version})
-    legacy = cni_version in LEGACY_VERSIONS
-    extras = SUPPORTED_VERSIONS.index(cni_version) >= SUPPORTED_VERSIONS.index(EXTRAS_SINCE)
-    out: dict[str, Any] = {"cniVersion": cni_version}
-    if result.interfaces:
-        out["interfaces"] = [_format_interface(i, extras) for i in result.interfaces]
-    if result.ips:
-        out["ips"] = [_format_ip(ip, legacy) for ip in result.ips]
-    if result.routes:
-        out["routes"] = [_format_route(r, extras) for r in result.routes]
-    out["dns"] = _format_dns(result.dns)
-    return out
-
-
-def _invalid(what: str, details: str) -> CniError:
-    return CniError(ERR_INVALID_NETWORK_CONFIG, f"invalid {what}", details)
-
-
-def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = obj.get(key)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-        raise _invalid(what, f'"{key}" has the wrong type')
-    return value
-
-
-def _objects(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
-    items = _get(data, key, list, what) or []
-    if not all(isinstance(item, dict) for item in items):
-        raise _invalid(what, f'"{key}" must be a list of objects')
-    return items
-
-
-def _required(item: Mapping[str, Any], key: str, what: str) -> str:
-    value = _get(item, key, str, what)
-    if not value:
-        raise _invalid(what, f'missing "{key}"')
-    return str(value)
-
-
-def _strings(item: Mapping[str, Any], key: str, what: str) -> tuple[str, ...]:
-    values = _get(item, key, list, what) or []
-    if not all(isinstance(v, str) for v in values):
-        raise _invalid(what, f'"{key}" must be a list of strings')
-    return tuple(values)
-
-
-def _parse_ip(item: Mapping[str, Any]) -> IPConfig:
-    address = _required(item, "address", "result")
-    try:
-        ipaddress.ip_interface(address)
-    except ValueError:
-        raise _invalid("result", f'bad ip address "{address}"') from None
-    gateway = _get(item, "gateway", str, "result")
-    return IPConfig(address, gateway, _get(item, "interface", int, "result"))
-
-
-def _parse_route(item: Mapping[str, Any]) -> Route:
-    ints = {k: _get(item, k, int, "result") for k in ROUTE_EXTRAS}
-    return Route(_required(item, "dst", "result"), _get(item, "gw", str, "result"), **ints)
-
-
-def _parse_interface(item: Mapping[str, Any]) -> Interface:
-    return Interface(
-        _required(item, "name", "result"),
-        _get(item, "mac", str, "result") or "",
-        _get(item, "mtu", int, "result"),
-        _get(item, "sandbox", str, "result") or "",
-    )
-
-
-def _parse_dns(data: Mapping[str, Any]) -> DNS:
-    dns = _get(data, "dns", dict, "result") or {}
-    lists = {k: _strings(dns, k, "result") for k in ("nameservers", "search", "options")}
-    return DNS(domain=_get(dns, "domain", str, "result") or "", **lists)
-
-
-def parse_result(data: Mapping[str, Any]) -> CniResult:
-    """Read a result in any supported version's format (e.g. a prevResult); raise CniError(7)."""
-    return CniResult(
-        interfaces=tuple(_parse_interface(i) for i in _objects(data, "interfaces", "result")),
-        ips=tuple(_parse_ip(i) for i in _objects(data, "ips", "result")),
-        routes=tuple(_parse_route(r) for r in _objects(data, "routes", "result")),
-        dns=_parse_dns(data),
-    )
 
 
 def parse_cni_args(text: str, known: Collection[str] | None = None) -> dict[str, str]:
@@ -286,39 +102,39 @@ def _parse_attachments(config: Mapping[str, Any]) -> tuple[Attachment, ...] | No
     present = [k for k in VALID_ATTACHMENTS_KEYS if k in config]
     for key in present:
         if not isinstance(config[key], list):
-            raise _invalid(what, f'"{key}" must be a list of attachments')
-    lists = [tuple(_attachment(item) for item in _objects(config, k, what)) for k in present]
+            raise invalid(what, f'"{key}" must be a list of attachments')
+    lists = [tuple(_attachment(item) for item in objects(config, k, what)) for k in present]
     if len(set(lists)) > 1:
-        raise _invalid(what, f"{' and '.join(present)} differ")
+        raise invalid(what, f"{' and '.join(present)} differ")
     return lists[0] if lists else None
 
 
 def _attachment(item: Mapping[str, Any]) -> Attachment:
     what = "network config"
-    return Attachment(_required(item, "containerID", what), _required(item, "ifname", what))
+    return Attachment(required(item, "containerID", what), required(item, "ifname", what))
 
 
 def _parse_prev_result(config: Mapping[str, Any]) -> CniResult | None:
-    prev = _get(config, "prevResult", dict, "network config")
+    prev = get_field(config, "prevResult", dict, "network config")
     return parse_result(prev) if prev is not None else None
 
 
 def _config_from(config: dict[str, Any], cni_version: str) -> NetworkConfig:
     what = "network config"
-    mtu = _get(config, "mtu", int, what)
+    mtu = get_field(config, "mtu", int, what)
     if mtu is not None and mtu not in MTU_RANGE:
-        raise _invalid(what, f'"mtu" must be from {MTU_RANGE.start} to {MTU_RANGE.stop - 1}')
+        raise invalid(what, f'"mtu" must be from {MTU_RANGE.start} to {MTU_RANGE.stop - 1}')
     return NetworkConfig(
         name=config["name"],
         cni_version=cni_version,
         type=config["type"],
         prev_result=_parse_prev_result(config),
-        runtime_config=_get(config, "runtimeConfig", dict, what) or {},
-        ipam=_get(config, "ipam", dict, what) or {},
-        args=_get(config, "args", dict, what) or {},
-        socket_path=_get(config, "socketPath", str, what) or None,
+        runtime_config=get_field(config, "runtimeConfig", dict, what) or {},
+        ipam=get_field(config, "ipam", dict, what) or {},
+        args=get_field(config, "args", dict, what) or {},
+        socket_path=get_field(config, "socketPath", str, what) or None,
         mtu=mtu,
-        namespace=_get(config, "namespace", str, what) or None,
+        namespace=get_field(config, "namespace", str, what) or None,
         valid_attachments=_parse_attachments(config),
         raw=config,
     )
