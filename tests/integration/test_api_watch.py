@@ -12,16 +12,23 @@ import httpx
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import async_client_for, namespace, pod
+from podnet.testing.e2e import eventually
 from podnet.testing.processes import MasterProcess
 
 NS = "/api/v1/namespaces"
 
 
 async def read_events(
-    api: httpx.AsyncClient, path: str, count: int, timeout: float = 10.0, **params: str
+    api: httpx.AsyncClient,
+    path: str,
+    count: int,
+    timeout: float = 10.0,
+    into: list[dict[str, Any]] | None = None,
+    **params: str,
 ) -> list[dict[str, Any]]:
-    """The first ``count`` events of a watch (or fewer if ``timeout`` passes)."""
-    events: list[dict[str, Any]] = []
+    """The first ``count`` events of a watch (or fewer if ``timeout`` passes), appended to
+    ``into`` as they come when given (so a test sees the watch's progress)."""
+    events: list[dict[str, Any]] = [] if into is None else into
 
     async def consume() -> None:
         async with api.stream("GET", path, params={"watch": "1", **params}) as stream:
@@ -73,8 +80,9 @@ async def test_namespace_delete_is_seen_as_terminating_then_deleted(master: Mast
 async def test_watch_without_version_sends_state_then_live(master: MasterProcess) -> None:
     async with async_client_for(master.kubeconfig) as api:
         await api.post(NS, json=namespace("live-a", {"team": "x"}))
-        task = asyncio.create_task(read_events(api, NS, 2, labelSelector="team=x"))
-        await asyncio.sleep(0.5)
+        seen: list[dict[str, Any]] = []
+        task = asyncio.create_task(read_events(api, NS, 2, into=seen, labelSelector="team=x"))
+        await eventually(lambda: len(seen) == 1, what="the state first: live-a")
         await api.post(NS, json=namespace("live-b", {"team": "y"}))
         await api.post(NS, json=namespace("live-c", {"team": "x"}))
         events = await task
@@ -114,10 +122,11 @@ async def test_compacted_version_is_gone(master: MasterProcess, etcd: EtcdProces
         listed = (await api.get(NS)).json()
         names = {n["metadata"]["name"] for n in listed["items"]}
         assert {"c1", "c2", "c3"} <= names
+        # Watched from the list's version: c4, made after the list, is seen whenever the
+        # watch connects.
         task = asyncio.create_task(
             read_events(api, NS, 1, resourceVersion=listed["metadata"]["resourceVersion"])
         )
-        await asyncio.sleep(0.3)
         await api.post(NS, json=namespace("c4"))
         assert summary(await task) == [("ADDED", "c4")]
 
@@ -127,8 +136,8 @@ async def test_watch_of_one_object_sees_only_that_object(master: MasterProcess) 
         created = (await api.post(NS, json=namespace("one"))).json()
         await api.post(NS, json=namespace("two"))
         rv = created["metadata"]["resourceVersion"]
+        # From ``rv``: both patches come after it, whenever the watch connects.
         task = asyncio.create_task(read_events(api, f"{NS}/one", 1, resourceVersion=rv))
-        await asyncio.sleep(0.3)
         await api.patch(
             f"{NS}/two",
             json={"metadata": {"labels": {"a": "b"}}},

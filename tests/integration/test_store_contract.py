@@ -12,6 +12,7 @@ from podnet.store.base import Absent, Compacted, Delete, ModRevisionIs, Put, Sto
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 
 @pytest.fixture(params=["etcd", "memory"])
@@ -74,7 +75,7 @@ async def test_watch_replays_then_follows_and_reports_previous_values(
                 return
 
     task = asyncio.create_task(follow())
-    await asyncio.sleep(0.2)
+    await eventually(lambda: len(seen) == 2, what="the replay")  # then y comes live
     await store.commit([], [Put(f"{key}y", b"3")])
     await asyncio.wait_for(task, 5)
     assert [(e.type, e.key, e.value, e.prev_value) for e in seen] == [
