@@ -112,7 +112,7 @@ def _show(
         objects = [client.get(kind, n, ns) for n in names if n is not None]
         printer.initial(objects, single=len(objects) == 1)
         return str(objects[-1].get("metadata", {}).get("resourceVersion") or "") or None
-    listing = client.list(kind, ns, selector, field_selector)
+    listing = client.list(kind, ns, label_selector=selector, field_selector=field_selector)
     items = listing.get("items") or []
     printer.initial(items, single=False)
     if not items and printer.fmt in (None, "wide"):
@@ -130,7 +130,9 @@ def _watch(
     field_selector: str | None,
     name: str | None,
 ) -> None:
-    for event in client.watch(printer.kind, ns, version, selector, field_selector):
+    for event in client.watch(
+        printer.kind, ns, version, label_selector=selector, field_selector=field_selector
+    ):
         obj = event.object
         if event.type == BOOKMARK:
             continue

@@ -11,8 +11,7 @@ Long-lived streams go through ``podnet.client.reflector.reflect(client, kind)``.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -28,7 +27,7 @@ from podnet.client.objectapi import Listing
 from podnet.client.paths import metadata, resource_path
 from podnet.client.tls import ssl_context
 from podnet.client.watch import Obj, ResourceVersion, WatchEvent, decode_event, resource_version
-from podnet.client.wire import MERGE_PATCH, body, headers, json_object, watch_params
+from podnet.client.wire import MERGE_PATCH, Call, headers, json_object, watch_params
 from podnet.kubeconfig import ClientConfig
 from podnet.model.kinds import Kind
 
@@ -68,26 +67,23 @@ class AsyncApiClient:
             await self._session.close()
             self._session = None
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        obj: Mapping[str, Any] | None = None,
-        params: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> Obj:
+    async def request(self, call: Call) -> Obj:
         """One API call; returns the decoded JSON answer or raises a ``ClientError``."""
-        data, extra = body(obj, content_type)
+        session = self.session()
         try:
-            async with self.session().request(
-                method, path, data=data, params=params, headers=extra
+            async with session.request(
+                call.method,
+                call.path,
+                data=call.content(),
+                params=call.params,
+                headers=call.headers(),
             ) as resp:
                 payload = await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise self._unreachable(f"{method} {path}", exc) from exc
+            raise self._unreachable(str(call), exc) from exc
         if not 200 <= resp.status < 300:
             raise error_from_body(resp.status, payload, resp.reason or "")
-        return json_object(payload, resp.status, f"{method} {path}")
+        return json_object(payload, resp.status, str(call))
 
     # ---- ObjectApi -----------------------------------------------------------------------
 
@@ -96,7 +92,7 @@ class AsyncApiClient:
     ) -> Listing:
         """Every object of ``kind`` and the list's resourceVersion."""
         params = {"fieldSelector": field_selector} if field_selector else None
-        answer = await self.request("GET", resource_path(kind, namespace), params=params)
+        answer = await self.request(Call("GET", resource_path(kind, namespace), params=params))
         return Listing(list(answer.get("items") or []), resource_version(answer))
 
     async def watch(
@@ -118,33 +114,28 @@ class AsyncApiClient:
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
         """Read one object."""
-        return await self.request("GET", resource_path(kind, namespace, name))
+        return await self.request(Call("GET", resource_path(kind, namespace, name)))
 
     async def create(self, kind: Kind, obj: Obj, namespace: str | None = None) -> Obj:
         """Create an object (the namespace defaults to the object's own)."""
         ns = namespace or metadata(obj).get("namespace")
-        return await self.request("POST", resource_path(kind, ns), obj)
+        return await self.request(Call("POST", resource_path(kind, ns), obj))
 
     async def update(self, kind: Kind, obj: Obj, *, subresource: str = "") -> Obj:
         """Replace an object (PUT) or its ``subresource``; a stale ``resourceVersion``
         raises ``Conflict``."""
         meta = metadata(obj)
         path = resource_path(kind, meta.get("namespace"), meta["name"], subresource)
-        return await self.request("PUT", path, obj)
+        return await self.request(Call("PUT", path, obj))
 
     async def delete(
-        self,
-        kind: Kind,
-        namespace: str | None,
-        name: str,
-        *,
-        resource_version: ResourceVersion | None = None,
+        self, kind: Kind, namespace: str | None, name: str, *, resource_version: int | None = None
     ) -> None:
         """Delete one object, only at ``resource_version`` when given."""
         options = None
         if resource_version is not None:
             options = {"preconditions": {"resourceVersion": str(resource_version)}}
-        await self.request("DELETE", resource_path(kind, namespace, name), options)
+        await self.request(Call("DELETE", resource_path(kind, namespace, name), options))
 
     # ---- what the agent adds -------------------------------------------------------------
 
@@ -164,7 +155,7 @@ class AsyncApiClient:
     ) -> Obj:
         """Apply a JSON merge patch (RFC 7386) to an object or its subresource."""
         path = resource_path(kind, namespace, name, subresource)
-        return await self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+        return await self.request(Call("PATCH", path, patch, content_type=MERGE_PATCH))
 
     def _unreachable(self, what: str, exc: BaseException) -> TransportError:
         if isinstance(exc, aiohttp.ClientSSLError):

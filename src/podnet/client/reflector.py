@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from podnet.client.backoff import WATCH_BACKOFF, Attempts, Backoff, with_retry
 from podnet.client.errors import Expired, is_transient, one_line
@@ -51,24 +52,17 @@ def reflect(
     return Reflector(api, kind, namespace, resync_period, backoff).events()
 
 
+@dataclass
 class Reflector:
     """One kind's listing and watch; ``events()`` runs it."""
 
-    def __init__(
-        self,
-        api: ObjectApi,
-        kind: Kind,
-        namespace: str | None = None,
-        resync_period: float | None = None,
-        backoff: Backoff = WATCH_BACKOFF,
-    ) -> None:
-        self.api = api
-        self.kind = kind
-        self.namespace = namespace
-        self.period = resync_period
-        self.backoff = backoff
-        self.version: ResourceVersion = 0
-        self.known: set[Key] = set()  # the objects the consumer holds
+    api: ObjectApi
+    kind: Kind
+    namespace: str | None = None
+    resync_period: float | None = None
+    backoff: Backoff = WATCH_BACKOFF
+    version: ResourceVersion = field(default=0, init=False)
+    known: set[Key] = field(default_factory=set, init=False)  # what the consumer holds
 
     async def events(self) -> AsyncIterator[WatchEvent]:
         """The stream described in the module docstring."""
@@ -104,7 +98,7 @@ class Reflector:
     async def follow(self) -> AsyncIterator[WatchEvent]:
         """Watch from ``self.version`` until a relist is due (410 or the resync time)."""
         loop = asyncio.get_running_loop()
-        until = loop.time() + self.period if self.period else None
+        until = loop.time() + self.resync_period if self.resync_period else None
         attempts = Attempts(self.backoff, None, loop.time)
         while until is None or loop.time() < until:
             stream = self.api.watch(self.kind, self.version, self.namespace)
@@ -162,16 +156,14 @@ async def _bounded(
                 await closer()
 
 
+@dataclass(frozen=True)
 class Reflectors:
     """Reflector streams by kind over one ``ObjectApi``: what a consumer that only wants
     "everything, then every change" of a few kinds is given (the agent's policy sync)."""
 
-    def __init__(
-        self, api: ObjectApi, resync_period: float | None = None, backoff: Backoff = WATCH_BACKOFF
-    ) -> None:
-        self.api = api
-        self.resync_period = resync_period
-        self.backoff = backoff
+    api: ObjectApi
+    resync_period: float | None = None
+    backoff: Backoff = WATCH_BACKOFF
 
     def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
         """``LISTED``, then every change of ``kind`` in all namespaces, for ever."""

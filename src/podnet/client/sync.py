@@ -24,8 +24,8 @@ from podnet.client.errors import (
 )
 from podnet.client.paths import KindRef, metadata, resolve_kind, resource_path
 from podnet.client.tls import ssl_context
-from podnet.client.watch import WatchEvent, decode_event
-from podnet.client.wire import MERGE_PATCH, body, headers, json_object, selectors, watch_params
+from podnet.client.watch import Obj, WatchEvent, decode_event
+from podnet.client.wire import MERGE_PATCH, Call, headers, json_object, selectors, watch_params
 from podnet.kubeconfig import ClientConfig
 
 DEFAULT_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
@@ -67,54 +67,20 @@ class ApiClient:
 
     def get(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:
         """One object."""
-        return self._call("GET", resource_path(kind, namespace, name))
+        return self._send(Call("GET", resource_path(kind, namespace, name)))
 
-    def list(
-        self,
-        kind: KindRef,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> dict[str, Any]:
-        """The List object of a kind, in one namespace or (``None``) in all of them."""
-        params = selectors(label_selector, field_selector)
-        return self._call("GET", resource_path(kind, namespace), params=params)
-
-    def create(
-        self, kind: KindRef, obj: Mapping[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        """POST a new object; the namespace defaults to the object's own."""
-        ns = namespace or metadata(obj).get("namespace")
-        k = resolve_kind(kind)
-        if k.namespaced and not ns:
-            raise ValueError(f"a namespace is needed to create a {k.singular}")
-        return self._call("POST", resource_path(k, ns), json_body=obj)
-
-    def replace(
-        self, kind: KindRef, obj: Mapping[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        """PUT the whole object (its metadata.resourceVersion guards against lost updates)."""
-        ns, name = namespace or metadata(obj).get("namespace"), metadata(obj).get("name")
-        if not name:
-            raise ValueError("the object to replace has no metadata.name")
-        return self._call("PUT", resource_path(kind, ns, str(name)), json_body=obj)
-
-    def patch(
-        self, kind: KindRef, name: str, patch: Mapping[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        """Apply a JSON merge patch (RFC 7386) to one object."""
-        path = resource_path(kind, namespace, name)
-        return self._call("PATCH", path, json_body=patch, content_type=MERGE_PATCH)
-
-    def delete(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:
-        """Delete one object; returns what the server answers (a Status or the object)."""
-        return self._call("DELETE", resource_path(kind, namespace, name))
+    def list(self, kind: KindRef, namespace: str | None = None, **selector: str | None) -> Obj:
+        """The List object of a kind, in one namespace or (``None``) in all of them;
+        ``label_selector=`` and ``field_selector=`` filter it."""
+        params = selectors(**selector)
+        return self._send(Call("GET", resource_path(kind, namespace), params=params))
 
     def watch(
         self,
         kind: KindRef,
         namespace: str | None = None,
         resource_version: str | None = None,
+        *,
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int | None = None,
@@ -139,24 +105,51 @@ class ApiClient:
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        json_body: Mapping[str, Any] | None = None,
-        content_type: str = "application/json",
+    def create(
+        self, kind: KindRef, obj: Mapping[str, Any], namespace: str | None = None
     ) -> dict[str, Any]:
-        content, extra = body(json_body, content_type)
+        """POST a new object; the namespace defaults to the object's own."""
+        ns = namespace or metadata(obj).get("namespace")
+        k = resolve_kind(kind)
+        if k.namespaced and not ns:
+            raise ValueError(f"a namespace is needed to create a {k.singular}")
+        return self._send(Call("POST", resource_path(k, ns), obj))
+
+    def replace(
+        self, kind: KindRef, obj: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """PUT the whole object (its metadata.resourceVersion guards against lost updates)."""
+        ns, name = namespace or metadata(obj).get("namespace"), metadata(obj).get("name")
+        if not name:
+            raise ValueError("the object to replace has no metadata.name")
+        return self._send(Call("PUT", resource_path(kind, ns, str(name)), obj))
+
+    def patch(
+        self, kind: KindRef, name: str, patch: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Apply a JSON merge patch (RFC 7386) to one object."""
+        path = resource_path(kind, namespace, name)
+        return self._send(Call("PATCH", path, patch, content_type=MERGE_PATCH))
+
+    def delete(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """Delete one object; returns what the server answers (a Status or the object)."""
+        return self._send(Call("DELETE", resource_path(kind, namespace, name)))
+
+    def _send(self, call: Call) -> dict[str, Any]:
         try:
-            resp = self._http.request(method, path, params=params, content=content, headers=extra)
+            resp = self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                content=call.content(),
+                headers=call.headers(),
+            )
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         self._trace(resp)
         if not resp.is_success:
             raise error_from_body(resp.status_code, resp.content, resp.reason_phrase)
-        return json_object(resp.content, resp.status_code, f"{method} {resp.request.url}")
+        return json_object(resp.content, resp.status_code, f"{call.method} {resp.request.url}")
 
     def _unreachable(self, exc: httpx.TransportError) -> TransportError:
         if caused_by(exc, ssl.SSLCertVerificationError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from podnet.client.errors import InvalidResponse
@@ -23,16 +24,31 @@ def headers(config: ClientConfig, agent: str) -> dict[str, str]:
     return found
 
 
-def body(
-    obj: Mapping[str, Any] | None, content_type: str = JSON
-) -> tuple[bytes | None, dict[str, str] | None]:
-    """A request body and its Content-Type header (nothing for no object)."""
-    if obj is None:
-        return None, None
-    return json.dumps(obj).encode(), {"Content-Type": content_type}
+@dataclass(frozen=True)
+class Call:
+    """One API request as both transports send it: method, path, query and JSON body."""
+
+    method: str
+    path: str
+    obj: Mapping[str, Any] | None = None
+    params: Mapping[str, str] | None = None
+    content_type: str = JSON
+
+    def content(self) -> bytes | None:
+        """The encoded body (None without one)."""
+        return None if self.obj is None else json.dumps(self.obj).encode()
+
+    def headers(self) -> dict[str, str] | None:
+        """The Content-Type header of the body (None without one)."""
+        return None if self.obj is None else {"Content-Type": self.content_type}
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
 
 
-def selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+def selectors(
+    label_selector: str | None = None, field_selector: str | None = None
+) -> dict[str, str]:
     """The query parameters of label and field selectors."""
     params: dict[str, str] = {}
     if label_selector:
