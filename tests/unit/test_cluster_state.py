@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from podnet.cluster.state import (
     spawn,
 )
 from podnet.cluster.underlay import external_address, node_address, uplink_name
+from podnet.testing.e2e import wait_for
 
 
 def make_state(cluster_id: str = "abc123") -> ClusterState:
@@ -150,9 +150,18 @@ def test_lock_serialises_writers(tmp_path: Path) -> None:
         other = subprocess.Popen(
             [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE
         )
-        time.sleep(0.3)
+        # The kernel lists a process waiting for a flock in /proc/locks ("->" lines).
+        wait_for(lambda: blocked_in_flock(other.pid), 10, "the other writer to wait")
         assert other.poll() is None  # blocked on our lock
     assert other.communicate(timeout=10)[0] == b"got\n"
+
+
+def blocked_in_flock(pid: int) -> bool:
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if fields[1:3] == ["->", "FLOCK"] and len(fields) > 5 and fields[5] == str(pid):
+            return True
+    return False
 
 
 def test_choose_node_picks_the_least_loaded_then_the_lowest_index() -> None:
