@@ -21,15 +21,8 @@ from hypothesis import strategies as st
 
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
-from podnet.policy.incremental import (
-    NAMESPACES,
-    NETNAMESPACES,
-    PODS,
-    POLICIES,
-    PolicyCompiler,
-    object_name,
-    slim_pod,
-)
+from podnet.policy.incremental import PolicyCompiler
+from podnet.policy.slim import NAMESPACES, NETNAMESPACES, PODS, POLICIES, object_name, slim_pod
 
 Obj = dict[str, Any]
 NS_NAMES = ("x", "y", "z")

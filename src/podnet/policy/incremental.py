@@ -18,18 +18,15 @@ that one, and so are equal endpoints, host and isolation sets.
 ``tests/unit/test_policy_incremental.py`` checks it after random changes) and is the very
 same ``RuleSet`` while nothing changed.
 
-Memory: the view keeps only what compile reads (``slim``). A pod keeps its name,
-namespace, uid, labels, node, hostNetwork, named container ports, IP and phase, and a pod
-that contributes nothing (no IP yet, not running) is not kept at all. Strings that repeat
-across pods (namespaces, nodes, labels) are interned.
+Memory: the view keeps only what compile reads (``podnet.policy.slim``), and a pod that
+contributes nothing (no IP yet, not running) is not kept at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Address
 from typing import Any, TypeVar
 
@@ -38,122 +35,38 @@ from podnet.policy.compile import (
     compile_policy,
     contributes,
     namespace_labels,
-    object_key,
-    pod_address,
     pods_and_hosts,
     vnid_isolation,
     with_node_addresses,
 )
 from podnet.policy.model import EGRESS, INGRESS, CompiledPolicy, Endpoint, RuleSet, VnidIsolation
 from podnet.policy.relevance import NAME_LABEL, PolicyShape
+from podnet.policy.sameness import Sameness
 from podnet.policy.selection import EMPTY, ClusterIndex, PodSet
+from podnet.policy.slim import (
+    COLLECTIONS,
+    NAMESPACES,
+    NETNAMESPACES,
+    PODS,
+    POLICIES,
+    SLIM,
+    Obj,
+    Slim,
+    object_name,
+    same_address,
+)
 
 log = logging.getLogger("podnet.policy")
 
-Obj = Mapping[str, Any]
-Slim = dict[str, Any]
 T = TypeVar("T")
 Change = tuple["Slim | None", "Slim | None"]  # a pod before and after (None: absent)
 
-PODS, NAMESPACES, NETNAMESPACES, POLICIES = "pods", "namespaces", "netnamespaces", "policies"
-COLLECTIONS = (PODS, NAMESPACES, NETNAMESPACES, POLICIES)
 # What each plugin's rule set reads; objects of the other collections are not even kept.
 READS = {
     SUBNET: frozenset([PODS]),
     MULTITENANT: frozenset([PODS, NETNAMESPACES]),
     NETWORKPOLICY: frozenset(COLLECTIONS),
 }
-
-
-# --- the fields compile reads ---------------------------------------------------------------
-
-
-def _text(value: Any) -> Any:
-    return sys.intern(value) if isinstance(value, str) else value
-
-
-def _labels(labels: Any) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in (labels or {}).items()}
-
-
-def _port_number(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None  # the API refuses it; compile_rules would raise
-
-
-def _named_container_ports(spec: Obj) -> list[Slim]:
-    """Every named port of every container, in order (a later duplicate wins in compile)."""
-    found = []
-    for container in spec.get("containers") or []:
-        for port in container.get("ports") or []:
-            number = _port_number(port.get("containerPort"))
-            if port.get("name") and number is not None:
-                protocol = _text(port.get("protocol"))
-                found.append({"name": _text(port["name"]), "protocol": protocol,
-                              "containerPort": number})  # fmt: skip
-    return found
-
-
-def slim_pod(pod: Obj) -> Slim:
-    """The pod as compile reads it; one container holds every named port, and ``podIP`` is
-    parsed (an ``IPv4Address``, or None)."""
-    meta, spec, status = (pod.get(part) or {} for part in ("metadata", "spec", "status"))
-    ports = _named_container_ports(spec)
-    return {
-        "metadata": {"namespace": _text(meta.get("namespace")), "name": meta.get("name"),
-                     "uid": meta.get("uid"), "labels": _labels(meta.get("labels"))},
-        "spec": {"nodeName": _text(spec.get("nodeName")),
-                 "hostNetwork": bool(spec.get("hostNetwork")),
-                 "containers": [{"ports": ports}] if ports else []},
-        "status": {"podIP": pod_address(status.get("podIP")),
-                   "phase": _text(status.get("phase"))},
-    }  # fmt: skip
-
-
-def slim_namespace(namespace: Obj) -> Slim:
-    """The namespace's name and labels."""
-    meta = namespace.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "labels": _labels(meta.get("labels"))}}
-
-
-def slim_netnamespace(netns: Obj) -> Slim:
-    """The NetNamespace's project name and VNID."""
-    name = netns.get("netname") or (netns.get("metadata") or {}).get("name")
-    return {"netname": _text(name), "netid": netns.get("netid")}
-
-
-def slim_policy(policy: Obj) -> Slim:
-    """The policy's namespace, name and spec (a change elsewhere changes no rule)."""
-    namespace, name = object_key(policy)
-    return {"metadata": {"namespace": namespace, "name": name}, "spec": policy.get("spec") or {}}
-
-
-SLIM: dict[str, Callable[[Obj], Slim]] = {
-    PODS: slim_pod,
-    NAMESPACES: slim_namespace,
-    NETNAMESPACES: slim_netnamespace,
-    POLICIES: slim_policy,
-}
-
-
-def object_name(collection: str, obj: Obj) -> str:
-    """The key of ``obj`` in its collection: ``namespace/name``, or the project name of a
-    NetNamespace (what compile looks VNIDs up by)."""
-    if collection == NETNAMESPACES:
-        return str(obj.get("netname") or (obj.get("metadata") or {}).get("name") or "")
-    namespace, name = object_key(obj)
-    return f"{namespace}/{name}"
-
-
-def _same_address(old: Slim | None, new: Slim) -> Slim:
-    """``new``, holding ``old``'s very address object when a pod keeps its IP: the sets
-    of a rebuilt view then hold the same objects, and compare at C speed."""
-    status = new.get("status")
-    if old is not None and status is not None and old["status"]["podIP"] == status["podIP"]:
-        status["podIP"] = old["status"]["podIP"]
-    return new
 
 
 # --- the view of pods, namespaces and VNIDs ------------------------------------------------
@@ -180,52 +93,6 @@ def _build_view(plugin: str, objects: Mapping[str, Mapping[str, Slim]]) -> _View
     return _View(endpoints, pod_hosts, index, isolation)
 
 
-class _Sameness:
-    """Value equality of compiled parts, each distinct pair of set objects compared once.
-
-    Compiled policies share their sets (every policy allowing the whole cluster holds the
-    one set of every pod), so after a rebuild 1,000 such policies cost one comparison of
-    5,000 addresses, not 1,000 of them.
-    """
-
-    def __init__(self) -> None:
-        # (id, id) -> (both sets, answer): holding the sets keeps their ids from being reused
-        self._sets: dict[tuple[int, int], tuple[frozenset[Any], frozenset[Any], bool]] = {}
-
-    def same(self, a: Any, b: Any) -> bool:
-        """Whether ``a`` equals ``b`` (dataclasses field by field, sets memoized)."""
-        if a is b:
-            return True
-        if type(a) is not type(b):
-            return False
-        if isinstance(a, frozenset):
-            return self._same_sets(a, b)
-        if isinstance(a, tuple):
-            return len(a) == len(b) and all(map(self.same, a, b))
-        names = _field_names(type(a))
-        if names is None:
-            return bool(a == b)
-        return all(self.same(getattr(a, name), getattr(b, name)) for name in names)
-
-    def _same_sets(self, a: frozenset[Any], b: frozenset[Any]) -> bool:
-        key = (id(a), id(b))
-        found = self._sets.get(key)
-        if found is None:
-            found = self._sets[key] = (a, b, a == b)
-        return found[2]
-
-
-_FIELDS: dict[type, tuple[str, ...] | None] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...] | None:
-    """The fields of a dataclass; None for any other type."""
-    if cls not in _FIELDS:
-        is_dataclass = dataclasses.is_dataclass(cls)
-        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if is_dataclass else None
-    return _FIELDS[cls]
-
-
 # --- the compiler ---------------------------------------------------------------------------
 
 
@@ -248,7 +115,7 @@ class PolicyCompiler:
         self._view: _View | None = None
         self._compiled: dict[str, CompiledPolicy | None] = {}  # None: it does not compile
         self._earlier: dict[str, CompiledPolicy | None] = {}  # from before the view rebuild
-        self._sameness = _Sameness()
+        self._sameness = Sameness()
         self._kept: dict[str, Any] = {}  # parts of the last rule set, reused when equal
         self._touched: list[Change] | None = []  # pods changed since the view; None: all
         self._shapes: dict[str, tuple[Slim, PolicyShape]] = {}
@@ -268,7 +135,7 @@ class PolicyCompiler:
         if collection == PODS and not contributes(slim):
             self._drop(collection, key)
         elif old != slim:
-            self._objects[collection][key] = _same_address(old, slim)
+            self._objects[collection][key] = same_address(old, slim)
             self._touch(collection, old, slim)
             self._invalidate(collection, key)
 
@@ -288,7 +155,7 @@ class PolicyCompiler:
             fresh[object_name(collection, slim)] = slim
         if collection == PODS:
             kept = ((key, pod) for key, pod in fresh.items() if contributes(pod))
-            fresh = {key: _same_address(old.get(key), pod) for key, pod in kept}
+            fresh = {key: same_address(old.get(key), pod) for key, pod in kept}
         self._objects[collection] = fresh
         for key in old.keys() | fresh.keys():
             if old.get(key) != fresh.get(key):
@@ -350,7 +217,7 @@ class PolicyCompiler:
             touched, self._touched = self._touched, []
             kept = self._untouched(touched) if touched is not None else {}
             self._earlier, self._compiled = self._compiled, kept
-            self._sameness = _Sameness()
+            self._sameness = Sameness()
         return self._view
 
     def _untouched(self, touched: list[Change]) -> dict[str, CompiledPolicy | None]:
@@ -419,7 +286,7 @@ class PolicyCompiler:
             policy = self._compiled[key]
             if policy is not None:
                 found.append(policy)
-        self._earlier, self._sameness = {}, _Sameness()
+        self._earlier, self._sameness = {}, Sameness()
         return tuple(found)
 
     def _compile_one(self, view: _View, key: str, policy: Slim) -> CompiledPolicy | None:
