@@ -14,6 +14,12 @@ from podnet.dataplane.linux.workers import (
 )
 
 
+async def let_others_run() -> None:
+    """Give every ready task its turns until it waits again (pure asyncio: no clock)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def test_shared_holders_overlap_and_exclusive_waits_for_them() -> None:
     lock, order = SharedExclusive(), []
     await lock.acquire(False)
@@ -25,10 +31,10 @@ async def test_shared_holders_overlap_and_exclusive_waits_for_them() -> None:
         lock.release(True)
 
     task = asyncio.create_task(exclusive())
-    await asyncio.sleep(0.01)
+    await let_others_run()
     assert order == []
     lock.release(False)
-    await asyncio.sleep(0.01)
+    await let_others_run()
     assert order == []
     lock.release(False)
     await task
@@ -42,13 +48,13 @@ async def test_a_waiting_exclusive_holder_goes_before_new_shared_ones() -> None:
     async def take(exclusive: bool, name: str) -> None:
         await lock.acquire(exclusive)
         order.append(name)
-        await asyncio.sleep(0.01)
+        await let_others_run()
         lock.release(exclusive)
 
     writer = asyncio.create_task(take(True, "setup"))
-    await asyncio.sleep(0.01)
+    await let_others_run()
     reader = asyncio.create_task(take(False, "attach"))
-    await asyncio.sleep(0.01)
+    await let_others_run()
     assert order == []
     lock.release(False)
     await asyncio.gather(writer, reader)
@@ -59,7 +65,7 @@ async def test_a_cancelled_waiter_leaves_the_lock_usable() -> None:
     lock = SharedExclusive()
     await lock.acquire(True)
     waiter = asyncio.create_task(lock.acquire(False))
-    await asyncio.sleep(0.01)
+    await let_others_run()
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     lock.release(True)
@@ -72,7 +78,7 @@ async def test_keyed_locks_serialise_one_key_only() -> None:
     async def run(key: str, name: str) -> None:
         await locks.acquire(key)
         order.append(f"{name} in")
-        await asyncio.sleep(0.01)
+        await let_others_run()
         order.append(f"{name} out")
         locks.release(key)
 
