@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from ipaddress import IPv4Network
 from typing import Any
 
@@ -45,6 +45,7 @@ from podnet.model.kinds import (
     SERVICE,
 )
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
 
@@ -69,17 +70,6 @@ def hostsubnet(name: str, subnet: str | None, annotations: dict[str, str] | None
     if subnet:
         obj["subnet"] = subnet
     return obj
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def subnets(registry: Registry) -> dict[str, Obj]:
@@ -545,12 +535,15 @@ async def test_keyed_queue_is_serial_per_key_dedupes_and_retries() -> None:
     running: set[str] = set()
     calls: list[str] = []
     failures = {"flaky": 2}
+    first_a = asyncio.Event()  # the first "a" runs until the test lets it finish
 
     async def handle(key: str) -> None:
         assert key not in running, "two workers on one key"
         running.add(key)
         calls.append(key)
-        await asyncio.sleep(0.01)
+        if key == "a" and calls.count("a") == 1:
+            await first_a.wait()
+        await asyncio.sleep(0)
         running.discard(key)
         if failures.get(key):
             failures[key] -= 1
@@ -560,8 +553,9 @@ async def test_keyed_queue_is_serial_per_key_dedupes_and_retries() -> None:
     for key in ["a", "a", "a", "b", "flaky"]:
         queue.add(key)
     queue.start()
-    await asyncio.sleep(0.001)
+    await eventually(lambda: "a" in running, what="the first a to run")
     queue.add("a")  # while "a" runs: once more afterwards, not concurrently
+    first_a.set()
     await eventually(lambda: _calls(calls, "flaky", 3))
     await queue.wait_idle()
     await queue.stop()
