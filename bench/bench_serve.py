@@ -25,8 +25,8 @@ import asyncio
 import json
 import multiprocessing
 import os
+import ssl
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -47,7 +47,7 @@ from podnet.api.objects import now_rfc3339
 from podnet.store.base import Put
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess, start_etcd
-from podnet.testing.api import aiohttp_session_for, namespace, pod
+from podnet.testing.api import aiohttp_session_for, kubeconfig_parts, namespace, pod
 from podnet.testing.processes import MasterProcess
 
 NAMESPACES = 100
@@ -147,52 +147,72 @@ def watcher_process(kubeconfig: str, count: int, rv: str, conn: Any) -> None:
     asyncio.run(_watchers(Path(kubeconfig), count, rv, conn))
 
 
+class WatchStream(asyncio.Protocol):
+    """A bare watch connection: sends the GET, then only looks for the changed pods'
+    names in what arrives (no HTTP or JSON parsing: the client must stay lighter than the
+    server it measures)."""
+
+    MARKER = b'"name":"chg-'
+
+    def __init__(self, request: bytes, seen: dict[bytes, list[float]], ready: Any) -> None:
+        self.request, self.seen, self.ready = request, seen, ready
+        self.tail = b""
+        self.errors = 0
+
+    def connection_made(self, transport: Any) -> None:
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.ready.done() and b" 200 " in data[:20]:
+            self.ready.set_result(None)
+        data = self.tail + data
+        now, at = time.time(), data.find(self.MARKER)
+        while at >= 0:
+            end = data.find(b'"', at + 12)
+            if end < 0:
+                break
+            name = data[at + 8 : end]
+            entry = self.seen.get(name)
+            if entry is None:
+                self.seen[name] = [1, now]
+            else:
+                entry[0] += 1
+                entry[1] = now
+            at = data.find(self.MARKER, end)
+        self.tail = data[-64:] if at < 0 else data[at:]
+        if b'"type":"ERROR"' in data:
+            self.errors += 1
+
+
 async def _watchers(kubeconfig: Path, count: int, rv: str, conn: Any) -> None:
+    server, ca, token = kubeconfig_parts(kubeconfig)
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context(cadata=ca.decode())
+    path = f"/api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=3000"
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n"
+    ).encode()
     seen: dict[bytes, list[float]] = {}
-    ready = 0
-    marker = b'"name":"chg-'
-
-    async with aiohttp_session_for(kubeconfig, count + 4) as api:
-
-        async def watch() -> None:
-            nonlocal ready
-            params = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3000"}
-            timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-            async with api.get("/api/v1/pods", params=params, timeout=timeout) as stream:
-                assert stream.status == 200
-                ready += 1
-                async for line in stream.content:
-                    at = line.find(marker)
-                    if at < 0:
-                        if b'"ERROR"' in line:
-                            print("watch error:", line[:200], file=sys.stderr)
-                        continue
-                    name = line[at + 8 : line.index(b'"', at + 8)]
-                    entry = seen.get(name)
-                    if entry is None:
-                        seen[name] = [1, time.time()]
-                    else:
-                        entry[0] += 1
-                        entry[1] = time.time()
-
-        tasks = []
-        for _ in range(count):
-            tasks.append(asyncio.create_task(watch()))
-            if len(tasks) % 100 == 0:
-                await asyncio.sleep(0.05)
-        while ready < count:
-            await asyncio.sleep(0.1)
-            if any(t.done() for t in tasks):
-                for t in tasks:
-                    if t.done() and t.exception():
-                        raise t.exception()  # type: ignore[misc]
-        conn.send("ready")
-        conn.recv()  # the writer is done
-        await asyncio.sleep(2.0)  # let the last events arrive
-        conn.send({k.decode(): v for k, v in seen.items()})
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    loop = asyncio.get_running_loop()
+    streams, transports = [], []
+    for _ in range(count):
+        ready = loop.create_future()
+        stream = WatchStream(request, seen, ready)
+        transport, _ = await loop.create_connection(
+            lambda stream=stream: stream, host, int(port), ssl=context
+        )
+        await ready
+        streams.append(stream)
+        transports.append(transport)
+    conn.send("ready")
+    while not conn.poll(0.05):  # the writer is done
+        await asyncio.sleep(0.05)
+    conn.recv()
+    await asyncio.sleep(2.0)  # let the last events arrive
+    errors = sum(s.errors for s in streams)
+    conn.send({"errors": [errors, 0.0], **{k.decode(): v for k, v in seen.items()}})
+    for transport in transports:
+        transport.close()
 
 
 async def fanout_under_load(
@@ -217,6 +237,7 @@ async def fanout_under_load(
             assert pipe.recv() == "ready"
         assert master.process is not None
         rss_watching = rss_mb(master.process.pid)
+        cpu_before = cpu_seconds(master.process.pid)
         started: dict[str, float] = {}
         total = int(rate * seconds)
         begin = time.perf_counter()
@@ -228,9 +249,11 @@ async def fanout_under_load(
             async with api.post(f"/api/v1/namespaces/ns{i % NAMESPACES}/pods", json=body) as a:
                 assert a.status == 201, await a.text()
         rss_end = rss_mb(master.process.pid)
+        cpu = (cpu_seconds(master.process.pid) - cpu_before) / (time.perf_counter() - begin)
         for pipe in pipes:
             pipe.send("done")
         reports = [pipe.recv() for pipe in pipes]
+        watch_errors = sum(r.pop("errors")[0] for r in reports)
         for child in children:
             child.join(30)
     latencies, missing = [], 0
@@ -243,11 +266,19 @@ async def fanout_under_load(
     return {
         "events": total,
         "events not seen by every watcher": missing,
+        "watchers ended with an ERROR": watch_errors,
         "p50 ms": percentile(latencies, 50) * 1000 if latencies else float("nan"),
         "p99 ms": percentile(latencies, 99) * 1000 if latencies else float("nan"),
         "rss watching MB": rss_watching,
         "rss end MB": rss_end,
+        "master CPU while writing, %": cpu * 100,
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- main -------------------------------------------------------------------------------

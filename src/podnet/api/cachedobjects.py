@@ -1,6 +1,6 @@
 """What the watch cache holds: the current objects of each kind and the recent changes.
 
-Both keep stored bytes (``podnet.api.storedform``), not decoded objects, plus a small
+Both keep bytes (``podnet.api.storedform``), not decoded objects, plus a small
 *probe* per object (its name, namespace, labels and selectable fields) so that label and
 field selectors are answered without decoding. A decoded object is made only on demand
 (``CachedEvent.obj``, ``CachedObject.obj``), fresh for each caller.
@@ -8,6 +8,7 @@ field selectors are answered without decoding. A decoded object is made only on 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,18 +23,18 @@ Obj = dict[str, Any]
 
 @dataclass(slots=True)
 class CachedObject:
-    """One current object: its stored bytes, its revision and its probe."""
+    """One current object: its JSON as served (resourceVersion spliced in once), its
+    revision and its probe. Lists join these bytes; nothing is encoded per request."""
 
-    value: bytes
+    wire: bytes
     revision: int
     probe: Obj
 
     @property
     def obj(self) -> Obj:
-        return storedform.decode(self.value, self.revision)
-
-    def wire(self) -> bytes:
-        return storedform.splice(self.value, self.revision)
+        """The object, decoded (a new dict on every call)."""
+        obj: Obj = json.loads(self.wire)
+        return obj
 
 
 class KindObjects:

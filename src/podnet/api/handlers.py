@@ -278,14 +278,14 @@ async def _send_list(
     head = listing.list_head(kind, page)
     items = page.items
     if len(items) <= LIST_PART:
-        body = head + b",".join(obj.wire() for obj in items) + b"]}"
+        body = head + b",".join(obj.wire for obj in items) + b"]}"
         return web.Response(body=body, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     response.enable_chunked_encoding()
     await response.prepare(request)
     await response.write(head)
     for start in range(0, len(items), LIST_PART):
-        part = b",".join(obj.wire() for obj in items[start : start + LIST_PART])
+        part = b",".join(obj.wire for obj in items[start : start + LIST_PART])
         await response.write(part if start == 0 else b"," + part)
     await response.write_eof(b"]}")
     return response

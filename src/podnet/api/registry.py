@@ -177,12 +177,15 @@ class Registry:
     def _prepare_create(self, kind: Kind, obj: Obj, namespace: str | None) -> Obj:
         if not isinstance(obj, dict):
             raise errors.bad_request("the request body must be a JSON object")
-        obj = copy.deepcopy(obj)
-        meta = obj.setdefault("metadata", {})
+        # Copies of the two levels changed below: validation returns a new object, so
+        # the caller's is never changed (no deep copy needed).
+        meta = obj.get("metadata", {})
         if not isinstance(meta, dict):
             raise errors.invalid(
                 kind.kind, "", [errors.FieldError("metadata", "must be an object")]
             )
+        meta = dict(meta)
+        obj = {**obj, "metadata": meta}
         if kind.namespaced:
             given = meta.get("namespace")
             if namespace and given and given != namespace:

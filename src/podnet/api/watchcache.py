@@ -125,7 +125,7 @@ class WatchCache:
             return
         kind = parsed[0]
         probe = storedform.probe(kind, storedform.decode(kv.value, 0))
-        cached = CachedObject(kv.value, kv.mod_revision, probe)
+        cached = CachedObject(storedform.splice(kv.value, kv.mod_revision), kv.mod_revision, probe)
         objects.setdefault(kind, KindObjects()).put(self._relative(kv.key, kind), cached)
 
     def _relative(self, key: str, kind: Kind) -> str:
@@ -159,7 +159,8 @@ class WatchCache:
             if event.type == "DELETE":
                 objects.delete(key)
             else:
-                objects.put(key, CachedObject(event.value, event.revision, cached.probe))
+                wire = storedform.splice(event.value, event.revision)
+                objects.put(key, CachedObject(wire, event.revision, cached.probe))
             self._append(cached)
         self._latest_revision = max(self._latest_revision, event.revision)
         self._notify()

@@ -152,7 +152,7 @@ def _stream_response() -> web.StreamResponse:
 
 
 def _added(obj: CachedObject) -> bytes:
-    return b'{"type":"ADDED","object":%s}\n' % obj.wire()
+    return b'{"type":"ADDED","object":%s}\n' % obj.wire
 
 
 def _batches(items: list[CachedObject], size: int) -> Iterable[list[CachedObject]]:
