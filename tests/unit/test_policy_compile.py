@@ -26,7 +26,11 @@ from podnet.testing.netpol import (
     NAMESPACES,
     Case,
     Obj,
+    allow,
     compile_cluster,
+    deny,
+    expected,
+    grid,
     ingress_to_xa,
     make_namespace,
     make_pod,
@@ -44,6 +48,23 @@ def test_matrix(case: Case) -> None:
 def test_there_are_at_least_thirty_cases() -> None:
     assert len(CASES) >= 30
     assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_expected_matrices_apply_rules_in_order_and_keep_self_traffic() -> None:
+    """``grid`` writes the cases' expectations: the last matching rule wins, patterns
+    select namespaces (``y/*``) and pod names (``*/b``), and the diagonal always passes."""
+    assert grid(deny("*", "*")).split("\n")[4] == "y/b 000 010 000"
+    assert grid(deny("*", "x/a"), allow("*/b", "x/a"), deny("y/*", "*")) == expected("""
+        x/a 111 111 111
+        x/b 111 111 111
+        x/c 011 111 111
+        y/a 000 100 000
+        y/b 000 010 000
+        y/c 000 001 000
+        z/a 011 111 111
+        z/b 111 111 111
+        z/c 011 111 111
+    """)
 
 
 # --- changes: recompiling takes them in, and leaves nothing stale --------------------------

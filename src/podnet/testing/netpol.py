@@ -13,6 +13,7 @@ CIDRs assume ``IPS``) are rewritten for the addresses the pods really got.
 
 from __future__ import annotations
 
+import fnmatch
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,116 +104,46 @@ def expected(text: str) -> str:
     return textwrap.dedent(text).strip()
 
 
-ALL = expected("""
-    x/a 111 111 111
-    x/b 111 111 111
-    x/c 111 111 111
-    y/a 111 111 111
-    y/b 111 111 111
-    y/c 111 111 111
-    z/a 111 111 111
-    z/b 111 111 111
-    z/c 111 111 111
-""")
-ONLY_SELF_TO_XA = expected("""
-    x/a 111 111 111
-    x/b 011 111 111
-    x/c 011 111 111
-    y/a 011 111 111
-    y/b 011 111 111
-    y/c 011 111 111
-    z/a 011 111 111
-    z/b 011 111 111
-    z/c 011 111 111
-""")
-XA_ONLY_TO_SELF = expected("""
-    x/a 100 000 000
-    x/b 111 111 111
-    x/c 111 111 111
-    y/a 111 111 111
-    y/b 111 111 111
-    y/c 111 111 111
-    z/a 111 111 111
-    z/b 111 111 111
-    z/c 111 111 111
-""")
-X_ONLY_TO_SELF = expected("""
-    x/a 100 000 000
-    x/b 010 000 000
-    x/c 001 000 000
-    y/a 111 111 111
-    y/b 111 111 111
-    y/c 111 111 111
-    z/a 111 111 111
-    z/b 111 111 111
-    z/c 111 111 111
-""")
-TO_XA_FROM_Z = expected("""
-    x/a 111 111 111
-    x/b 011 111 111
-    x/c 011 111 111
-    y/a 011 111 111
-    y/b 011 111 111
-    y/c 011 111 111
-    z/a 111 111 111
-    z/b 111 111 111
-    z/c 111 111 111
-""")
-TO_XA_FROM_X_AND_Z = expected("""
-    x/a 111 111 111
-    x/b 111 111 111
-    x/c 111 111 111
-    y/a 011 111 111
-    y/b 011 111 111
-    y/c 011 111 111
-    z/a 111 111 111
-    z/b 111 111 111
-    z/c 111 111 111
-""")
-TO_XA_FROM_SELF_AND_YB = expected("""
-    x/a 111 111 111
-    x/b 011 111 111
-    x/c 011 111 111
-    y/a 011 111 111
-    y/b 111 111 111
-    y/c 011 111 111
-    z/a 011 111 111
-    z/b 011 111 111
-    z/c 011 111 111
-""")
-TO_XA_FROM_EVERY_B = expected("""
-    x/a 111 111 111
-    x/b 111 111 111
-    x/c 011 111 111
-    y/a 011 111 111
-    y/b 111 111 111
-    y/c 011 111 111
-    z/a 011 111 111
-    z/b 111 111 111
-    z/c 011 111 111
-""")
-TO_XA_FROM_XB = expected("""
-    x/a 111 111 111
-    x/b 111 111 111
-    x/c 011 111 111
-    y/a 011 111 111
-    y/b 011 111 111
-    y/c 011 111 111
-    z/a 011 111 111
-    z/b 011 111 111
-    z/c 011 111 111
-""")
-TO_XA_FROM_Y = expected("""
-    x/a 111 111 111
-    x/b 011 111 111
-    x/c 011 111 111
-    y/a 111 111 111
-    y/b 111 111 111
-    y/c 111 111 111
-    z/a 011 111 111
-    z/b 011 111 111
-    z/c 011 111 111
-""")
+Rule = tuple[str, str, bool]  # (sources, destinations, allowed), as fnmatch patterns of keys
+
+
+def allow(sources: str, destinations: str) -> Rule:
+    """Traffic from the pods matching ``sources`` to those matching ``destinations`` passes
+    (``x/a``, ``x/*`` a namespace, ``*/b`` pod b in every namespace, ``*`` every pod)."""
+    return sources, destinations, True
+
+
+def deny(sources: str, destinations: str) -> Rule:
+    """Traffic from ``sources`` to ``destinations`` is dropped (patterns as in ``allow``)."""
+    return sources, destinations, False
+
+
+def grid(*rules: Rule) -> str:
+    """The 9 x 9 matrix ``matrix`` prints: every pair allowed, then each rule in order
+    (a later one wins); a pod's traffic to itself always passes."""
+    allowed = {(src, dst): True for src in KEYS for dst in KEYS}
+    for sources, destinations, verdict in rules:
+        for src, dst in allowed:
+            if fnmatch.fnmatchcase(src, sources) and fnmatch.fnmatchcase(dst, destinations):
+                allowed[src, dst] = verdict
+    rows = []
+    for src in KEYS:
+        bits = "".join("1" if allowed[src, dst] or src == dst else "0" for dst in KEYS)
+        rows.append(f"{src} {bits[0:3]} {bits[3:6]} {bits[6:9]}")
+    return "\n".join(rows)
+
+
+ALL = grid()
+ONLY_SELF_TO_XA = grid(deny("*", "x/a"))
+XA_ONLY_TO_SELF = grid(deny("x/a", "*"))
+X_ONLY_TO_SELF = grid(deny("x/*", "*"))
+TO_XA_FROM_Z = grid(deny("*", "x/a"), allow("z/*", "x/a"))
+TO_XA_FROM_X_AND_Z = grid(deny("y/*", "x/a"))
+TO_XA_FROM_SELF_AND_YB = grid(deny("*", "x/a"), allow("y/b", "x/a"))
+TO_XA_FROM_EVERY_B = grid(deny("*", "x/a"), allow("*/b", "x/a"))
+TO_XA_FROM_XB = grid(deny("*", "x/a"), allow("x/b", "x/a"))
+TO_XA_FROM_Y = grid(deny("*", "x/a"), allow("y/*", "x/a"))
+XA_TO_SELF_AND_Y = grid(deny("x/a", "*"), allow("x/a", "y/*"))
 
 
 @dataclass
@@ -253,29 +184,11 @@ ALLOW_B = policy(
 
 CASES = [
     Case("no-policy", [], ALL),
-    Case("deny-all-ingress", [policy("x", "deny", {}, types=["Ingress"])], expected("""
-        x/a 100 111 111
-        x/b 010 111 111
-        x/c 001 111 111
-        y/a 000 111 111
-        y/b 000 111 111
-        y/c 000 111 111
-        z/a 000 111 111
-        z/b 000 111 111
-        z/c 000 111 111
-    """)),
+    Case("deny-all-ingress", [policy("x", "deny", {}, types=["Ingress"])],
+         grid(deny("*", "x/*"))),
     Case("deny-all-egress", [policy("x", "deny", {}, types=["Egress"])], X_ONLY_TO_SELF),
-    Case("deny-all-both", [policy("x", "deny", {}, types=["Ingress", "Egress"])], expected("""
-        x/a 100 000 000
-        x/b 010 000 000
-        x/c 001 000 000
-        y/a 000 111 111
-        y/b 000 111 111
-        y/c 000 111 111
-        z/a 000 111 111
-        z/b 000 111 111
-        z/c 000 111 111
-    """)),
+    Case("deny-all-both", [policy("x", "deny", {}, types=["Ingress", "Egress"])],
+         grid(deny("*", "x/*"), deny("x/*", "*"))),
     Case("from-namespace", ingress_to_xa(both({"namespaceSelector": sel(ns="y")})),
          TO_XA_FROM_Y),
     Case("from-pod-same-namespace", ingress_to_xa(both({"podSelector": sel(pod="b")})),
@@ -285,17 +198,7 @@ CASES = [
          TO_XA_FROM_SELF_AND_YB),
     Case("namespace-or-pod-two-peers",
          ingress_to_xa(both({"namespaceSelector": sel(ns="y")}, {"podSelector": sel(pod="b")})),
-         expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 011 111 111
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 011 111 111
-        z/b 011 111 111
-        z/c 011 111 111
-    """)),
+         grid(deny("*", "x/a"), allow("x/b", "x/a"), allow("y/*", "x/a"))),
     Case("pod-in-any-namespace",
          ingress_to_xa(both({"namespaceSelector": {}, "podSelector": sel(pod="b")})),
          TO_XA_FROM_EVERY_B),
@@ -304,43 +207,13 @@ CASES = [
          TO_XA_FROM_X_AND_Z),
     Case("ipblock-except-one-pod",
          ingress_to_xa(both({"ipBlock": {"cidr": "10.128.2.0/24", "except": ["10.128.2.11/32"]}})),
-         expected("""
-        x/a 111 111 111
-        x/b 011 111 111
-        x/c 011 111 111
-        y/a 011 111 111
-        y/b 011 111 111
-        y/c 011 111 111
-        z/a 111 111 111
-        z/b 011 111 111
-        z/c 111 111 111
-    """)),
+         grid(deny("*", "x/a"), allow("z/a", "x/a"), allow("z/c", "x/a"))),
     Case("egress-ipblock", egress_from_xa({"to": [{"ipBlock": {"cidr": "10.128.1.0/24"}}]}),
-         expected("""
-        x/a 100 111 000
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
+         XA_TO_SELF_AND_Y),
     Case("egress-ipblock-except",
          egress_from_xa({"to": [{"ipBlock": {"cidr": "10.128.0.0/16",
                                              "except": ["10.128.0.0/24"]}}]}),
-         expected("""
-        x/a 100 111 111
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
+         grid(deny("x/a", "x/*"))),
     Case("named-port-matches", ingress_to_xa({"ports": [{"port": "serve-80-tcp"}]}), ALL),
     Case("named-port-other-port", ingress_to_xa({"ports": [{"port": "serve-80-tcp"}]}),
          ONLY_SELF_TO_XA, port=81),
@@ -358,17 +231,7 @@ CASES = [
     Case("named-port-egress-to-ipblock",
          egress_from_xa({"to": [{"ipBlock": {"cidr": "10.128.1.0/24"}}],
                          "ports": [{"port": "serve-80-tcp"}]}),
-         expected("""
-        x/a 100 111 000
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
+         XA_TO_SELF_AND_Y),
     Case("endport-range-in", ingress_to_xa({"ports": [{"port": 81, "endPort": 85}]}),
          ALL, port=81),
     Case("endport-range-out", ingress_to_xa({"ports": [{"port": 81, "endPort": 85}]}),
@@ -384,47 +247,18 @@ CASES = [
     Case("union-of-policies",
          [*ingress_to_xa(both({"podSelector": sel(pod="b")})),
           policy("x", "from-z", sel(pod="a"), ingress=[both({"namespaceSelector": sel(ns="z")})])],
-         expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 011 111 111
-        y/a 011 111 111
-        y/b 011 111 111
-        y/c 011 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
+         grid(deny("*", "x/a"), allow("x/b", "x/a"), allow("z/*", "x/a"))),
     Case("deny-all-union-allow-all",
          [policy("x", "deny", {}, types=["Ingress"]), policy("x", "allow", {}, ingress=[{}])],
          ALL),
     Case("empty-pod-selector-same-namespace",
-         [policy("x", "local", {}, ingress=[both({"podSelector": {}})])], expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 000 111 111
-        y/b 000 111 111
-        y/c 000 111 111
-        z/a 000 111 111
-        z/b 000 111 111
-        z/c 000 111 111
-    """)),
+         [policy("x", "local", {}, ingress=[both({"podSelector": {}})])],
+         grid(deny("*", "x/*"), allow("x/*", "x/*"))),
     Case("from-all-namespaces",
          [policy("x", "all", {}, ingress=[both({"namespaceSelector": {}})])], ALL),
     Case("expression-in",
          ingress_to_xa(both({"namespaceSelector": {}, "podSelector": expr("pod", "In", "b", "c")})),
-         expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 011 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 011 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
+         grid(deny("*", "x/a"), allow("*/b", "x/a"), allow("*/c", "x/a"))),
     Case("expression-notin", ingress_to_xa(both({"namespaceSelector": expr("ns", "NotIn", "y")})),
          TO_XA_FROM_X_AND_Z),
     Case("expression-exists",
@@ -433,28 +267,9 @@ CASES = [
     Case("expression-does-not-exist",
          ingress_to_xa(both({"namespaceSelector": {},
                              "podSelector": expr("role", "DoesNotExist")})),
-         expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 111 111 111
-        y/a 111 111 111
-        y/b 011 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """), pod_labels={"y/b": {"pod": "b", "role": "db"}}),
-    Case("target-by-expression", [policy("x", "deny", expr("pod", "NotIn", "a"))], expected("""
-        x/a 100 111 111
-        x/b 110 111 111
-        x/c 101 111 111
-        y/a 100 111 111
-        y/b 100 111 111
-        y/c 100 111 111
-        z/a 100 111 111
-        z/b 100 111 111
-        z/c 100 111 111
-    """)),
+         grid(deny("y/b", "x/a")), pod_labels={"y/b": {"pod": "b", "role": "db"}}),
+    Case("target-by-expression", [policy("x", "deny", expr("pod", "NotIn", "a"))],
+         grid(deny("*", "x/b"), deny("*", "x/c"))),
     Case("sctp-allowed", ingress_to_xa({"ports": [{"protocol": "SCTP", "port": 80}]}),
          ALL, protocol="SCTP"),
     Case("sctp-rule-not-tcp", ingress_to_xa({"ports": [{"protocol": "SCTP", "port": 80}]}),
@@ -468,86 +283,28 @@ CASES = [
          TO_XA_FROM_Z),
     Case("policy-types-defaulted-from-egress",
          [policy("x", "p", sel(pod="a"), egress=[{"to": [{"namespaceSelector": sel(ns="z")}]}])],
-         expected("""
-        x/a 100 000 111
-        x/b 011 111 111
-        x/c 011 111 111
-        y/a 011 111 111
-        y/b 011 111 111
-        y/c 011 111 111
-        z/a 011 111 111
-        z/b 011 111 111
-        z/c 011 111 111
-    """)),
+         grid(deny("*", "x/a"), deny("x/a", "*"), allow("x/a", "z/*"))),
     Case("egress-type-ignores-ingress-rules",
          [policy("x", "p", sel(pod="a"), types=["Egress"],
                  ingress=[both({"podSelector": sel(pod="b")})], egress=[{}])], ALL),
     Case("egress-and-ingress-isolation",
          [*egress_from_xa({"to": [{"namespaceSelector": sel(ns="y")}]}),
           policy("y", "deny", {})],
-         expected("""
-        x/a 100 000 000
-        x/b 111 000 111
-        x/c 111 000 111
-        y/a 111 100 111
-        y/b 111 010 111
-        y/c 111 001 111
-        z/a 111 000 111
-        z/b 111 000 111
-        z/c 111 000 111
-    """)),
+         grid(deny("*", "y/*"), deny("x/a", "*"))),
     Case("egress-to-namespace",
          [policy("x", "to-y", {}, types=["Egress"],
                  egress=[{"to": [{"namespaceSelector": sel(ns="y")}]}])],
-         expected("""
-        x/a 100 111 000
-        x/b 010 111 000
-        x/c 001 111 000
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """)),
-    Case("pod-label-changed", [ALLOW_B], expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 011 111 111
-        y/a 011 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 011 111 111
-        z/b 111 111 111
-        z/c 011 111 111
-    """), pod_labels={"y/c": {"pod": "b"}}),
+         grid(deny("x/*", "*"), allow("x/*", "y/*"))),
+    Case("pod-label-changed", [ALLOW_B],
+         grid(deny("*", "x/a"), allow("*/b", "x/a"), allow("y/c", "x/a")),
+         pod_labels={"y/c": {"pod": "b"}}),
     Case("namespace-label-changed", ingress_to_xa(both({"namespaceSelector": sel(ns="y")})),
-         expected("""
-        x/a 111 111 111
-        x/b 011 111 111
-        x/c 011 111 111
-        y/a 111 111 111
-        y/b 111 111 111
-        y/c 111 111 111
-        z/a 111 111 111
-        z/b 111 111 111
-        z/c 111 111 111
-    """), ns_labels={"z": {"ns": "y"}}),
+         grid(deny("x/*", "x/a")), ns_labels={"z": {"ns": "y"}}),
     Case("several-peers-and-ports",
          ingress_to_xa({"from": [{"podSelector": sel(pod="b")},
                                  {"namespaceSelector": sel(ns="z"), "podSelector": sel(pod="c")}],
                         "ports": [{"port": 80}, {"port": 81, "protocol": "UDP"}]}),
-         expected("""
-        x/a 111 111 111
-        x/b 111 111 111
-        x/c 011 111 111
-        y/a 011 111 111
-        y/b 011 111 111
-        y/c 011 111 111
-        z/a 011 111 111
-        z/b 011 111 111
-        z/c 111 111 111
-    """)),
+         grid(deny("*", "x/a"), allow("x/b", "x/a"), allow("z/c", "x/a"))),
     Case("icmp-denied-by-port-rule", ingress_to_xa({"ports": [{"port": 80}]}),
          ONLY_SELF_TO_XA, protocol="ICMP", port=None),
     Case("icmp-passes-peer-only-rule", ingress_to_xa(both({"namespaceSelector": {}})),
