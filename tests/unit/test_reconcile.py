@@ -406,3 +406,13 @@ async def _until(condition: Callable[[], bool]) -> None:
 async def _idle() -> None:
     for _ in range(200):
         await asyncio.sleep(0)
+
+
+def test_nft_errors_are_permanent_only_when_nft_refused_the_input() -> None:
+    from podnet.dataplane.linux.nftables import nft_error
+
+    refused = "nft transaction failed: /dev/stdin:2:87-91: Error: Range has zero or negative size"
+    busy = "nft transaction failed: Error: Could not process rule: Device or resource busy"
+    assert isinstance(nft_error(refused), DataPlaneRejected)
+    assert type(nft_error(busy)) is DataPlaneError
+    assert type(nft_error("nft transaction failed: killed")) is DataPlaneError
