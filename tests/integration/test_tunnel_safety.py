@@ -25,6 +25,10 @@ pytestmark = [pytest.mark.root]  # root, nft and ip are required (tests/conftest
 PORT = 4789
 VNI = 1
 TARGET_PORT = 19999
+# A kept sleep, the window of a negative check: a forged frame that got through would reach
+# the receiver within milliseconds of being sent; none may have come before the control,
+# which ends the receiver. It cannot fail a correct data plane, only widen the window.
+LATE = 1.0
 
 
 @pytest.fixture
@@ -72,7 +76,7 @@ async def test_forged_vxlan_from_pods_and_outsiders_is_dropped(lab: Lab) -> None
     inject(f"{lab.run}-ext", forgery(lab, 2, lab.node_ip(2), victim, target2, "outsider"))
     gateway2 = lab.subnet(2).network_address + 1
     inject(attacker, forgery(lab, 2, gateway2, victim, target2, "nested"))
-    time.sleep(1.0)
+    time.sleep(LATE)
     inject(lab.node_ns(3), forgery(lab, 2, lab.node_ip(2), victim, target2, "control"))
     assert delivered(receiver) == ["control"], "only the real peer's frame gets through"
 
@@ -82,7 +86,7 @@ async def test_forged_vxlan_from_pods_and_outsiders_is_dropped(lab: Lab) -> None
     inject(attacker, forgery(lab, 1, lab.node_ip(1), victim, target1, "pod-to-own-node"))
     gateway1 = lab.subnet(1).network_address + 1
     inject(attacker, forgery(lab, 1, gateway1, victim, target1, "pod-to-own-gateway"))
-    time.sleep(1.0)
+    time.sleep(LATE)
     inject(lab.node_ns(2), forgery(lab, 1, lab.node_ip(1), victim, target1, "control"))
     assert delivered(receiver) == ["control"]
 
@@ -103,7 +107,7 @@ async def test_peer_set_follows_the_remote_nodes(lab: Lab) -> None:
     assert str(lab.node_ip(2)) in listing and str(lab.node_ip(3)) not in listing
     receiver = Receiver(target1_ns, TARGET_PORT, stop="control")
     inject(lab.node_ns(3), forgery(lab, 1, lab.node_ip(1), victim, target1, "removed-peer"))
-    time.sleep(1.0)
+    time.sleep(LATE)
     inject(lab.node_ns(2), forgery(lab, 1, lab.node_ip(1), victim, target1, "control"))
     assert delivered(receiver) == ["control"]
     assert (await planes[1].check_node(lab.network(1))).ok
@@ -127,6 +131,6 @@ async def test_host_gw_pods_cannot_reach_the_tunnel_port(lab: Lab) -> None:
     await planes[1].attach_pod(pod)
     receiver = Receiver(lab.node_ns(2), PORT, stop="-", seconds=4)
     inject(attacker_ns, forgery(lab, 2, lab.node_ip(2), pod.address.ip, EXTERNAL_IP, "pod"))
-    time.sleep(1.0)
+    time.sleep(LATE)
     inject(f"{lab.run}-ext", forgery(lab, 2, lab.node_ip(2), EXTERNAL_IP, EXTERNAL_IP, "control"))
     assert {line.split(" ", 1)[0] for line in receiver.lines()} == {str(EXTERNAL_IP)}
