@@ -416,3 +416,26 @@ def test_nft_errors_are_permanent_only_when_nft_refused_the_input() -> None:
     assert isinstance(nft_error(refused), DataPlaneRejected)
     assert type(nft_error(busy)) is DataPlaneError
     assert type(nft_error("nft transaction failed: killed")) is DataPlaneError
+
+
+async def test_a_transient_error_during_bisection_starts_the_search_again(
+    running: object,
+) -> None:
+    items = [f"p{i}" for i in range(8)]
+    target = Items(list(items), refuse={"p5"})
+    failing = {"left": 1}
+    apply = target.apply
+
+    async def busy_once_while_probing(desired: list[str]) -> None:
+        if len(desired) < len(items) and failing["left"]:  # a probe, not the whole
+            failing["left"] -= 1
+            raise DataPlaneError("busy")
+        await apply(desired)
+
+    target.apply = busy_once_while_probing  # type: ignore[method-assign]
+    run = running(target)  # type: ignore[operator]
+    await run.passes(2)
+    assert [r.result for r in run.records] == [FAILED, PARTIAL]
+    assert run.records[1].left_out == ("p5",) and "refused p5" in run.records[1].error
+    assert target.held == [i for i in items if i != "p5"]
+    assert run.metric("podnet_reconcile_permanent_errors_total") == 2  # refused twice

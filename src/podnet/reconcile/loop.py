@@ -202,7 +202,12 @@ class ReconcileLoop(Generic[D]):
             self._cut = cut  # the last one accepted is what the data plane holds
             return True
 
-        found = await find_rejected(keys, accepts)
+        try:
+            found = await find_rejected(keys, accepts)
+        except TRANSIENT:
+            self._refused = self._cut = None  # half searched: start again next time
+            raise
+        self._error = error  # what the whole state was refused for, not the last probe
         if found is None:
             self._cut = None  # what the probes left is no cut to resync with
             log.error("%s: refused even without any of its %d objects", self.target.name, len(keys))
