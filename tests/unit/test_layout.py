@@ -241,3 +241,21 @@ def test_walker_marks_type_checking_and_lazy_imports() -> None:
         if isinstance(node, ast.Import | ast.ImportFrom)
     ]
     assert seen == [(1, False), (2, False), (4, True), (6, False)]
+
+
+def test_imports_resolve_submodules_and_relative_names(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from podnet.agent import pods, not_a_module\n"
+        "from . import podstatus\n"
+        "from ..cni.types import CniError\n"
+        "import os\n"
+    )
+    known = {name: Path() for name in ("podnet.agent.pods", "podnet.agent.podstatus")}
+    found = [(i.target, i.line) for i in imports_of("podnet.agent.mod", source, known)]
+    assert found == [
+        ("podnet.agent.pods", 1),
+        ("podnet.agent", 1),
+        ("podnet.agent.podstatus", 2),
+        ("podnet.cni.types", 3),
+    ]
