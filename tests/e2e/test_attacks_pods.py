@@ -43,6 +43,10 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NS = "sec"
 TARGET_PORT = 19999
+# A kept sleep, the window of a negative check: a forged frame that got through would reach
+# the receiver within milliseconds of being sent; none may have come before the control,
+# which ends the receiver. It cannot fail a correct data plane, only widen the window.
+LATE = 1.5
 ECHO_PORT = 8080
 PLACEMENT = {"attacker": "node1", "target1": "node1", "target2": "node2", "victim": "node3"}
 ROLES = {"attacker": "attacker", "target1": "target", "target2": "target", "victim": "victim"}
@@ -160,7 +164,7 @@ def test_forged_vxlan_to_another_node_is_dropped(cluster: Cluster) -> None:
     gateway2 = gateway(cluster, "node2")
     inject(attacker, frame(cluster, "node2", gateway2, "target2", "nested-in-tunnel"))
     inject(outside.netns, frame(cluster, "node2", node2, "target2", "outside-host"))
-    time.sleep(1.5)
+    time.sleep(LATE)
     control = frame(cluster, "node2", node2, "target2", "control")
     inject(cluster.state.nodes["node3"].netns, control)
     assert tokens(receiver) == ["control"], "only the peer node's frame may arrive"
@@ -174,7 +178,7 @@ def test_forged_vxlan_to_the_own_node_is_dropped(cluster: Cluster) -> None:
     inject(attacker, frame(cluster, "node1", node1, "target1", "pod-to-own-vtep"))
     gateway1 = gateway(cluster, "node1")
     inject(attacker, frame(cluster, "node1", gateway1, "target1", "pod-to-own-gateway"))
-    time.sleep(1.5)
+    time.sleep(LATE)
     inject(cluster.state.nodes["node2"].netns, frame(cluster, "node1", node1, "target1", "control"))
     assert tokens(receiver) == ["control"]
 

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.testing import tools
+from podnet.testing.e2e import wait_for
 from podnet.testing.podman import IMAGE, PodmanEnv
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -189,6 +189,12 @@ def nc_echo(env: PodmanEnv, node_ns: str, ip: str, port: int) -> str:
     return result.stdout.strip()
 
 
+def listening(env: PodmanEnv, node_ns: str, container: str, port: int) -> bool:
+    """Whether a TCP socket listens on ``port`` inside ``container`` (busybox netstat)."""
+    shown = env.podman(node_ns, "exec", container, "netstat", "-ltn", check=False).stdout
+    return any(f":{port} " in line for line in shown.splitlines())
+
+
 def test_podman_containers_reach_each_other_a_cluster_pod_and_published_ports(
     cluster: Path, podman: PodmanEnv
 ) -> None:
@@ -211,7 +217,7 @@ def test_podman_containers_reach_each_other_a_cluster_pod_and_published_ports(
     )
     web_ip = container_ip(podman, node_ns, "web")
     assert web_ip.startswith("10.128.0."), web_ip
-    time.sleep(0.5)
+    wait_for(lambda: listening(podman, node_ns, "web", 8080), 30, "web's echo server")
     assert nc_echo(podman, node_ns, web_ip, 8080) == "hello"
     target = pods.find_pod(pods._loaded(cluster), "target")
     assert nc_echo(podman, node_ns, target.ip, 8080) == "hello"
