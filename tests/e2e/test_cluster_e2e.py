@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -26,8 +25,8 @@ from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
 from podnet.testing import tools
+from podnet.testing.e2e import Ping, wait_for
 from podnet.testing.e2e import load_state as load
-from podnet.testing.e2e import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -163,10 +162,9 @@ def test_agent_crash_and_restart_lose_no_packet(cluster: Path) -> None:
     links = {n.name: link_snapshot(n.netns) for n in restarted}
     addrs = {n.name: addr_snapshot(n.netns) for n in restarted}
     old_pids = {n.name: n.agent.pid for n in restarted if n.agent}
-    argv = ["ping", "-n", "-q", "-i", "0.02", "-c", "400", "-W", "1", dst.ip]
-    ping = subprocess.Popen(netns.command(src.netns, argv), stdout=subprocess.PIPE, text=True)
+    ping = Ping(src.netns, dst.ip, 400, 0.02)
     try:
-        time.sleep(1.0)
+        ping.flowing()
         for node in restarted:
             nodes.stop_agent(node, signal.SIGKILL, timeout=5)
         for node in restarted:
@@ -174,12 +172,9 @@ def test_agent_crash_and_restart_lose_no_packet(cluster: Path) -> None:
         with pods.admin_api(cluster) as api:
             for node in restarted:
                 nodes.wait_agent_ready(node, cluster, api)
-        assert ping.poll() is None, "the agents restarted after the ping had ended"
-        out, _ = ping.communicate(timeout=60)
+        assert ping.running(), "the agents restarted after the ping had ended"
     finally:
-        if ping.poll() is None:
-            ping.kill()
-            ping.wait(5)
+        out = ping.finish(60)
     assert "400 packets transmitted, 400 received" in out, out
     for node in restarted:
         assert node.agent is not None and node.agent.pid != old_pids[node.name]

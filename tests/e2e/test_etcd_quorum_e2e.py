@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ from podnet.cluster import lifecycle, pods
 from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.nodes import node_paths
 from podnet.cluster.state import PodRecord
+from podnet.testing.e2e import Ping, wait_for
 from podnet.testing.e2e import load_state as load
-from podnet.testing.e2e import wait_for
 
 PINGS = 400  # at 50 ms: 20 s, longer than the outage below
 
@@ -70,30 +69,15 @@ def cni(state_dir: Path, pod: PodRecord, command: str) -> tuple[int, dict[str, A
     return result.returncode, answer
 
 
-def start_ping(src: PodRecord, dst_ip: str) -> subprocess.Popen[str]:
-    argv = ["ping", "-n", "-q", "-i", "0.05", "-c", str(PINGS), "-W", "1", dst_ip]
-    return subprocess.Popen(netns.command(src.netns, argv), stdout=subprocess.PIPE, text=True)
-
-
-def finish(ping: subprocess.Popen[str]) -> str:
-    try:
-        out, _ = ping.communicate(timeout=90)
-    finally:
-        if ping.poll() is None:
-            ping.kill()
-            ping.wait(5)
-    return out
-
-
 def test_quorum_loss_keeps_pods_talking_and_add_is_try_again_later(ha_cluster: Path) -> None:
     plane = ControlPlane(ha_cluster)
     state = load(ha_cluster)
     src, dst = state.pods["default/qa"], state.pods["default/qb"]
     pids = {n: r.agent.pid for n, r in state.nodes.items() if r.agent}
-    ping = start_ping(src, dst.ip)
+    ping = Ping(src.netns, dst.ip, PINGS, 0.05)
     waiting = bare_pod(ha_cluster, "node1")
     try:
-        time.sleep(1.0)
+        ping.flowing()
         plane.kill_member(0)
         plane.kill_member(1)
         code, answer = cni(ha_cluster, waiting, "ADD")
@@ -101,9 +85,9 @@ def test_quorum_loss_keeps_pods_talking_and_add_is_try_again_later(ha_cluster: P
         assert "try again later" in answer.get("msg", ""), answer
         plane.restart_member(0, print)
         plane.restart_member(1, print)
-        assert ping.poll() is None, "quorum came back after the ping had ended"
+        assert ping.running(), "quorum came back after the ping had ended"
     finally:
-        out = finish(ping)
+        out = ping.finish()
     assert f"{PINGS} packets transmitted, {PINGS} received" in out, out
     # Recovery by itself: the same ADD now works, with no agent or master restarted.
     wait_for(lambda: cni(ha_cluster, waiting, "ADD")[0] == 0, 90, "ADD after quorum returned")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from podnet import netns
 from podnet.cluster.state import ClusterState
 
 
@@ -79,6 +81,33 @@ class Lines:
         """Every line, once the pipe has closed (the process ended)."""
         self._reader.join(timeout)
         return list(self.lines)
+
+
+class Ping:
+    """``ping`` from namespace ``ns``, its lines read as they come: ``flowing`` waits for
+    the first reply (the readiness signal before a disruption), ``finish`` for the end."""
+
+    def __init__(self, ns: str, dst: str, count: int, interval: float) -> None:
+        argv = ["ping", "-n", "-i", str(interval), "-c", str(count), "-W", "1", dst]
+        self.process = subprocess.Popen(netns.command(ns, argv), stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        self.lines = Lines(self.process.stdout)
+
+    def flowing(self, timeout: float = 30.0) -> None:
+        self.lines.wait_for("bytes from", timeout)
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def finish(self, timeout: float = 90.0) -> str:
+        """Everything ping printed (its summary last); killed if it outlives ``timeout``."""
+        try:
+            self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(5)
+        return "\n".join(self.lines.finish())
 
 
 def load_state(state_dir: Path) -> ClusterState:
