@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Network
@@ -28,6 +27,7 @@ from podnet.cluster.state import ClusterState
 from podnet.ipam.reservations import well_formed
 from podnet.testing.chaos import quick_api
 from podnet.testing.chaoscheck import ipam_files, pod_port_elements, pod_veths
+from podnet.testing.e2e import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 NETWORK = "podnet"
@@ -44,11 +44,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_for(condition, timeout, what, interval=0.05)
 
 
 def test_sigkill_with_twenty_adds_in_flight_and_damaged_files(cluster: Path) -> None:

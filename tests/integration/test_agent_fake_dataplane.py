@@ -29,6 +29,7 @@ from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.model import RuleSet
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace, pod
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
 NODE = "node-1"
@@ -187,11 +188,7 @@ def shim(agent: Agent) -> Shim:
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    wait_for(condition, timeout, what)
 
 
 def _pod_ips(master: MasterProcess) -> dict[str, str | None]:

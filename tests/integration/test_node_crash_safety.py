@@ -35,6 +35,7 @@ from podnet.ipam.reservations import parse_owner, well_formed
 from podnet.master import node_credentials
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
 GRACE = 6.0  # the master's node-monitor grace period in these tests
@@ -42,12 +43,7 @@ LEASE_SECONDS = 4  # the agent renews every second
 
 
 def _wait(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return value
+    return wait_for(condition, timeout, what)
 
 
 def _start_agent(master: MasterProcess, root: Path) -> Agent:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import ipaddress
-import time
 from typing import Any
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 
 from podnet.api.auth import ensure_node_token
 from podnet.testing.api import client_for, node, pod
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -37,13 +37,15 @@ def mirror_pod(name: str, node_name: str, **meta: Any) -> dict[str, Any]:
 
 
 def wait_hostsubnet(api: httpx.Client, name: str, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def allocated() -> dict[str, Any] | None:
         answer = api.get(f"{HS}/{name}")
-        if answer.status_code == 200 and answer.json().get("subnet"):
-            return dict(answer.json())
-        time.sleep(0.1)
-    raise TimeoutError(f"no HostSubnet for {name}")
+        return (
+            dict(answer.json())
+            if answer.status_code == 200 and answer.json().get("subnet")
+            else None
+        )
+
+    return dict(wait_for(allocated, timeout, f"a HostSubnet for {name}"))
 
 
 def register(master: MasterProcess, name: str, ip: str) -> dict[str, Any]:

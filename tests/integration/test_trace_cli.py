@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace, pod
 from podnet.testing.cli import run_podnet
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
 NETNS = "/apis/network.openshift.io/v1/netnamespaces"
@@ -35,13 +35,11 @@ def create(api: httpx.Client, path: str, obj: Any) -> None:
 
 
 def wait_netids(api: httpx.Client, names: set[str], timeout: float = 20.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def all_there() -> dict[str, int] | None:
         ids = {n["netname"]: n["netid"] for n in api.get(NETNS).json()["items"]}
-        if names <= set(ids) or time.monotonic() > deadline:
-            assert names <= set(ids), f"NetNamespaces {names} did not appear: {ids}"
-            return ids
-        time.sleep(0.1)
+        return ids if names <= set(ids) else None
+
+    return dict(wait_for(all_there, timeout, f"NetNamespaces {names}"))
 
 
 def populate(api: httpx.Client) -> dict[str, int]:
