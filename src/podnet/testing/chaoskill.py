@@ -24,6 +24,7 @@ from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, wait_exited
 from podnet.store.etcd_process import wait_healthy
 from podnet.testing.chaos import load_state
+from podnet.testing.e2e import wait_for
 
 
 @dataclass(frozen=True)
@@ -134,28 +135,24 @@ def wait_master_ready(state_dir: Path, timeout: float) -> None:
     ports = [m.port for m in state.masters] or [state.master_port]
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for port in ports:
-            url = f"https://127.0.0.1:{port}/readyz"
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(url, timeout=2, context=context) as resp,
-            ):
-                if resp.status == 200:
-                    return
-        time.sleep(0.05)
-    raise TimeoutError(f"no master's /readyz answered 200 within {timeout}s")
+
+    def ready(port: int) -> bool:
+        url = f"https://127.0.0.1:{port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+                return bool(resp.status == 200)
+        except OSError:  # refused, or an HTTP error status such as 503
+            return False
+
+    what = "a master's /readyz to answer 200"
+    wait_for(lambda: any(ready(port) for port in ports), timeout, what, interval=0.05)
 
 
 def wait_agent_status(state_dir: Path, node: str, timeout: float) -> None:
     """Until ``node``'s agent answers CNI STATUS with success."""
     socket_path = nodes.node_paths(state_dir, node).socket
-    deadline = time.monotonic() + timeout
-    while not nodes.socket_answers(socket_path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the agent of {node} does not answer STATUS after {timeout}s")
-        time.sleep(0.05)
+    what = f"the agent of {node} to answer STATUS"
+    wait_for(lambda: nodes.socket_answers(socket_path), timeout, what, interval=0.05)
 
 
 @contextlib.contextmanager
