@@ -314,3 +314,30 @@ async def test_a_leader_whose_key_is_taken_knows_it_lost(
     await asyncio.wait_for(leader.lost.wait(), 5)
     assert not leader.is_leader
     await leader.release()
+
+
+async def test_a_leader_survives_one_renewal_that_times_out(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str
+) -> None:
+    store = await connect()
+    leader = EtcdLeaderElector(store, f"{prefix}leader", "leader", ttl=10)
+    await leader.acquire()
+    client = store.client
+    real = client.refresh_lease
+    calls: list[str] = []
+
+    async def refresh_once_hanging(lease_id: int) -> Any:
+        calls.append("hang" if not calls else "ok")
+        if len(calls) == 1:  # etcd (or the loop) too busy to answer this one in time
+            await asyncio.Event().wait()
+        return await real(lease_id)
+
+    client.refresh_lease = refresh_once_hanging
+    try:
+        await eventually(lambda: len(calls) >= 2, 15, "a retry")
+        await eventually(lambda: len(calls) >= 3, 15, "renewals after the retry")
+        assert not leader.lost.is_set() and leader.is_leader
+        assert await leader.holder() == "leader"
+    finally:
+        client.refresh_lease = real
+        await leader.release()

@@ -14,6 +14,7 @@ from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leaselock import LEASE_NAME, LEASE_NAMESPACE, ApiLeaseElector
 from podnet.model.kinds import LEASE, Kind
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
 BOUND = 10.0  # seconds: every wait below ends far sooner, or the test fails
@@ -41,10 +42,7 @@ async def api(registry: Registry) -> AsyncIterator[InProcessApi]:
 
 
 async def until(check: Callable[[], bool]) -> None:
-    """Poll ``check`` until it holds (within ``BOUND``)."""
-    async with asyncio.timeout(BOUND):
-        while not check():
-            await asyncio.sleep(0.01)
+    await eventually(check, BOUND)
 
 
 async def lease(registry: Registry) -> Obj:

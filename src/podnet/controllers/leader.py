@@ -205,28 +205,38 @@ class EtcdLeaderElector:
     # ---- keepalive ----------------------------------------------------------------------
 
     async def _keep_alive(self) -> None:
+        """Renew every ttl/3; after a failure retry every ttl/10, each try bounded by the
+        time left, and give up just before the lease could lapse (a busy master or etcd
+        costs a retry, not the leadership)."""
         loop = asyncio.get_running_loop()
-        interval = self.ttl / 3
+        interval, retry = self.ttl / 3, self.ttl / 10
         margin = min(1.0, interval / 2)
+        wait = interval
         while True:
-            await asyncio.sleep(interval)
-            problem = await self._renew(loop.time())
-            if problem is None:
+            await asyncio.sleep(wait)
+            left = self._deadline - margin - loop.time()
+            problem = await self._renew(loop.time(), min(interval, left)) if left > 0 else None
+            if left > 0 and problem is None:
+                wait = interval
                 continue
-            if problem.startswith("!") or loop.time() + interval >= self._deadline - margin:
+            problem = problem or "no renewal before the lease's deadline"
+            if problem.startswith("!") or loop.time() + retry >= self._deadline - margin:
                 self._lose(problem.lstrip("!"))
                 return
             log.warning("leader %s: lease renewal failed (%s); retrying", self.identity, problem)
+            wait = retry
 
-    async def _renew(self, sent: float) -> str | None:
-        """Renew the lease and check the key; None if fine, else why (``!``: lost for sure)."""
+    async def _renew(self, sent: float, timeout: float) -> str | None:
+        """Renew the lease and check the key within ``timeout`` seconds; None if fine, else
+        why (``!``: lost for sure)."""
         assert self._lease_id is not None
         try:
-            reply = await _within(self.store.client.refresh_lease(self._lease_id), self.ttl / 3)
-            if reply is None or reply.TTL <= 0:
-                return "!the lease expired"
-            self._deadline = sent + int(reply.TTL)
-            kv = await _within(self.store.get(self.key), self.ttl / 3)
+            async with asyncio.timeout(timeout):
+                reply = await self.store.client.refresh_lease(self._lease_id)
+                if reply is None or reply.TTL <= 0:
+                    return "!the lease expired"
+                self._deadline = sent + int(reply.TTL)
+                kv = await self.store.get(self.key)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if kv is None or kv.value != self._value:
