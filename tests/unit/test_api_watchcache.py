@@ -52,7 +52,7 @@ class FakeSink:
 async def cached() -> AsyncIterator[tuple[Registry, WatchCache]]:
     registry = Registry(MemoryStore())
     await registry.create(NAMESPACE, namespace("default"))
-    cache = WatchCache(registry, backlog_limit=4000)
+    cache = WatchCache(registry, backlog_limit=4000, coalesce=0)
     await cache.start()
     try:
         yield registry, cache
@@ -212,3 +212,23 @@ async def test_a_watcher_behind_the_ring_is_told_410(cached: tuple[Registry, Wat
     await settle(registry, cache)
     outcome = behind.done.result()
     assert outcome is not None and outcome.code == 410
+
+
+async def test_changes_close_together_go_out_in_one_write(
+    cached: tuple[Registry, WatchCache],
+) -> None:
+    registry, cache = cached
+    cache.coalesce = 1.0
+    start = await settle(registry, cache)
+    sink = FakeSink()
+    cache.watch(WatchFilter(POD), sink, start, False)
+    await registry.create(POD, pod("first"))
+    while not sink.chunks:  # the first change goes out at once
+        await asyncio.sleep(0.01)
+    for name in ("second", "third", "fourth"):
+        await registry.create(POD, pod(name))
+    while len(sink.chunks) < 2:
+        await asyncio.sleep(0.01)
+    assert len(sink.chunks) == 2
+    names = [e["object"]["metadata"]["name"] for e in sink.events()]
+    assert names == ["first", "second", "third", "fourth"]

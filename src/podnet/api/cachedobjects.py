@@ -82,6 +82,7 @@ class CachedEvent:
     probe: Obj
     prev_probe: Obj | None
     lines: dict[str, bytes] = field(default_factory=dict)
+    arrived: float = 0.0  # loop time it reached the cache
 
     @property
     def obj(self) -> Obj:

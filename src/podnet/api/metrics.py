@@ -37,6 +37,12 @@ class ApiMetrics:
             ["resource"],
             registry=self.registry,
         )
+        self.watch_dispatch = Histogram(
+            "podnet_apiserver_watch_dispatch_seconds",
+            "From a change reaching the watch cache to its bytes handed to every watcher",
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         self.controller_errors = Counter(
             "podnet_controller_errors",
             "Controller errors by controller",

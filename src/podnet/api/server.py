@@ -43,7 +43,7 @@ class ApiServer:
         self.registry = registry
         self.tokens = tokens
         self.metrics = metrics or ApiMetrics()
-        self.cache = WatchCache(registry)
+        self.cache = WatchCache(registry, observe=self.metrics.watch_dispatch.observe)
         self.handlers = ResourceHandlers(registry, self.cache, self.metrics)
         self._ready = ready
         self._runner: web.AppRunner | None = None
