@@ -4,7 +4,6 @@ repair, GC's attachment list, the Lease heartbeat objects, and node lifecycle de
 
 from __future__ import annotations
 
-import asyncio
 import os
 from ipaddress import IPv4Address, IPv4Interface
 from pathlib import Path
@@ -33,6 +32,7 @@ from podnet.model.kinds import LEASE, NAMESPACE, NODE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 from podnet.model.validation import validate
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 SETS = parse_ipam_config({"ranges": [[{"subnet": "10.1.2.0/29"}]]}).range_sets
 V4 = IPv4Address
@@ -288,10 +288,7 @@ async def _mark_and_recover(registry: Registry, controller: NodeLifecycleControl
         await registry.update(
             LEASE, renewed(lease, "n1", 40, micro_time()), NODE_LEASE_NAMESPACE, "n1"
         )
-        for _ in range(100):
-            if "n1" in controller._heard:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: "n1" in controller._heard, what="the renewal to be heard")
         assert (await controller.check("n1") or ("",))[0] == "True"
     finally:
         await controller.stop()
