@@ -46,10 +46,12 @@ def resource_path(
 def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """An object's ``metadata`` ({} when it has none)."""
     meta = obj.get("metadata")
+    if isinstance(meta, dict):  # the usual case, and a much cheaper check than the ABC's
+        return meta
     return meta if isinstance(meta, Mapping) else {}
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of an object: its identity within one kind."""
     meta = metadata(obj)
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return meta.get("namespace") or "", meta.get("name") or ""

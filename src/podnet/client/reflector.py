@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 from podnet.client.backoff import WATCH_BACKOFF, Attempts, Backoff, with_retry
 from podnet.client.errors import Expired, is_transient, one_line
 from podnet.client.objectapi import Listing, ObjectApi
-from podnet.client.paths import object_key
+from podnet.client.paths import metadata, object_key
 from podnet.client.watch import (
     BOOKMARK,
     DELETED,
+    MODIFIED,
     Obj,
     ResourceVersion,
     WatchEvent,
     listed,
+    parse_version,
 )
 from podnet.model.kinds import Kind
 
@@ -75,8 +77,28 @@ class Reflector:
             )
             for event in self.relist(listing):
                 yield event
-            async for event in self.follow():
-                yield event
+            # Watch from the listing until a relist is due (410, or the resync time). This
+            # loop is not a generator of its own: one hop less per event.
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self.resync_period if self.resync_period else None
+            attempts = Attempts(self.backoff, None, loop.time)
+            while until is None or loop.time() < until:
+                stream = self.api.watch(self.kind, self.version, self.namespace)
+                # Without a resync period the stream is read as it is: no timer per event.
+                events = stream if until is None else _bounded(stream, until)
+                try:
+                    async for event in events:
+                        attempts.attempt = 0
+                        if self.take(event):
+                            yield event
+                except Expired as exc:
+                    log.info("watch of %s expired (%s); listing again", self.kind.plural, exc)
+                    break
+                except Exception as exc:
+                    await self.pause(exc, attempts)
+                finally:
+                    await _close(events)
+                    await _close(stream)
 
     def relist(self, listing: Listing) -> list[WatchEvent]:
         """A ``DELETED`` for every object gone since the last listing, then ``LISTED``."""
@@ -95,65 +117,60 @@ class Reflector:
         obj = {"apiVersion": self.kind.api_version, "kind": self.kind.kind, "metadata": meta}
         return WatchEvent(DELETED, obj)
 
-    async def follow(self) -> AsyncIterator[WatchEvent]:
-        """Watch from ``self.version`` until a relist is due (410 or the resync time)."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + self.resync_period if self.resync_period else None
-        attempts = Attempts(self.backoff, None, loop.time)
-        while until is None or loop.time() < until:
-            stream = self.api.watch(self.kind, self.version, self.namespace)
-            try:
-                async for event in _bounded(stream, until):
-                    attempts.reset()
-                    self.version = max(self.version, event.resource_version)
-                    if event.type == BOOKMARK:
-                        continue
-                    self.remember(event)
-                    yield event
-            except Expired as exc:
-                log.info("watch of %s expired (%s); listing again", self.kind.plural, exc)
-                return
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                delay = attempts.next_delay() or self.backoff.cap
-                what = self.kind.plural
-                log.warning("watch of %s failed (%s); again in %.2fs", what, one_line(exc), delay)
-                await asyncio.sleep(delay)
+    def take(self, event: WatchEvent) -> bool:
+        """Note a watch event's version and object; whether to pass it on (not bookmarks).
 
-    def remember(self, event: WatchEvent) -> None:
-        """Keep ``known`` in step with what the consumer was told."""
-        key = object_key(event.object)
-        if event.type == DELETED:
+        Only ADDED and DELETED change which objects exist (``known``); MODIFIED, the
+        common event, costs no bookkeeping beyond the version."""
+        meta = metadata(event.object)
+        version = parse_version(meta.get("resourceVersion"))
+        if version > self.version:
+            self.version = version
+        change = event.type
+        if change == MODIFIED:
+            return True
+        if change == BOOKMARK:
+            return False
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        if change == DELETED:
             self.known.discard(key)
         else:
             self.known.add(key)
+        return True
+
+    async def pause(self, exc: Exception, attempts: Attempts) -> None:
+        """Wait before watching again after a transient ``exc``; raise a permanent one."""
+        if not is_transient(exc):
+            raise exc
+        delay = attempts.next_delay() or self.backoff.cap
+        what = self.kind.plural
+        log.warning("watch of %s failed (%s); again in %.2fs", what, one_line(exc), delay)
+        await asyncio.sleep(delay)
 
 
-async def _bounded(
-    stream: AsyncIterator[WatchEvent], until: float | None
-) -> AsyncIterator[WatchEvent]:
-    """The events of ``stream`` until the loop time ``until`` (if given); closes ``stream``."""
+async def _bounded(stream: AsyncIterator[WatchEvent], until: float) -> AsyncIterator[WatchEvent]:
+    """The events of ``stream`` until the loop time ``until``."""
     loop = asyncio.get_running_loop()
-    try:
-        while True:
-            timeout = None if until is None else max(0.0, until - loop.time())
-            deadline = asyncio.timeout(timeout)
-            try:
-                async with deadline:
-                    event = await anext(stream)
-            except StopAsyncIteration:
+    while True:
+        deadline = asyncio.timeout(max(0.0, until - loop.time()))
+        try:
+            async with deadline:
+                event = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if deadline.expired():
                 return
-            except TimeoutError:
-                if deadline.expired():
-                    return
-                raise
-            yield event
-    finally:
-        closer = getattr(stream, "aclose", None)
-        if closer is not None:
-            with contextlib.suppress(Exception):
-                await closer()
+            raise
+        yield event
+
+
+async def _close(stream: AsyncIterator[WatchEvent]) -> None:
+    """Close an async generator (a watch's connection goes with it)."""
+    closer = getattr(stream, "aclose", None)
+    if closer is not None:
+        with contextlib.suppress(Exception):
+            await closer()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Any, TypeAlias
 
 from podnet.client.errors import InvalidResponse, error_from_status_object
+from podnet.client.paths import metadata
 
 Obj = dict[str, Any]
 ResourceVersion: TypeAlias = int
@@ -47,9 +48,11 @@ ADDED, MODIFIED, DELETED = EventType.ADDED, EventType.MODIFIED, EventType.DELETE
 BOOKMARK, LISTED = EventType.BOOKMARK, EventType.LISTED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WatchEvent:
-    """One change (``object``), a bookmark, or a complete listing (``items``)."""
+    """One change (``object``), a bookmark, or a complete listing (``items``). Read-only
+    by convention: not frozen, because a frozen dataclass costs twice as much to make
+    and a busy watch makes one per line."""
 
     type: EventType | str
     object: Obj = field(default_factory=dict)
@@ -63,10 +66,15 @@ class WatchEvent:
 
 def resource_version(obj: Mapping[str, Any]) -> ResourceVersion:
     """An object's ``metadata.resourceVersion`` as an int (0 when absent or not a number)."""
-    meta = obj.get("metadata")
-    value = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return parse_version(metadata(obj).get("resourceVersion"))
+
+
+def parse_version(value: object) -> ResourceVersion:
+    """A resourceVersion as it is written (a string of digits) as an int; 0 otherwise."""
+    if type(value) is str and value.isdigit():  # the usual case, checked cheaply
+        return int(value)
     try:
-        return int(value or 0)
+        return int(value or 0)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return 0
 
@@ -87,13 +95,16 @@ def decode_event(line: bytes | str) -> WatchEvent:
     try:
         event = json.loads(line)
         kind, obj = event["type"], event["object"]
+        known = _TYPES.get(kind)
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidResponse(200, f"bad watch event: {str(line)[:120]}") from exc
-    if not isinstance(obj, dict) or not isinstance(kind, str):
+    if type(obj) is not dict:
         raise InvalidResponse(200, f"bad watch event: {str(line)[:120]}")
-    if kind == "ERROR":
-        raise error_from_status_object(obj)
-    try:
-        return WatchEvent(EventType(kind), obj)
-    except ValueError as exc:
-        raise InvalidResponse(200, f"unknown watch event type {kind!r}") from exc
+    if known is None:
+        if kind == "ERROR":
+            raise error_from_status_object(obj)
+        raise InvalidResponse(200, f"unknown watch event type {kind!r}")
+    return WatchEvent(known, obj)
+
+
+_TYPES = {t.value: t for t in (ADDED, MODIFIED, DELETED, BOOKMARK)}
