@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
@@ -40,6 +39,7 @@ from podnet.kubeconfig import ClientConfig
 from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NAMESPACE, NODE, POD
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
 NODE_NAME = "node-a"
@@ -324,17 +324,6 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
         await server.stop()
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
-
-
 async def test_status_writer_creates_the_pod_then_clears_its_ip(api: Api) -> None:
     # A node may only give its pods addresses from its own HostSubnet (admission).
     await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
@@ -452,9 +441,7 @@ async def test_agent_start_order_and_a_restart_that_touches_nothing(
     first = RunningAgent(api, config, FakeDataPlane(state))
     node = await eventually(api.node)
     assert {"type": "InternalIP", "address": str(NODE_IP)} in node["status"]["addresses"]
-    await eventually(
-        lambda: asyncio.sleep(0, "waiting for HostSubnet for node node-a" in caplog.text)
-    )
+    await eventually(lambda: "waiting for HostSubnet for node node-a" in caplog.text)
     assert not first.agent.serving.is_set()
     await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
     await first.serving()
@@ -513,8 +500,8 @@ async def test_agent_syncs_remote_nodes_and_repairs_drift(
     running = RunningAgent(api, agent_config(tmp_path, resync=0.3), dataplane)
     await running.serving()
 
-    def remotes_are(*names: str) -> Callable[[], Awaitable[bool]]:
-        return lambda: asyncio.sleep(0, sorted(dataplane.state.remotes) == list(names))
+    def remotes_are(*names: str) -> Callable[[], bool]:
+        return lambda: sorted(dataplane.state.remotes) == list(names)
 
     await eventually(remotes_are("node-b"))
     await api.put_hostsubnet("node-c", "10.128.2.0/24", "192.0.2.12")
@@ -523,18 +510,16 @@ async def test_agent_syncs_remote_nodes_and_repairs_drift(
     await api.registry.delete(HOST_SUBNET, None, "node-b")
     await eventually(remotes_are("node-c"))
     dataplane.drift_remove_remote("node-c")  # "a route deleted by hand"
-    await eventually(lambda: asyncio.sleep(0, "node-c" in dataplane.state.remotes))
+    await eventually(lambda: "node-c" in dataplane.state.remotes)
     dataplane.drift_version_note()  # the node set-up itself drifted
-    await eventually(lambda: asyncio.sleep(0, dataplane.calls.count("setup_node") == 2))
+    await eventually(lambda: dataplane.calls.count("setup_node") == 2)
     with caplog.at_level(logging.WARNING):
         changed = {**CLUSTER_NETWORK_OBJ, "mtu": 1400}
         current = await api.registry.get(CLUSTER_NETWORK, None, "default")
         await api.registry.update(
             CLUSTER_NETWORK, {**changed, "metadata": current["metadata"]}, None, "default"
         )
-        await eventually(
-            lambda: asyncio.sleep(0, "ClusterNetwork changed (mtu: 1450 -> 1400)" in caplog.text)
-        )
+        await eventually(lambda: "ClusterNetwork changed (mtu: 1450 -> 1400)" in caplog.text)
     await running.stop()
     assert "remove node-b" in dataplane.remote_changes
 
