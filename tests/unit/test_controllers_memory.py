@@ -26,7 +26,7 @@ from podnet.controllers.config import MULTITENANT, NetworkConfig, parse_cluster_
 from podnet.controllers.hostsubnets import HostSubnetController
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.manager import ControllerManager
-from podnet.controllers.namespaces import ensure_namespace
+from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
 from podnet.controllers.netnamespaces import (
     CHANGE_NETWORK_ANNOTATION,
     CHANGE_NETWORK_ERROR_ANNOTATION,
@@ -44,6 +44,7 @@ from podnet.model.kinds import (
     POD,
     SERVICE,
 )
+from podnet.store.base import Delete
 from podnet.store.memory import MemoryStore
 from podnet.testing.e2e import eventually
 
@@ -431,6 +432,25 @@ async def test_deleted_namespace_loses_its_objects(
     await registry.delete(NAMESPACE, None, "x")
     await eventually(lambda: _empty(registry, "x"))
     assert len((await registry.list(POD, "y"))[0]) == 1
+
+
+async def test_objects_of_a_namespace_that_is_gone_entirely_are_removed(
+    registry: Registry, api: InProcessApi
+) -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    for ns in ("ghost", "alive"):
+        await registry.create(NAMESPACE, {"metadata": {"name": ns}})
+        await registry.create(POD, pod, ns)
+    # The Namespace vanishes without finalization (a write that raced it, an etcd restore).
+    await registry.store.commit([], [Delete(registry.key(NAMESPACE, None, "ghost"))])
+    controller = NamespaceCleanupController(api, resync_period=None)
+    await controller.start()
+    try:
+        await eventually(lambda: _empty(registry, "ghost"))
+        await controller.queue.wait_idle()
+        assert len((await registry.list(POD, "alive"))[0]) == 1
+    finally:
+        await controller.stop()
 
 
 async def _empty(registry: Registry, ns: str) -> bool:

@@ -2,12 +2,15 @@
 
 Deleting a Namespace through the API only marks it ``Terminating`` (deletionTimestamp
 set; new content is refused). This controller deletes the pods, services, endpoints,
-policies and events left inside it, then removes the Namespace itself. At start it also
-finds namespaced objects whose Namespace is gone entirely and removes those.
+policies and events left inside it, then removes the Namespace itself. Once synced, and
+every resync period, it also finds namespaced objects whose Namespace is gone entirely
+and removes those.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from podnet.client.watch import DELETED
@@ -65,11 +68,8 @@ class NamespaceCleanupController(Controller):
     def watches(self) -> list[Watch]:
         return [Watch(NAMESPACE, self._on_namespace)]
 
-    async def synced(self) -> None:
-        """Queue the namespaces that hold objects but no longer exist at all."""
-        for name in await self._namespaces_in_use():
-            if name not in self.namespaces:
-                self.queue.add(name)
+    def background(self) -> list[tuple[Coroutine[Any, Any, Any], str]]:
+        return [(self._sweep_orphans(), "namespace-cleanup-orphans")]
 
     def summary(self) -> str:
         return f"{len(self.namespaces)} namespaces"
@@ -78,6 +78,19 @@ class NamespaceCleanupController(Controller):
         name = track(self.namespaces, change, obj)
         if name is not None and (change == DELETED or terminating(obj)):
             self.queue.add(name)
+
+    async def _sweep_orphans(self) -> None:
+        """After the sync and every resync period (once without one): queue the namespaces
+        that hold objects but no longer exist at all. It reads every object of every
+        cleaned-up kind, so it runs beside the work, not before the controller is ready."""
+        while True:
+            for name in await self._namespaces_in_use():
+                if name not in self.namespaces:
+                    self.queue.add(name)  # reconcile confirms with a fresh read
+            if self.resync_period is None:
+                await asyncio.Event().wait()
+            else:
+                await asyncio.sleep(self.resync_period)
 
     async def _namespaces_in_use(self) -> set[str]:
         """Every namespace that holds at least one object of the cleaned-up kinds."""
