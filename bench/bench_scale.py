@@ -26,6 +26,7 @@ import contextlib
 import json
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -323,10 +324,18 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+async def run_until_terminated(args: argparse.Namespace, work: Path) -> Results:
+    """``run``, cancelled by SIGTERM (so etcd, the master and the workers are stopped)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run(args, work)
+
+
 def main() -> None:
     args = options()
     with tempfile.TemporaryDirectory(prefix="podnet-scale-") as tmp:
-        asyncio.run(run(args, Path(tmp)))
+        asyncio.run(run_until_terminated(args, Path(tmp)))
 
 
 if __name__ == "__main__":

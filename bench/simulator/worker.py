@@ -16,6 +16,7 @@ JSON line on stdout:
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import json
 import resource
@@ -27,6 +28,12 @@ from urllib.parse import urlsplit
 
 from simulator.agent import POLL_SECONDS, AgentSpec, Failed, SimAgent, Tally
 from simulator.wire import Endpoint
+
+
+def small_tls_buffers(size: int = 32 * 1024) -> None:
+    """asyncio gives every TLS connection a ``SSLProtocol.max_size`` (256 KiB) read buffer:
+    thousands of connections would cost gigabytes. A TLS record is at most 16 KiB."""
+    asyncio.sslproto.SSLProtocol.max_size = size
 
 
 def raise_file_limit() -> None:
@@ -153,6 +160,7 @@ async def serve() -> None:
 
 def main() -> None:
     raise_file_limit()
+    small_tls_buffers()
     asyncio.run(serve())
 
 
