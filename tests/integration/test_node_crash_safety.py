@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from podnet.ipam.reservations import parse_owner, well_formed
 from podnet.master import node_credentials
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace
+from podnet.testing.cli import run_kubectl
 from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
@@ -215,7 +215,7 @@ def _ready(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_silent_node_goes_unknown_within_the_grace_and_ready_again(
-    fast_heartbeat: None, etcd: EtcdProcess, tmp_path: Path, prefix: str
+    fast_heartbeat: None, etcd: EtcdProcess, tmp_path: Path, prefix: str, kubectl: str
 ) -> None:
     master = launch_master(etcd, tmp_path / "master", prefix)
     running = None
@@ -258,10 +258,7 @@ def test_a_silent_node_goes_unknown_within_the_grace_and_ready_again(
         with client_for(master.kubeconfig) as api:
             table = api.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
         assert [i["metadata"]["name"] for i in table.json()["items"]] == [NODE]
-        kubectl = ["kubectl", "--kubeconfig", str(master.kubeconfig), "get", "leases"]
-        shown = subprocess.run(
-            [*kubectl, "-n", "kube-node-lease"], capture_output=True, text=True, timeout=60
-        )
+        shown = run_kubectl(master.kubeconfig, "get", "leases", "-n", "kube-node-lease")
         assert shown.returncode == 0, shown.stderr
         header, row = shown.stdout.splitlines()
         assert header.split()[:2] == ["NAME", "HOLDER"] and row.split()[:2] == [NODE, NODE]
