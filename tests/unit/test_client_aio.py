@@ -16,6 +16,7 @@ from aiohttp import web
 from podnet.client import (
     LISTED,
     Backoff,
+    InvalidResponse,
     NotFound,
     ServerError,
     StatusError,
@@ -25,8 +26,9 @@ from podnet.client import (
 )
 from podnet.client.aio import AsyncApiClient
 from podnet.client.reflector import reflect
+from podnet.client.wire import Call
 from podnet.kubeconfig import ClientConfig
-from podnet.model.kinds import HOST_SUBNET, NODE
+from podnet.model.kinds import HOST_SUBNET, LEASE, NODE, POD
 
 Obj = dict[str, Any]
 
@@ -166,3 +168,85 @@ async def test_errors_are_classified(scripted: tuple[ScriptedApi, AsyncApiClient
 async def down_permanent(attempts: list[int]) -> None:
     attempts.append(1)
     raise StatusError(403, "Forbidden", "forbidden")
+
+
+# ---- what the writes send -------------------------------------------------------------------
+
+
+@dataclass
+class Recorder:
+    """Answers every request with its own object (or {}), recording what came."""
+
+    seen: list[tuple[str, str, str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.path == "/not-json":
+            return web.Response(text="<html>")
+        body = await request.read()
+        self.seen.append(
+            (request.method, request.path, request.content_type, json.loads(body) if body else None)
+        )
+        self.headers.append(dict(request.headers))
+        return web.json_response(json.loads(body) if body else {})
+
+
+@pytest.fixture
+async def recorded() -> AsyncIterator[tuple[Recorder, AsyncApiClient]]:
+    recorder = Recorder()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", recorder.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    config = ClientConfig(f"http://127.0.0.1:{runner.addresses[0][1]}", token="secret")
+    client = AsyncApiClient(config, agent="podnet-test")
+    try:
+        yield recorder, client
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_writes_go_to_their_paths_with_their_bodies(
+    recorded: tuple[Recorder, AsyncApiClient],
+) -> None:
+    rec, client = recorded
+    lease = {"metadata": {"name": "n1", "namespace": "kube-node-lease", "resourceVersion": "7"}}
+    node = {"metadata": {"name": "n1", "resourceVersion": "3"}, "status": {"phase": "x"}}
+    await client.create(LEASE, lease)
+    await client.update(LEASE, lease)
+    await client.update_status(NODE, node)
+    await client.patch(POD, "shop", "web", {"status": {"podIP": "10.0.0.2"}}, subresource="status")
+    await client.delete(POD, "shop", "web", resource_version=12)
+    await client.delete(NODE, None, "n1")
+    leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+    assert rec.seen == [
+        ("POST", leases, "application/json", lease),
+        ("PUT", f"{leases}/n1", "application/json", lease),
+        ("PUT", "/api/v1/nodes/n1/status", "application/json", node),
+        (
+            "PATCH",
+            "/api/v1/namespaces/shop/pods/web/status",
+            "application/merge-patch+json",
+            {"status": {"podIP": "10.0.0.2"}},
+        ),
+        (
+            "DELETE",
+            "/api/v1/namespaces/shop/pods/web",
+            "application/json",
+            {"preconditions": {"resourceVersion": "12"}},
+        ),
+        ("DELETE", "/api/v1/nodes/n1", "application/octet-stream", None),
+    ]
+    assert {h["Authorization"] for h in rec.headers} == {"Bearer secret"}
+    assert {h["User-Agent"] for h in rec.headers} == {"podnet-test"}
+
+
+async def test_a_non_json_answer_is_a_transient_invalid_response(
+    recorded: tuple[Recorder, AsyncApiClient],
+) -> None:
+    _, client = recorded
+    with pytest.raises(InvalidResponse, match="GET /not-json: the server did not answer") as info:
+        await client.request(Call("GET", "/not-json"))
+    assert is_transient(info.value)
