@@ -10,6 +10,11 @@ before anything else happens and the manager campaigns again: it never acts with
 holding leadership. A refused network configuration ends ``run`` with
 ``ClusterNetworkError``; any other failure ends the term, gives up leadership, and the
 manager campaigns again after a backoff.
+
+The controllers reach the objects only through a ``ControllerApi``: in the master the
+in-process one (``podnet.controllers.inprocess``, leadership through etcd), in
+``podnet controllers`` the HTTPS client (``podnet.controllers.process``, leadership
+through a Lease object).
 """
 
 from __future__ import annotations
