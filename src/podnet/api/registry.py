@@ -16,6 +16,7 @@ from typing import Any
 
 from podnet.api import storedform
 from podnet.api.claims import Claim, claims, raise_if_claimed
+from podnet.api.keyspace import DEFAULT_PREFIX, KeySpace
 from podnet.api.objects import (
     STALE,
     matches,
@@ -26,7 +27,7 @@ from podnet.api.objects import (
     same_content,
 )
 from podnet.model import errors
-from podnet.model.kinds import KINDS, NAMESPACE, Kind
+from podnet.model.kinds import NAMESPACE, Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import (
     Absent,
@@ -46,7 +47,6 @@ Obj = dict[str, Any]
 Admit = Callable[[Obj | None, Obj | None], Awaitable[None] | None]
 Validate = Callable[[Kind, Obj, Obj | None], Obj]
 
-DEFAULT_PREFIX = "/podnet/registry/"
 MAX_UPDATE_RETRIES = 16
 # Below etcd's default request limit (1.5 MiB) with room for the key and the transaction.
 MAX_OBJECT_BYTES = 1024 * 1024
@@ -62,8 +62,8 @@ async def _admitted(admit: Admit, new: Obj | None, old: Obj | None) -> None:
         await result
 
 
-class Registry:
-    """Typed CRUD on API objects, stored as JSON under one key prefix."""
+class Registry(KeySpace):
+    """Typed CRUD on API objects, stored as JSON under one key prefix (``KeySpace``)."""
 
     def __init__(
         self, store: Store, validate: Validate | None = None, prefix: str = DEFAULT_PREFIX
@@ -72,43 +72,9 @@ class Registry:
             from podnet.model.validation import validate as default_validate
 
             validate = default_validate
+        super().__init__(prefix)
         self.store = store
-        self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self._validate = validate
-
-    # ---- keys -------------------------------------------------------------------------
-
-    def kind_prefix(self, kind: Kind, namespace: str | None = None) -> str:
-        """Key prefix of every object of ``kind`` (in ``namespace``, if given)."""
-        base = f"{self.prefix}{kind.group or 'core'}/{kind.plural}/"
-        return base + f"{namespace}/" if kind.namespaced and namespace else base
-
-    def key(self, kind: Kind, namespace: str | None, name: str) -> str:
-        if kind.namespaced:
-            if not namespace:
-                raise errors.bad_request(f"{kind.plural} are namespaced: a namespace is required")
-            return f"{self.kind_prefix(kind)}{namespace}/{name}"
-        return f"{self.kind_prefix(kind)}{name}"
-
-    def _claim_key(self, kind: Kind, claim: Claim) -> str:
-        return f"{self.prefix}claims/{kind.group or 'core'}/{kind.plural}/{claim.path}"
-
-    def parse_key(self, key: str) -> tuple[Kind, str | None, str] | None:
-        """(kind, namespace, name) of an object key, or None for other keys."""
-        if not key.startswith(self.prefix):
-            return None
-        parts = key[len(self.prefix) :].split("/")
-        if len(parts) < 3 or parts[0] == "claims":
-            return None
-        group = "" if parts[0] == "core" else parts[0]
-        kind = next((k for k in KINDS.kinds if (k.group, k.plural) == (group, parts[1])), None)
-        if kind is None:
-            return None
-        if kind.namespaced and len(parts) == 4:
-            return kind, parts[2], parts[3]
-        if not kind.namespaced and len(parts) == 3:
-            return kind, None, parts[2]
-        return None
 
     # ---- decoding ---------------------------------------------------------------------
 
@@ -218,7 +184,7 @@ class Registry:
 
     def _claims(self, kind: Kind, obj: Obj) -> dict[str, Claim]:
         """Claim key -> claim, for every unique value ``obj`` holds."""
-        return {self._claim_key(kind, c): c for c in claims(kind, obj)}
+        return {self.claim_key(kind, c): c for c in claims(kind, obj)}
 
     async def _commit(
         self, conditions: Sequence[Condition], ops: Sequence[Operation]
