@@ -123,7 +123,10 @@ def test_controllers_over_https_allocate_subnets_and_vnids(
         default = wait_for(lambda: _get(api, f"{NETNS}/default"), 30, "the default NetNamespace")
         assert default["netid"] == 0
 
-        # Namespace deletion is finalized through the API (namespaces/<name>/finalize).
+        # Namespace deletion is finalized through the API (namespaces/<name>/finalize),
+        # which refuses a Namespace that is not Terminating.
+        live = api.get(f"{NAMESPACES}/tenant").json()
+        assert api.put(f"{NAMESPACES}/tenant/finalize", json=live).status_code == 409
         assert api.delete(f"{NAMESPACES}/tenant").status_code == 200
         wait_for(lambda: _get(api, f"{NAMESPACES}/tenant") is None, 30, "tenant to be removed")
         wait_for(lambda: _get(api, f"{NETNS}/tenant") is None, 30, "its NetNamespace to go")
