@@ -30,6 +30,7 @@ from podnet.policy.compile import compile_rules, hostsubnet_addresses
 from podnet.policy.incremental import PODS
 from podnet.policy.model import RuleSet
 from podnet.reconcile import APPLIED, PARTIAL, ReconcileMetrics
+from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
 LOCAL = NodeNetwork(
@@ -203,15 +204,13 @@ async def running(api: FakeApi, dataplane: FakeDataPlane) -> AsyncIterator[Runni
 async def converged(api: FakeApi, dataplane: FakeDataPlane, plugin: str = NETWORKPOLICY) -> None:
     """Wait until the fake data plane holds ``compile_rules`` over the API's objects."""
     want = api.expected(plugin).fingerprint()
-    for _ in range(500):
-        if dataplane.state.policy_fingerprint == want:
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError(f"the data plane never reached {want}; calls: {dataplane.calls[-5:]}")
+    what = f"the data plane to reach {want}"
+    await eventually(lambda: dataplane.state.policy_fingerprint == want, what=what)
 
 
 async def settled(sync: PolicySync, loops: int = 5) -> None:
-    """Give the coalescing loop time to run a few times."""
+    """A kept sleep, the window of a negative check: a few coalescing periods (time is
+    what coalescing is about) in which no further apply may happen."""
     await asyncio.sleep(sync.coalesce * loops)
 
 
@@ -225,8 +224,7 @@ async def test_nothing_is_applied_until_every_watch_has_listed(
     sync = PolicySync(api, dataplane, LOCAL, NETWORKPOLICY, resync_period=60, coalesce=0.01)
     started = Running(sync)
     try:
-        while len(api.watched) < 5:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(api.watched) >= 5, what="every watch to start")
         await settled(sync)
         assert not sync.ready()
         assert "sync_policy" not in dataplane.calls and not sync.synced.is_set()
@@ -295,8 +293,7 @@ async def test_failed_apply_is_retried_and_resync_reapplies_the_same_rules(
         await converged(api, dataplane)
         calls = dataplane.calls.count("sync_policy")
         assert calls >= 2
-        while dataplane.calls.count("sync_policy") < calls + 2:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: dataplane.calls.count("sync_policy") >= calls + 2, what="resyncs")
         assert sync.applied == 1 and dataplane.policy_changes == 1  # the same object again
         assert sync.last_rules is dataplane.state.policy
     finally:
