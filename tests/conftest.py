@@ -54,12 +54,12 @@ def kubectl() -> str:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Kernel tests (marked ``root``) fail, never skip, without root, nft or ip; before
-    any of their fixtures runs, so the reason is this and not a fixture's odd error."""
+    """Kernel tests (marked ``root``) fail, never skip, without root, nft, ip or ping;
+    before any of their fixtures runs, so the reason is this and not a fixture's error."""
     if item.get_closest_marker("root"):
         tools.require_root()
-        tools.require("nft")
-        tools.require("ip")
+        for tool in ("nft", "ip", "ping"):
+            tools.require(tool)
 
 
 def pytest_configure(config: pytest.Config) -> None:

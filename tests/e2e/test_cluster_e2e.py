@@ -24,7 +24,6 @@ from podnet import netns
 from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
-from podnet.testing import tools
 from podnet.testing.e2e import Ping, wait_for
 from podnet.testing.e2e import load_state as load
 
@@ -39,7 +38,6 @@ def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
     """A 3-node cluster with 2 echo pods per node; yields its state dir."""
-    tools.require("ping")
     state_dir = tmp_path_factory.mktemp(f"pn-{request.param}")
     try:
         spec = lifecycle.ClusterSpec(nodes=NODES, tunnel=request.param)
