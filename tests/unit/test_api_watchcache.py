@@ -67,6 +67,10 @@ async def settle(registry: Registry, cache: WatchCache) -> int:
     return revision
 
 
+def names(cache: WatchCache, *args: Any, **kwargs: Any) -> list[str]:
+    return [o.obj["metadata"]["name"] for _, o in cache.objects(*args, **kwargs)[0]]
+
+
 async def test_list_from_cache_with_selectors(cached: tuple[Registry, WatchCache]) -> None:
     registry, cache = cached
     await registry.create(NAMESPACE, namespace("other"))
@@ -74,7 +78,8 @@ async def test_list_from_cache_with_selectors(cached: tuple[Registry, WatchCache
     await registry.create(POD, pod("b", "default", "n2", {"app": "y"}))
     created = await registry.create(POD, pod("c", "other", "n1", {"app": "x"}))
     revision = await settle(registry, cache)
-    items, at = cache.list(POD)
+    selected, at = cache.objects(POD)
+    items = [o.obj for _, o in selected]
     assert at == revision
     assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in items] == [
         ("default", "a"),
@@ -82,16 +87,13 @@ async def test_list_from_cache_with_selectors(cached: tuple[Registry, WatchCache
         ("other", "c"),
     ]
     assert items[2] == created  # same object, same resourceVersion as the write returned
-    assert [o["metadata"]["name"] for o in cache.list(POD, "default")[0]] == ["a", "b"]
-    by_label = cache.list(POD, labels=parse_label_selector("app=x"))[0]
-    assert [o["metadata"]["name"] for o in by_label] == ["a", "c"]
-    by_node = cache.list(POD, fields=[FieldRequirement("spec.nodeName", "=", "n2")])[0]
-    assert [o["metadata"]["name"] for o in by_node] == ["b"]
+    assert names(cache, POD, "default") == ["a", "b"]
+    assert names(cache, POD, labels=parse_label_selector("app=x")) == ["a", "c"]
+    assert names(cache, POD, fields=[FieldRequirement("spec.nodeName", "=", "n2")]) == ["b"]
     await registry.delete(POD, "default", "a")
     await settle(registry, cache)
-    assert [o["metadata"]["name"] for o in cache.list(POD, "default")[0]] == ["b"]
-    assert cache.get(POD, "default", "a") is None
-    assert cache.get(POD, "other", "c") == created
+    assert names(cache, POD, "default") == ["b"]
+    assert names(cache, POD) == ["b", "c"]
 
 
 async def test_list_revision_rules(cached: tuple[Registry, WatchCache]) -> None:
@@ -127,7 +129,7 @@ async def test_pages_and_an_expired_continue_token(cached: tuple[Registry, Watch
     for _ in range(5):
         assert await listing.cache_can_serve(registry, cache, params)
         selected, revision = cache.objects(POD)
-        page = listing.cached_page(selected, revision, params)
+        page = listing.page_of(selected, revision, params)
         seen += [o.obj["metadata"]["name"] for o in page.items]
         revisions.add(page.revision)
         if not page.continue_token:

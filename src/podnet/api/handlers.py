@@ -135,11 +135,13 @@ class ResourceHandlers:
         as_table = tables.wants_table(request.headers.get("Accept", ""))
         if await listing.cache_can_serve(self.registry, self.cache, params):
             selected, revision = self.cache.objects(target.kind, target.namespace, labels, fields)
-            cached = listing.cached_page(selected, revision, params)
+            cached = listing.page_of(selected, revision, params)
             if not as_table:
                 return await _send_list(request, target.kind, cached)
             items = [o.obj for o in cached.items]
-            page = listing.Page(items, cached.revision, cached.continue_token, cached.remaining)
+            page: listing.Page[Obj] = listing.Page(
+                items, cached.revision, cached.continue_token, cached.remaining
+            )
         else:
             items, revision = await self.registry.list(
                 target.kind, target.namespace, labels, fields

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from podnet.api import storedform
 from podnet.api.cachedobjects import CachedObject
@@ -41,24 +42,20 @@ CONSISTENT_WAIT = 0.5
 FRESH_WAIT = 3.0
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Page:
+class Page(Generic[T]):
     """One page of a list: its items, revision and where the next page starts."""
 
-    items: list[Obj]
+    items: list[T]
     revision: int
     continue_token: str | None = None
     remaining: int | None = None
 
 
-@dataclass(frozen=True)
-class CachedPage:
-    """One page of a list served from the cache: stored objects, not decoded."""
-
-    items: list[CachedObject]
-    revision: int
-    continue_token: str | None = None
-    remaining: int | None = None
+CachedPage = Page[CachedObject]  # served from the cache: objects as bytes, not decoded
 
 
 async def check_not_future(registry: Registry, revision: int | None) -> int:
@@ -115,36 +112,26 @@ async def cache_can_serve(registry: Registry, cache: WatchCache, params: QueryPa
     return await cache.wait_for(wanted or current, wait)
 
 
-def cached_page(
-    selected: list[tuple[str, CachedObject]], revision: int, params: QueryParams
-) -> CachedPage:
-    """The page of ``selected`` (in key order) that ``limit`` and ``continue`` select."""
+def page_of(keyed: list[tuple[str, T]], revision: int, params: QueryParams) -> Page[T]:
+    """The page of ``keyed`` (in key order) that ``limit`` and ``continue`` select."""
     token = params.continue_token
     if token is not None:
-        start = bisect.bisect_right([key for key, _ in selected], token.start_after)
-        selected = selected[start:]
+        start = bisect.bisect_right([key for key, _ in keyed], token.start_after)
+        keyed = keyed[start:]
         revision = token.revision
-    if not params.limit or len(selected) <= params.limit:
-        return CachedPage([obj for _, obj in selected], revision)
-    page = selected[: params.limit]
+    if not params.limit or len(keyed) <= params.limit:
+        return Page([item for _, item in keyed], revision)
+    page = keyed[: params.limit]
     next_token = ContinueToken(revision, page[-1][0]).encode()
-    return CachedPage([obj for _, obj in page], revision, next_token, len(selected) - params.limit)
+    return Page([item for _, item in page], revision, next_token, len(keyed) - params.limit)
 
 
 def paginate(
     registry: Registry, kind: Kind, items: list[Obj], revision: int, params: QueryParams
-) -> Page:
-    """The page of ``items`` (in key order) that ``limit`` and ``continue`` select."""
+) -> Page[Obj]:
+    """``page_of`` objects read from etcd (keyed and sorted first)."""
     keyed = sorted(((_key(registry, kind, obj), obj) for obj in items), key=lambda kv: kv[0])
-    token = params.continue_token
-    if token is not None:
-        keyed = [(key, obj) for key, obj in keyed if key > token.start_after]
-        revision = token.revision
-    if not params.limit or len(keyed) <= params.limit:
-        return Page([obj for _, obj in keyed], revision)
-    page = keyed[: params.limit]
-    next_token = ContinueToken(revision, page[-1][0]).encode()
-    return Page([obj for _, obj in page], revision, next_token, len(keyed) - params.limit)
+    return page_of(keyed, revision, params)
 
 
 def _key(registry: Registry, kind: Kind, obj: Obj) -> str:
@@ -155,7 +142,7 @@ def _key(registry: Registry, kind: Kind, obj: Obj) -> str:
     ]
 
 
-def list_meta(page: Page | CachedPage) -> Obj:
+def list_meta(page: Page[Any]) -> Obj:
     meta: Obj = {"resourceVersion": str(page.revision)}
     if page.continue_token:
         meta["continue"] = page.continue_token
@@ -163,7 +150,7 @@ def list_meta(page: Page | CachedPage) -> Obj:
     return meta
 
 
-def list_body(kind: Kind, page: Page) -> Obj:
+def list_body(kind: Kind, page: Page[Obj]) -> Obj:
     """The ``<Kind>List`` object of one page."""
     return {
         "kind": kind.list_kind,

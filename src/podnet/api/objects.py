@@ -6,6 +6,7 @@ No I/O here: the registry uses these to decide what a write stores.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +19,15 @@ Obj = dict[str, Any]
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current time, to the second, as Kubernetes writes timestamps."""
+    second = int(time.time())
+    if _last_stamp[0] != second:
+        stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        _last_stamp[:] = [second, stamp]
+    return str(_last_stamp[1])
+
+
+_last_stamp: list[int | str] = [0, ""]  # (second, its text): one strftime per second
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -70,8 +70,13 @@ class QueryParams:
     grace_period_seconds: int | None = None
 
 
+NO_PARAMS = QueryParams()
+
+
 def parse_query(query: Mapping[str, str]) -> QueryParams:
     """Typed parameters from a request's query string; 400 BadRequest for a bad value."""
+    if not query:
+        return NO_PARAMS  # what the checks below make of an empty query (most requests)
     for name in BOOL_PARAMS:
         parse_bool(query, name)
     _check_strings(query)

@@ -236,7 +236,11 @@ class WatchCache:
         labels: LabelSelector | None = None,
         fields: Sequence[FieldRequirement] = (),
     ) -> tuple[list[tuple[str, CachedObject]], int]:
-        """(key, object) of ``kind`` in key order that match, and the cache's revision."""
+        """(key, object) of ``kind`` in key order that match, and the cache's revision.
+
+        No etcd read: the revision may trail etcd's by the watch's delay (``wait_for``
+        a revision first to read at least that). ``CachedObject.obj`` decodes one.
+        """
         kind_objects = self._objects.get(kind)
         if kind_objects is None:
             return [], self._latest_revision
@@ -250,28 +254,6 @@ class WatchCache:
             wf = WatchFilter(kind, namespace, labels, fields)
             selected = [(key, obj) for key, obj in selected if wf.selects(obj.probe)]
         return selected, self._latest_revision
-
-    def list(
-        self,
-        kind: Kind,
-        namespace: str | None = None,
-        labels: LabelSelector | None = None,
-        fields: Sequence[FieldRequirement] = (),
-    ) -> tuple[list[Obj], int]:
-        """The cached objects of ``kind`` (decoded, fresh dicts) and the cache's revision.
-
-        No etcd read: the revision may trail etcd's by the watch's delay. Call
-        ``wait_for(revision)`` first to read at least a given revision.
-        """
-        selected, revision = self.objects(kind, namespace, labels, fields)
-        return [obj.obj for _, obj in selected], revision
-
-    def get(self, kind: Kind, namespace: str | None, name: str) -> Obj | None:
-        """One cached object, decoded, or None."""
-        kind_objects = self._objects.get(kind)
-        key = f"{namespace}/{name}" if kind.namespaced else name
-        cached = kind_objects.items.get(key) if kind_objects else None
-        return cached.obj if cached else None
 
     async def wait_for(self, revision: int, timeout: float) -> bool:
         """Wait until the cache has seen ``revision``; False if ``timeout`` passed first."""
