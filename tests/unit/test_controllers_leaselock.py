@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from podnet.api.registry import Registry
-from podnet.client.errors import ServerError
+from podnet.client.errors import ServerError, Unreachable
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leaselock import LEASE_NAME, LEASE_NAMESPACE, ApiLeaseElector
 from podnet.model.kinds import LEASE, Kind
@@ -129,20 +129,61 @@ async def test_a_holder_that_cannot_renew_stops_before_the_lease_could_expire(
         await holder.release()
 
 
+async def test_a_candidate_keeps_campaigning_while_the_api_is_unreachable(
+    registry: Registry, api: InProcessApi
+) -> None:
+    spy = Spy(api)
+    spy.unreachable = True
+    candidate = ApiLeaseElector(spy, "candidate", duration=2)
+    campaign = asyncio.create_task(candidate.acquire())
+    try:
+        await until(lambda: spy.gets >= 3)  # tried and tried again, never gave up
+        assert not campaign.done()
+        spy.unreachable = False
+        await asyncio.wait_for(campaign, BOUND)
+        assert (await lease(registry))["spec"]["holderIdentity"] == "candidate"
+    finally:
+        campaign.cancel()
+        await candidate.release()
+
+
+async def test_a_holder_whose_renewal_hangs_steps_down_in_time(api: InProcessApi) -> None:
+    clock = Clock()
+    spy = Spy(api)
+    holder = ApiLeaseElector(spy, "holder", duration=3, clock=clock)
+    await holder.acquire()
+    try:
+        spy.hang = True  # every read from now on never answers
+        campaign_reads = spy.gets
+        await until(lambda: spy.gets > campaign_reads)  # a renewal is stuck in its read
+        assert not holder.lost.is_set()
+        clock.now += holder.renew_deadline
+        await asyncio.wait_for(holder.lost.wait(), BOUND)
+    finally:
+        spy.hang = False
+        await holder.release()
+
+
 class Spy:
-    """The API, counting reads, with updates refused as "unavailable" on demand."""
+    """The API, counting reads; reads unreachable or hanging, updates refused on demand."""
 
     def __init__(self, api: InProcessApi) -> None:
         self._api = api
         self.gets = 0
         self.refused = 0
         self.refuse_updates = False
+        self.unreachable = False
+        self.hang = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._api, name)
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
         self.gets += 1
+        if self.unreachable:
+            raise Unreachable("https://master", "connection refused")
+        if self.hang:
+            await asyncio.Event().wait()
         return await self._api.get(kind, namespace, name)
 
     async def update(self, kind: Kind, obj: Obj) -> Obj:

@@ -25,10 +25,9 @@ from typing import Any
 
 from podnet.agent.heartbeat import micro_time, renewed
 from podnet.client.errors import ClientError, has_reason, is_transient, one_line
-from podnet.controllers.calls import ControllerApi, call, create_unless_exists, get_or_none
-from podnet.controllers.namespaces import ensure_namespace
+from podnet.controllers.calls import ControllerApi, call, get_or_none
 from podnet.controllers.workqueue import cancel_all
-from podnet.model.kinds import LEASE
+from podnet.model.kinds import LEASE, NAMESPACE
 
 log = logging.getLogger("podnet.controllers.leaselock")
 
@@ -72,10 +71,9 @@ class ApiLeaseElector:
         """Block until this process holds the Lease; then keep renewing it."""
         await self.release()
         self.lost = asyncio.Event()
-        await ensure_namespace(self.api, self.namespace)
-        while not await self._attempt():
+        while not await self._attempt():  # an unreachable API is retried for ever
             await asyncio.sleep(self.renew_every * random.uniform(0.5, 1.0))
-        self._leading = True
+        self._leading, self._renewed_at = True, self.clock()
         self._keepalive.append(asyncio.create_task(self._keep_renewing(), name="lease-renew"))
         log.info("%s is now the leader (Lease %s/%s)", self.identity, self.namespace, self.name)
 
@@ -129,9 +127,21 @@ class ApiLeaseElector:
             "spec": spec,
         }
         try:
-            return await create_unless_exists(self.api, LEASE, body, self.namespace) is not None
+            await self.api.create(LEASE, body, self.namespace)
         except Exception as exc:
-            return self._failed(exc)
+            if has_reason(exc, "NotFound"):  # no namespace yet: make it, then try again
+                return await self._create_namespace()
+            return False if has_reason(exc, "AlreadyExists") else self._failed(exc)
+        return True
+
+    async def _create_namespace(self) -> bool:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+        try:
+            await self.api.create(NAMESPACE, body)
+        except Exception as exc:
+            if not has_reason(exc, "AlreadyExists"):
+                return self._failed(exc)
+        return False
 
     def _failed(self, exc: BaseException) -> bool:
         if not is_transient(exc):
@@ -151,12 +161,15 @@ class ApiLeaseElector:
     # ---- holding ----------------------------------------------------------------------
 
     async def _keep_renewing(self) -> None:
-        self._renewed_at = self.clock()
         while True:
             await asyncio.sleep(self.renew_every)
+            left = self.renew_deadline - (self.clock() - self._renewed_at)
             try:
-                renewed_now = await self._attempt()
-            except ClientError as exc:
+                async with asyncio.timeout(max(left, 0.0)):  # a hung call must not outlast it
+                    renewed_now = await self._attempt()
+            except TimeoutError:
+                renewed_now = False
+            except Exception as exc:
                 self._lose(f"renewal refused: {one_line(exc)}")
                 return
             if renewed_now:
