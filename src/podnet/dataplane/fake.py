@@ -23,7 +23,7 @@ while they hold rules) to refuse that way, as a rendering nft rejects.
 Every call is recorded in ``calls`` (method names) so tests can assert, for example, that
 ``setup_node`` is not called again after a restart. With ``state_file`` the state and the
 call history survive the process (for restart tests of ``podnet node --dataplane fake``):
-the file is rewritten atomically after every change. ``drift_*`` helpers simulate a
+the file (``fakestate``) is rewritten atomically after every change. ``drift_*`` helpers simulate a
 hand-made change that the next resync must repair.
 """
 
@@ -34,11 +34,11 @@ import json
 import os
 import zlib
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from podnet.dataplane.fakestate import FakeState, dump_state, load_state, pod_record
 from podnet.dataplane.interface import (
     DataPlaneError,
     DataPlaneRejected,
@@ -57,20 +57,6 @@ if TYPE_CHECKING:
 MTU_RANGE = range(576, 9001)
 UNDERLAY_MTU = 1500
 IFNAME_MAX = 15
-
-
-@dataclass
-class FakeState:
-    """What the fake "kernel" holds: the node's version note, remotes, pods (with the
-    routes each pod got besides its default route) and policy rules (the state file keeps
-    the rule set's fingerprint, not the rule set)."""
-
-    version_note: str = ""
-    remotes: dict[str, RemoteNode] = field(default_factory=dict)
-    pods: dict[tuple[str, str], PodAttachment] = field(default_factory=dict)
-    pod_routes: dict[tuple[str, str], tuple[IPv4Network, ...]] = field(default_factory=dict)
-    policy: RuleSet | None = None
-    policy_fingerprint: str = ""
 
 
 def _host_ifname(pod: PodNetwork) -> str:
@@ -296,7 +282,7 @@ class FakeDataPlane:
         self.state.pod_routes[pair] = routes
         self._owners()[attachment.address.ip] = pair
         if self.state_file is not None:
-            self._pod_records[pair] = _pod_record(attachment, routes)
+            self._pod_records[pair] = pod_record(attachment, routes)
         self._save()
 
     def _record(self, method: str) -> None:
@@ -309,25 +295,16 @@ class FakeDataPlane:
             return
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
         records = [
-            self._pod_records.get(k) or _pod_record(a, self.state.pod_routes.get(k, ()))
+            self._pod_records.get(k) or pod_record(a, self.state.pod_routes.get(k, ()))
             for k, a in self.state.pods.items()
         ]
-        tmp.write_text(json.dumps(_dump(self.state, records, self.history + self.calls)))
+        tmp.write_text(json.dumps(dump_state(self.state, records, self.history + self.calls)))
         os.replace(tmp, self.state_file)
 
     def _load(self, path: Path) -> None:
         data = json.loads(path.read_text())
         self.history = list(data.get("calls") or [])
-        self.state = FakeState(
-            version_note=data.get("version_note", ""),
-            remotes={r["name"]: _remote(r) for r in data.get("remotes", [])},
-            pods={(p["container_id"], p["ifname"]): _attachment(p) for p in data.get("pods", [])},
-            pod_routes={
-                (p["container_id"], p["ifname"]): tuple(map(IPv4Network, p.get("routes", [])))
-                for p in data.get("pods", [])
-            },
-            policy_fingerprint=data.get("policy_fingerprint", ""),
-        )
+        self.state = load_state(data)
         self._pod_records = {(p["container_id"], p["ifname"]): p for p in data.get("pods", [])}
 
 
@@ -364,35 +341,3 @@ def _policy_problems(rules: RuleSet) -> list[str]:
         if found != frozenset().union(*targets):
             problems.append(f"{direction}_isolated is not the union of the isolating targets")
     return problems
-
-
-def _pod_record(attachment: PodAttachment, routes: tuple[IPv4Network, ...]) -> dict[str, Any]:
-    record = {k: v if isinstance(v, int | str) else str(v) for k, v in asdict(attachment).items()}
-    return {**record, "routes": [str(r) for r in routes]}
-
-
-def _dump(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -> dict[str, Any]:
-    return {
-        "version_note": state.version_note,
-        "remotes": [{k: str(v) for k, v in asdict(r).items()} for r in state.remotes.values()],
-        "pods": pods,
-        "calls": calls,
-        "policy_fingerprint": state.policy_fingerprint,
-    }
-
-
-def _remote(data: dict[str, str]) -> RemoteNode:
-    return RemoteNode(data["name"], IPv4Address(data["node_ip"]), IPv4Network(data["subnet"]))
-
-
-def _attachment(data: dict[str, Any]) -> PodAttachment:
-    return PodAttachment(
-        container_id=data["container_id"],
-        host_ifname=data["host_ifname"],
-        ifname=data["ifname"],
-        mac=data["mac"],
-        sandbox=data["sandbox"],
-        address=IPv4Interface(data["address"]),
-        gateway=IPv4Address(data["gateway"]),
-        mtu=int(data["mtu"]),
-    )

@@ -257,15 +257,28 @@ def snapshot(ns: str) -> tuple[str, ...]:
     """Links (with their indexes), addresses, podnet's routes, permanent neighbours, tunnel
     FDB entries and the nft ruleset with rule handles, of namespace ``ns``: equal
     snapshots mean nothing was re-made, not even a link or a rule with the same content.
-    (What the bridge learns from pod traffic is left out: it comes and goes.)"""
+    (What the kernel changes by itself is left out: a link's carrier and operational
+    state, which settle just after a pod is wired, and what the bridge learns.)"""
     fdb = sh(ns, "bridge", "fdb", "show").splitlines()
     return (
-        sh(ns, "ip", "-o", "link", "show"),
+        "\n".join(_link_identity(link) for link in _json(ns, "ip", "-d", "link", "show")),
         sh(ns, "ip", "-4", "-o", "addr", "show"),
         sh(ns, "ip", "route", "show", "proto", "80"),
         sh(ns, "ip", "neigh", "show", "nud", "permanent"),
         "\n".join(line for line in fdb if " dst " in line),
         sh(ns, "nft", "-a", "list", "ruleset"),
+    )
+
+
+def _link_identity(link: dict[str, Any]) -> str:
+    """A link's index, name, kind, settings and admin state (not its carrier)."""
+    info = link.get("linkinfo", {})
+    kind = info.get("info_kind", "")
+    details = sorted(info.get("info_data", {}).items()) if kind == "vxlan" else []
+    up = "UP" in link["flags"]
+    return (
+        f"{link['ifindex']} {link['ifname']} {kind} mtu {link['mtu']} {link.get('address')} "
+        f"master {link.get('master')} up {up} alias {link.get('ifalias')} {details}"
     )
 
 
