@@ -80,7 +80,7 @@ def test_state_naming_the_tunnel_backend_still_loads(tmp_path: Path) -> None:
     assert state is not None and state.tunnel == "host-gw"
     both = {"backend": "host-gw", "tunnel": "vxlan"}
     (tmp_path / "state.json").write_text(json.dumps(both))
-    with pytest.raises(StateFileError, match="tunnel 'vxlan' and .* backend 'host-gw'"):
+    with pytest.raises(StateFileError, match=r"tunnel 'vxlan' and .* backend 'host-gw'"):
         ClusterState.load(tmp_path)
 
 

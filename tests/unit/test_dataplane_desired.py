@@ -6,9 +6,8 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
 import pytest
 
-from podnet.dataplane.linux import desired
 from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode, pod_mac
-from podnet.dataplane.linux import nftables
+from podnet.dataplane.linux import desired, nftables
 from podnet.dataplane.linux.desired import (
     FdbEntry,
     NeighEntry,
