@@ -40,22 +40,32 @@ class CachedObject:
 class KindObjects:
     """The current objects of one kind, by key relative to the kind (``ns/name``)."""
 
-    __slots__ = ("_sorted", "items")
+    __slots__ = ("_joined", "_sorted", "items")
 
     def __init__(self) -> None:
         self.items: dict[str, CachedObject] = {}
         self._sorted: list[str] | None = None
+        self._joined: bytes | None = None
 
     def put(self, key: str, obj: CachedObject) -> None:
         if key not in self.items:
             self._sorted = None
         self.items[key] = obj
+        self._joined = None
 
     def delete(self, key: str) -> CachedObject | None:
         gone = self.items.pop(key, None)
         if gone is not None:
-            self._sorted = None
+            self._sorted = self._joined = None
         return gone
+
+    def joined(self) -> bytes:
+        """Every object's JSON in key order, comma-separated (kept until a change): the
+        items of a full list, built once for every client that lists the whole kind."""
+        if self._joined is None:
+            items = self.items
+            self._joined = b",".join([items[key].wire for key in self.sorted_keys()])
+        return self._joined
 
     def sorted_keys(self) -> list[str]:
         """Every key in order (kept until a key is added or removed)."""

@@ -255,6 +255,13 @@ class WatchCache:
             selected = [(key, obj) for key, obj in selected if wf.selects(obj.probe)]
         return selected, self._latest_revision
 
+    def everything(self, kind: Kind) -> tuple[bytes, int, int]:
+        """(the JSON of every object of ``kind`` comma-separated, how many, revision)."""
+        kind_objects = self._objects.get(kind)
+        if kind_objects is None:
+            return b"", 0, self._latest_revision
+        return kind_objects.joined(), len(kind_objects.items), self._latest_revision
+
     async def wait_for(self, revision: int, timeout: float) -> bool:
         """Wait until the cache has seen ``revision``; False if ``timeout`` passed first."""
         try:
