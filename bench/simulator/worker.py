@@ -5,8 +5,9 @@ the configuration (JSON): ``server``, ``ca`` (PEM), ``agents`` ([name, token, ip
 ``lease_seconds``, ``poll_seconds``. Each later line is a command; each answer is one
 JSON line on stdout:
 
-- ``{"cmd": "register"}``: every agent registers, starts its heartbeat, waits for its
-  HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``.
+- ``{"cmd": "register", "deadline": s}``: every agent registers, starts its heartbeat,
+  waits for its HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``
+  when all are done or after ``deadline`` seconds.
 - ``{"cmd": "watch", "kinds": [...], "since": rv}``: every agent watches each kind from
   ``since`` (0: list first) -> ``{"event": "watching", ...}`` once every watch is open.
 - ``{"cmd": "report"}`` -> ``{"event": "report", ...}``: the tally so far.
@@ -69,7 +70,9 @@ class Worker:
         ]
         self.tasks: list[asyncio.Task[Any]] = []
 
-    async def register(self) -> dict[str, Any]:
+    async def register(self, deadline: float) -> dict[str, Any]:
+        """Start every agent; answer when all are Ready or after ``deadline`` seconds
+        (``unfinished`` then counts the agents still waiting; they keep trying)."""
         started = time.monotonic()
         done: list[float] = []
         failures: list[str] = []
@@ -85,13 +88,16 @@ class Worker:
             except Failed as exc:
                 failures.append(str(exc))
 
-        await asyncio.gather(*(one(a) for a in self.agents))
+        starting = [asyncio.create_task(one(a)) for a in self.agents]
+        self.tasks.extend(starting)
+        _, unfinished = await asyncio.wait(starting, timeout=deadline)
         return {
             "event": "registered",
             "started": started,
             "done": done,
             "failures": failures[:20],
             "failed": len(failures),
+            "unfinished": len(unfinished),
             "subnets": {a.spec.name: a.subnet for a in self.agents},
         }
 
@@ -139,7 +145,7 @@ async def serve() -> None:
 
     async def run(command: dict[str, Any]) -> None:
         if command["cmd"] == "register":
-            emit(await worker.register())
+            emit(await worker.register(float(command.get("deadline", 600))))
         elif command["cmd"] == "watch":
             emit(await worker.watch(command["kinds"], int(command.get("since", 0))))
         elif command["cmd"] == "report":
