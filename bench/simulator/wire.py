@@ -1,6 +1,9 @@
 """One watch as a raw TLS stream: HTTP/1.1, chunked, one JSON event per line.
 
-Cheap on purpose: no HTTP library and no JSON decoding per event. The head is read once;
+Cheap on purpose: no HTTP library, no asyncio TLS transport (its pure-Python record
+shuffling costs more than the event itself) and no JSON decoding per event. The socket is
+a non-blocking ``ssl.SSLSocket`` read from a ``loop.add_reader`` callback, so decryption
+happens in OpenSSL's C code straight off the kernel buffer. The head is read once;
 each event line gives its type (the first ``"type":"..."``) and its resourceVersion (the
 first ``"resourceVersion":"..."``, the object's own: inside a JSON string every quote is
 escaped, so the pattern cannot match there). An ``ERROR`` event's code is read too.
@@ -9,7 +12,9 @@ escaped, so the pattern cannot match there). An ``ERROR`` event's code is read t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +23,8 @@ from urllib.parse import urlencode
 TYPE = re.compile(rb'"type":\s*"(\w+)"')
 VERSION = re.compile(rb'"resourceVersion":\s*"(\d+)"')
 CODE = re.compile(rb'"code":\s*(\d+)')
+
+READ_SIZE = 256 * 1024
 
 # (event type, resourceVersion or 0, HTTP-like code of an ERROR event or 0)
 EventSink = Callable[[bytes, int, int], None]
@@ -54,25 +61,36 @@ def parse_event(line: bytes) -> tuple[bytes, int, int]:
     )
 
 
-class WatchStream(asyncio.Protocol):
+class WatchStream:
     """Reads one watch response; ``done`` resolves with the HTTP status when it ends."""
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: EventSink, sock: ssl.SSLSocket) -> None:
         self.sink = sink
+        self.sock = sock
         self.status = 0
         self.events = 0  # event lines read
         self.broken = False  # the body was not valid chunked framing
         self.opened: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
         self._head = b""
         self._buffer = bytearray()  # undecoded chunked body
         self._line = bytearray()  # the event line so far
         self._left = -1  # bytes left in the current chunk (-1: expect a size line)
+        self._closed = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def readable(self) -> None:
+        """The ``add_reader`` callback: read everything OpenSSL can give now."""
+        while not self._closed:
+            try:
+                data = self.sock.recv(READ_SIZE)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                return
+            except (OSError, ssl.SSLError):
+                data = b""
+            if not data:
+                self.close()
+                return
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if not self.status:
@@ -141,29 +159,84 @@ class WatchStream(asyncio.Protocol):
                 self.sink(*parse_event(line))
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
         if not self.opened.done():
             self.opened.set_result(self.status)
         if not self.done.done():
             self.done.set_result(self.status)
 
 
+async def _ready(sock: socket.socket, write: bool) -> None:
+    """Wait until ``sock`` is readable (or writable)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
+    try:
+        await waiter
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+async def tls_connect(endpoint: Endpoint) -> ssl.SSLSocket:
+    """A connected, handshaken, non-blocking TLS socket to the master."""
+    loop = asyncio.get_running_loop()
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setblocking(False)
+    try:
+        await loop.sock_connect(raw, (endpoint.host, endpoint.port))
+        sock = endpoint.context.wrap_socket(
+            raw, server_hostname=endpoint.host, do_handshake_on_connect=False
+        )
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        while True:
+            try:
+                sock.do_handshake()
+                return sock
+            except ssl.SSLWantReadError:
+                await _ready(sock, write=False)
+            except ssl.SSLWantWriteError:
+                await _ready(sock, write=True)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def send_all(sock: ssl.SSLSocket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except (ssl.SSLWantWriteError, BlockingIOError):
+            await _ready(sock, write=True)
+        except ssl.SSLWantReadError:
+            await _ready(sock, write=False)
+
+
 async def open_watch(
     endpoint: Endpoint, path: str, query: dict[str, str], token: str, sink: EventSink
 ) -> WatchStream:
     """Connect, send the request and wait for the response head."""
-    loop = asyncio.get_running_loop()
-    _, stream = await loop.create_connection(
-        lambda: WatchStream(sink),
-        endpoint.host,
-        endpoint.port,
-        ssl=endpoint.context,
-        server_hostname=endpoint.host,
-    )
-    assert stream.transport is not None
-    stream.transport.write(request_head(endpoint, path, query, token))
-    await stream.opened
+    sock = await tls_connect(endpoint)
+    stream = WatchStream(sink, sock)
+    try:
+        await send_all(sock, request_head(endpoint, path, query, token))
+        asyncio.get_running_loop().add_reader(sock.fileno(), stream.readable)
+        await stream.opened
+    except BaseException:
+        stream.close()
+        raise
     return stream
