@@ -11,7 +11,7 @@ from podnet.api.authorizer import RequestAttributes, allowed_by_rules, authorize
 from podnet.api.identity import User
 from podnet.api.noderestriction import MIRROR_ANNOTATION, forbidden_node_label
 from podnet.model.errors import ApiError
-from podnet.model.kinds import EVENT, NODE, POD, SERVICE, Kind
+from podnet.model.kinds import EVENT, HOST_SUBNET, NODE, POD, SERVICE, Kind
 
 ADMIN = User("admin", ("system:masters",))
 N1 = User("system:node:n1", ("system:nodes",))
@@ -272,3 +272,63 @@ def test_rules_review_lists_rules_per_namespace() -> None:
     } in lease_rules
     assert not [r for r in elsewhere["resourceRules"] if "leases" in r["resources"]]
     assert len(rules_for(N1)) == len(set(rules_for(N1)))
+
+
+# ---- many nodes ---------------------------------------------------------------------------
+
+
+def test_five_thousand_nodes_each_get_exactly_their_own_rights() -> None:
+    """The rules are shared by all nodes; "own" is compared per request (no cache that a
+    5,000-node cluster could overflow or mix up)."""
+    names = [f"node-{i:04d}" for i in range(5000)]
+    for i, own in enumerate(names):
+        user = User(f"system:node:{own}", ("system:nodes",))
+        other = names[(i + 1) % len(names)]
+        for name, mine in ((own, True), (other, False)):
+            node = {"metadata": {"name": name}}
+            patch = req("patch", NODE, name, new=node, old=node)
+            assert (authorize(user, patch) is None) is mine
+            status = req("update", NODE, name, sub="status", new=node, old=node)
+            assert (authorize(user, status) is None) is mine
+            renew = req(
+                "update", LEASE, name, ns="kube-node-lease", new=lease(name), old=lease(name)
+            )
+            assert (authorize(user, renew) is None) is mine
+        assert authorize(user, req("watch", HOST_SUBNET)) is None
+        assert authorize(user, req("get", HOST_SUBNET, other)) is None
+        named = [rule.names for rule in rules_for(user) if rule.names]
+        assert named == [frozenset({own}), frozenset({own})]
+
+
+USERS = (
+    ADMIN,
+    N1,
+    PROXY,
+    ROUTER,
+    NOBODY,
+    User("system:node:n2", ("system:nodes", "system:podnet:proxies")),
+    User("system:node:", ("system:nodes",)),  # no node name: not a node
+    User("system:node:n1", ()),  # not in system:nodes: not a node
+)
+
+
+@pytest.mark.parametrize("user", USERS, ids=lambda user: f"{user.name}/{','.join(user.groups)}")
+def test_the_rule_index_answers_as_every_rule_one_by_one(user: User) -> None:
+    """``allowed_by_rules`` (indexed) agrees with a scan of ``rules_for`` (the rules a
+    rules review shows) on every verb, resource, name and namespace combination."""
+    rules = rules_for(user)
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "*", "escalate")
+    kinds = [(k.group, k.plural) for k in (POD, NODE, EVENT, SERVICE, HOST_SUBNET, LEASE, ROUTE)]
+    resources = [*kinds, ("", "pods/status"), ("", "nodes/status"), ("*", "*"), ("", "*")]
+    resources += [(ROUTE.group, "routes/status"), (SLICE.group, "endpointslices")]
+    resources += [("authorization.k8s.io", "selfsubjectaccessreviews")]
+    agreed = 0
+    for verb in verbs:
+        for group, resource in resources:
+            for namespace in (None, "kube-node-lease", "default"):
+                for name in (None, "n1", "n2", ""):
+                    expected = any(r.allows(verb, group, resource, namespace, name) for r in rules)
+                    got = allowed_by_rules(user, verb, group, resource, namespace, name)
+                    assert got is expected, (verb, group, resource, namespace, name)
+                    agreed += expected
+    assert agreed > 0  # every user may at least ask what it may do

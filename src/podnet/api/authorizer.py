@@ -5,7 +5,10 @@ kube-apiserver:
 
 1. rules (kube's RBAC and Node authorizer): verb, API group, resource (with its
    subresource, ``pods/status``), optional names and namespace. ``rules_for`` lists them,
-   so ``kubectl auth can-i --list`` shows exactly what is enforced.
+   so ``kubectl auth can-i --list`` shows exactly what is enforced. The rules are built
+   once per set of roles and indexed by (verb, group, resource); a node's rules about
+   its own Node and Lease compare the name with the caller's at request time, so
+   neither memory nor time per request grows with the number of nodes.
 2. for a node's writes, ``noderestriction.node_restriction`` looks at the objects
    (NodeRestriction admission): own Node and pods only, mirror pods only, no label
    changes, own Lease only.
@@ -70,36 +73,99 @@ class RequestAttributes:
 
 @dataclass(frozen=True)
 class Rule:
-    """One RBAC-style policy rule: an empty ``names`` means any name."""
+    """One RBAC-style policy rule: an empty ``names`` means any name.
+
+    ``own_name`` marks a role's rule that is about the caller's own object (a node's
+    Node and Lease): the name must be the caller's node name. Such a rule is written
+    once for every node; ``bound`` gives the plain rule of one node."""
 
     verbs: frozenset[str]
     group: str
     resources: frozenset[str]
     names: frozenset[str] = frozenset()
     namespace: str | None = None  # None: every namespace (and cluster scope)
+    own_name: bool = False
 
     def allows(
-        self, verb: str, group: str, resource: str, namespace: str | None, name: str | None
+        self,
+        verb: str,
+        group: str,
+        resource: str,
+        namespace: str | None,
+        name: str | None,
+        own: str | None = None,
     ) -> bool:
-        """Whether this rule grants ``verb`` on ``group/resource`` (name, namespace)."""
+        """Whether this rule grants ``verb`` on ``group/resource`` (name, namespace) to
+        a caller whose own name is ``own``."""
         return (
             (verb in self.verbs or ALL in self.verbs)
             and self.group in (ALL, group)
             and (ALL in self.resources or resource in self.resources)
-            and (not self.names or name in self.names)
+            and self.admits(namespace, name, own)
+        )
+
+    def admits(self, namespace: str | None, name: str | None, own: str | None) -> bool:
+        """The name and namespace half of ``allows``."""
+        return (
+            (not self.names or name in self.names)
+            and (not self.own_name or (name is not None and name == own))
             and (self.namespace is None or self.namespace == namespace)
         )
+
+    @property
+    def wildcard(self) -> bool:
+        """Whether the verb, group or resource is ``*``."""
+        return ALL in self.verbs or self.group == ALL or ALL in self.resources
+
+    def bound(self, own: str | None) -> Rule:
+        """This rule for the caller named ``own``: ``own_name`` becomes ``names``."""
+        if not self.own_name or own is None:
+            return self
+        return Rule(self.verbs, self.group, self.resources, frozenset({own}), self.namespace)
+
+
+class RuleIndex:
+    """A role set's rules by (verb, group, resource), built once: a request looks up its
+    own key and checks only the names and namespaces of the rules found there. Rules
+    with a wildcard (the admin's) are checked one by one."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        exact: dict[tuple[str, str, str], list[Rule]] = {}
+        for rule in rules:
+            if rule.wildcard:
+                continue
+            for verb in rule.verbs:
+                for resource in rule.resources:
+                    exact.setdefault((verb, rule.group, resource), []).append(rule)
+        self._exact = {key: tuple(found) for key, found in exact.items()}
+        self._wildcards = tuple(rule for rule in rules if rule.wildcard)
+
+    def allows(
+        self,
+        verb: str,
+        group: str,
+        resource: str,
+        namespace: str | None,
+        name: str | None,
+        own: str | None,
+    ) -> bool:
+        """Whether any rule grants the request (``Rule.allows`` of each, in effect)."""
+        for rule in self._exact.get((verb, group, resource), ()):
+            if rule.admits(namespace, name, own):
+                return True
+        return any(r.allows(verb, group, resource, namespace, name, own) for r in self._wildcards)
 
 
 def _rule(
     verbs: str,
     group: str,
     resources: str,
-    names: tuple[str, ...] = (),
     namespace: str | None = None,
+    *,
+    own: bool = False,
 ) -> Rule:
     return Rule(
-        frozenset(verbs.split()), group, frozenset(resources.split()), frozenset(names), namespace
+        frozenset(verbs.split()), group, frozenset(resources.split()), frozenset(), namespace, own
     )
 
 
@@ -120,22 +186,17 @@ def _readable(skip: frozenset[tuple[str, str]]) -> tuple[Rule, ...]:
     return tuple(Rule(READ_VERBS, g, frozenset(r)) for g, r in sorted(by_group.items()))
 
 
-@functools.lru_cache(maxsize=4096)
-def _node_rules(node: str) -> tuple[Rule, ...]:
-    skip = frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL)})
-    own = (node,)
-    return (
-        *_readable(skip),
-        _rule("create delete", "", "pods"),
-        _rule("update patch", "", "pods/status"),
-        _rule("create", "", "nodes"),
-        _rule("update patch", "", "nodes nodes/status", own),
-        _rule("create", "", "events"),
-        _rule("create", LEASE_GROUP, LEASE_PLURAL, namespace=NODE_LEASE_NAMESPACE),
-        _rule("get update patch delete", LEASE_GROUP, LEASE_PLURAL, own, NODE_LEASE_NAMESPACE),
-    )
-
-
+# One set for every node: "own" rules compare the name with the caller's at request time.
+_NODE_RULES = (
+    *_readable(frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL)})),
+    _rule("create delete", "", "pods"),
+    _rule("update patch", "", "pods/status"),
+    _rule("create", "", "nodes"),
+    _rule("update patch", "", "nodes nodes/status", own=True),
+    _rule("create", "", "events"),
+    _rule("create", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE),
+    _rule("get update patch delete", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE, own=True),
+)
 _PROXY_RULES = (
     _rule("get list watch", "", "services endpoints nodes"),
     _rule("get list watch", DISCOVERY_GROUP, "endpointslices"),
@@ -146,27 +207,43 @@ _ROUTER_RULES = (
     _rule("update patch", ROUTE_GROUP, "routes/status"),
 )
 
+RoleSet = tuple[bool, bool, bool, bool]  # admin, node, proxy, router
+
+
+def _roles(user: User) -> RoleSet:
+    return (user.is_admin, user.node_name is not None, user.is_proxy, user.is_router)
+
+
+@functools.cache  # 16 role sets at most, whatever the number of nodes
+def _role_rules(roles: RoleSet) -> tuple[Rule, ...]:
+    admin, node, proxy, router = roles
+    if admin:
+        return (*_ADMIN_RULES, _REVIEW_RULE)
+    return (
+        _REVIEW_RULE,
+        *(_NODE_RULES if node else ()),
+        *(_PROXY_RULES if proxy else ()),
+        *(_ROUTER_RULES if router else ()),
+    )
+
+
+@functools.cache
+def _role_index(roles: RoleSet) -> RuleIndex:
+    return RuleIndex(_role_rules(roles))
+
 
 def rules_for(user: User) -> tuple[Rule, ...]:
-    """Every resource rule that applies to ``user`` (its roles' union)."""
-    if user.is_admin:
-        return (*_ADMIN_RULES, _REVIEW_RULE)
-    rules: list[Rule] = [_REVIEW_RULE]
-    node = user.node_name
-    if node is not None:
-        rules.extend(_node_rules(node))
-    if user.is_proxy:
-        rules.extend(_PROXY_RULES)
-    if user.is_router:
-        rules.extend(_ROUTER_RULES)
-    return tuple(rules)
+    """Every resource rule that applies to ``user`` (its roles' union), bound to its name."""
+    own = user.node_name
+    return tuple(rule.bound(own) for rule in _role_rules(_roles(user)))
 
 
 def allowed_by_rules(
     user: User, verb: str, group: str, resource: str, namespace: str | None, name: str | None
 ) -> bool:
     """Step 1 alone: what an access review answers (no object is known)."""
-    return any(r.allows(verb, group, resource, namespace, name) for r in rules_for(user))
+    index = _role_index(_roles(user))
+    return index.allows(verb, group, resource, namespace, name, user.node_name)
 
 
 def may_read_path(user: User, verb: str) -> bool:
