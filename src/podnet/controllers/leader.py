@@ -205,21 +205,21 @@ class EtcdLeaderElector:
     # ---- keepalive ----------------------------------------------------------------------
 
     async def _keep_alive(self) -> None:
-        """Renew every ttl/3 (sooner when a slow campaign left less); after a failure retry
-        every ttl/10, each try bounded by the time left, and give up only when a try fails
-        at the lease's deadline: a busy master or etcd costs a retry, not the leadership.
+        """Renew at once, then every ttl/4; after a failure retry every ttl/10, each try
+        bounded by the time left, and give up only when a try fails at the lease's
+        deadline: a busy master or etcd costs a retry, not the leadership.
 
         A renewal that succeeds even after the estimated deadline (taken from before the
         grant, so early) proves the lease never lapsed: nobody else can hold the key.
         """
         loop = asyncio.get_running_loop()
-        interval, retry = self.ttl / 3, self.ttl / 10
+        interval, retry = self.ttl / 4, self.ttl / 10
         margin = min(1.0, interval / 2)
-        wait = min(interval, max(0.0, (self._deadline - margin - loop.time()) / 2))
+        wait = 0.0  # at once: the lease was granted before a campaign that may have been slow
         while True:
             await asyncio.sleep(wait)
             left = self._deadline - margin - loop.time()
-            problem = await self._renew(loop.time(), max(min(interval, left), retry))
+            problem = await self._renew(loop.time(), max(min(self.ttl / 3, left), retry))
             if problem is None:
                 wait = interval
                 continue
