@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import ssl
 from typing import Any
 
 import httpx
 
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import async_client_for, namespace, pod
+from podnet.testing.api import (
+    aiohttp_session_for,
+    async_client_for,
+    kubeconfig_parts,
+    namespace,
+    pod,
+)
 from podnet.testing.e2e import eventually
 from podnet.testing.processes import MasterProcess
 
@@ -149,3 +157,58 @@ async def test_watch_of_one_object_sees_only_that_object(master: MasterProcess) 
             headers={"Content-Type": "application/merge-patch+json"},
         )
         assert summary(await task) == [("MODIFIED", "one")]
+
+
+async def test_a_stalled_watcher_is_dropped_alone(master: MasterProcess) -> None:
+    """A watcher that never reads gets 410 and loses its connection; the others get every
+    event. Bounded by sizes, not time: 60 events of ~200 kB (12 MB) are more than the
+    stalled connection's kernel buffers (~4 MiB: it never reads, so they do not grow)
+    and the 4 MiB backlog."""
+    pods, total = "/api/v1/namespaces/default/pods", 60
+    server, ca, token = kubeconfig_parts(master.kubeconfig)
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    async with async_client_for(master.kubeconfig) as api:
+        listed = (await api.get(pods)).json()["metadata"]["resourceVersion"]
+        stalled = socket.create_connection((host, int(port)))
+        context = ssl.create_default_context(cadata=ca.decode())
+        stalled = context.wrap_socket(stalled, server_hostname=host)
+        path = f"{pods}?watch=1&resourceVersion={listed}"
+        stalled.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+        )
+        readers = [asyncio.create_task(_names_seen(master, path, total)) for _ in range(2)]
+        big = {"big": "x" * 200_000}
+        for i in range(total):
+            body = pod(f"heavy-{i}")
+            body["metadata"]["annotations"] = big
+            assert (await api.post(pods, json=body)).status_code == 201
+        for reader in readers:
+            assert await reader == [f"heavy-{i}" for i in range(total)]
+    received = await asyncio.to_thread(_read_to_end, stalled)
+    assert b'"type":"ERROR"' in received and b'"code":410' in received
+    assert 0 < received.count(b'"type":"ADDED"') < total
+
+
+async def _names_seen(master: MasterProcess, path: str, count: int) -> list[str]:
+    """The names in the first ``count`` events of a watch (read in bulk: the lines are long)."""
+    names: list[str] = []
+    async with aiohttp_session_for(master.kubeconfig, 2) as api, api.get(path) as stream:
+        assert stream.status == 200
+        pending = b""
+        async for data in stream.content.iter_any():
+            *lines, pending = (pending + data).split(b"\n")
+            names += [json.loads(line)["object"]["metadata"]["name"] for line in lines if line]
+            if len(names) >= count:
+                return names
+    return names
+
+
+def _read_to_end(sock: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    sock.settimeout(60)
+    chunks = []
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        while chunk := sock.recv(1 << 20):
+            chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)

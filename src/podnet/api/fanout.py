@@ -7,10 +7,11 @@ bytes object is written to the transport of every watcher in the group (no per-w
 encode, no per-watcher ``StreamResponse.write`` and its awaits). Events that reach the
 cache together go out in one write per watcher.
 
-A watcher's backlog is its transport's write buffer. When it holds more than
-``backlog_limit`` bytes the watcher is too slow: it is dropped with 410 Expired (its
-handler writes the ERROR event and ends the connection) and relists, while the others
-carry on; kube-apiserver does the same when a watcher's channel is full.
+A watcher's backlog is its transport's write buffer. When it still holds more than
+``backlog_limit`` bytes at the next write, the watcher is too slow: it is dropped with
+410 Expired (its handler writes the ERROR event after the backlog and ends the
+connection) and relists, while the others carry on; kube-apiserver does the same when a
+watcher's channel is full. So one watcher holds at most the limit plus one write.
 """
 
 from __future__ import annotations
@@ -137,10 +138,13 @@ class Fanout:
             self.remove(watcher)
             watcher.finish(None)
             return
+        if watcher.sink.get_write_buffer_size() > self.backlog_limit:
+            # Still holding more than the limit since the last write: too slow. Nothing
+            # more is queued, so its 410 comes right after what it already has.
+            self._drop(watcher, "the watcher is too slow: its backlog is over the limit")
+            return
         watcher.sink.write(chunk)
         watcher.sent += count
-        if watcher.sink.get_write_buffer_size() > self.backlog_limit:
-            self._drop(watcher, "the watcher is too slow: its backlog is over the limit")
 
     def _drop(self, watcher: Watcher, why: str) -> None:
         self.remove(watcher)

@@ -30,7 +30,7 @@ from podnet.model import errors
 from podnet.model.kinds import Kind
 
 INITIAL_BATCH = 500  # initial ADDED events per write
-CLOSE_GRACE = 10.0  # seconds a dropped watcher gets to read its 410 before the abort
+CLOSE_GRACE = 60.0  # seconds a dropped watcher gets to read its 410 before the abort
 Stream = AsyncIterator[CachedEvent | int | Obj]
 
 
@@ -96,13 +96,7 @@ class WatchServer:
                 self.cache.unwatch(watcher)
                 self.metrics.watch_events.labels(plural).inc(watcher.sent + len(initial))
         if outcome is not None and watcher is not None:
-            # Too slow or too far behind: tell it 410 and end the connection (its backlog
-            # may never drain, so it is aborted if it has not read it in a while).
-            sink = watcher.sink
-            assert isinstance(sink, asyncio.WriteTransport)
-            sink.write(frame(error_line(outcome) + b"\n") + END)
-            sink.close()
-            asyncio.get_running_loop().call_later(CLOSE_GRACE, sink.abort)
+            await _end_with(watcher.sink, outcome)
             return response
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
@@ -143,6 +137,24 @@ class WatchServer:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+
+async def _end_with(sink: object, error: errors.ApiError) -> None:
+    """Tell a dropped watcher why (after what it has not read yet), then hang up.
+
+    Its backlog is bounded (``podnet.api.fanout``); it gets ``CLOSE_GRACE`` seconds to
+    read it and the ERROR event, then the connection is aborted.
+    """
+    assert isinstance(sink, asyncio.WriteTransport)
+    sink.write(frame(error_line(error) + b"\n") + END)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CLOSE_GRACE
+    while sink.get_write_buffer_size() and not sink.is_closing() and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    if sink.get_write_buffer_size():
+        sink.abort()
+    else:
+        sink.close()
 
 
 def _stream_response() -> web.StreamResponse:
