@@ -186,13 +186,18 @@ class SimAgent:
         self.tally.heartbeats += 1
 
     async def heartbeat(self) -> None:
-        """Renew for ever, every quarter of the lease; failures are counted, not fatal."""
+        """After the first renewal (``renew_lease`` at start-up), renew for ever every
+        quarter of the lease; failures are counted, not fatal. The first wait is a random
+        part of the period, once: nodes that did not boot in the same second do not renew
+        in the same second, and 5,000 agents started together here should not either."""
+        interval = self.lease_seconds / 4
+        await asyncio.sleep(random.uniform(0, interval))
         while True:
             try:
                 await self.renew_lease()
             except Failed as exc:
                 self.tally.error(f"lease {exc}"[:80])
-            await asyncio.sleep(self.lease_seconds / 4)
+            await asyncio.sleep(interval)
 
     async def wait_for_subnet(self) -> str:
         path = f"{collection_path(HOST_SUBNET)}/{self.spec.name}"
