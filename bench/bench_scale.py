@@ -282,7 +282,7 @@ async def run(args: argparse.Namespace, work: Path) -> Results:
         await bench_lists(cluster, args, out)
         server, ca, _ = cluster.parts()
         fleet = Fleet(server, ca, cluster.tokens, work)
-        await fleet.start(args.workers, poll_seconds=args.poll)
+        await fleet.start(args.workers, poll_seconds=args.poll, subnet_wait=args.subnet_wait)
         async with aiohttp_session_for(cluster.master.kubeconfig, 1) as probe:
             usage = Usage(cluster.pid, fleet.pids, probe)
             sampler = asyncio.create_task(usage.sample_forever())
@@ -319,8 +319,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
     parser.add_argument("--workers", type=int, default=2, help="simulator processes")
     parser.add_argument(
-        "--poll", type=float, default=0.5, help="HostSubnet poll period (the agent's: 0.5 s)"
+        "--subnet-wait",
+        choices=["watch", "poll"],
+        default="watch",
+        help="how an agent waits for its HostSubnet: watch it by name (the agent's "
+        "objectwait) or GET it every --poll seconds (the agent before objectwait)",
     )
+    parser.add_argument("--poll", type=float, default=0.5, help="HostSubnet poll period")
     parser.add_argument("--kinds", default=",".join(AGENT_KINDS), help="kinds each agent watches")
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase, seconds")
     parser.add_argument("--no-fanout", action="store_true", help="stop after registration")

@@ -2,8 +2,9 @@
 
 What it sends follows ``podnet.agent``: GET then POST of its Node (InternalIP and
 Hostname), the Lease ``kube-node-lease/<node>`` read and renewed every quarter of its
-duration (``podnet.agent.heartbeat``'s own helpers build it), its HostSubnet polled every
-``POLL_SECONDS`` until the master has allocated it, then the Node's Ready condition set
+duration (``podnet.agent.heartbeat``'s own helpers build it), its HostSubnet listed and watched
+alone until the master has allocated it (``podnet.agent.objectwait``; the older GET every
+``POLL_SECONDS`` is kept as an option), then the Node's Ready condition set
 through the status subresource. Requests share one keep-alive HTTPS connection; each
 watched kind has its own. Watches reconnect from the last resourceVersion when the server
 ends them and list again after 410 Gone, as the agent's reflector does.
@@ -12,15 +13,17 @@ ends them and list again after 410 Gone, as the agent's reflector does.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from podnet.agent.heartbeat import lease_object, micro_time, renewed
-from podnet.model.kinds import HOST_SUBNET, KINDS, LEASE, NODE, Kind
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, KINDS, LEASE, NODE, Kind
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 from simulator.wire import VERSION, Endpoint, WatchStream, open_watch
 
@@ -92,6 +95,17 @@ def node_object(name: str, ip: str) -> Obj:
     }
 
 
+def subnet_into(found: asyncio.Future[str]) -> Callable[[bytes], None]:
+    """A watch line reader that resolves ``found`` with the first subnet it sees."""
+
+    def line(raw: bytes) -> None:
+        obj = json.loads(raw).get("object") or {}
+        if obj.get("subnet") and not found.done():
+            found.set_result(str(obj["subnet"]))
+
+    return line
+
+
 def ready_condition() -> Obj:
     now = micro_time()[:19] + "Z"
     return {
@@ -114,12 +128,14 @@ class SimAgent:
         tally: Tally,
         lease_seconds: int = 40,
         poll_seconds: float = POLL_SECONDS,
+        subnet_wait: str = "watch",
     ) -> None:
         self.spec = spec
         self.endpoint = endpoint
         self.tally = tally
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
+        self.subnet_wait = subnet_wait  # "watch" (the agent since objectwait) or "poll"
         self.counts: dict[str, int] = {}  # kind plural -> events seen (bookmarks aside)
         self.versions: dict[str, int] = {}  # kind plural -> last resourceVersion seen
         self.subnet = ""
@@ -141,12 +157,19 @@ class SimAgent:
             )
         return self._session
 
-    async def call(self, method: str, path: str, body: Obj | None = None) -> tuple[int, Obj]:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Obj | None = None,
+        params: dict[str, str] | None = None,
+    ) -> tuple[int, Obj]:
         """One request, retried (jittered backoff) on 5xx, 429 and broken connections."""
         delay = RETRY[0]
         while True:
             try:
-                async with self.session().request(method, path, json=body) as answer:
+                request = self.session().request(method, path, json=body, params=params)
+                async with request as answer:
                     payload = await answer.json(content_type=None) if answer.status < 500 else {}
                     if answer.status < 500 and answer.status != 429:
                         return answer.status, payload or {}
@@ -157,8 +180,15 @@ class SimAgent:
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, RETRY[1])
 
-    async def expect(self, method: str, path: str, body: Obj | None, *ok: int) -> Obj:
-        status, payload = await self.call(method, path, body)
+    async def expect(
+        self,
+        method: str,
+        path: str,
+        body: Obj | None,
+        *ok: int,
+        params: dict[str, str] | None = None,
+    ) -> Obj:
+        status, payload = await self.call(method, path, body, params)
         if status not in ok:
             raise Failed(f"{method} {path}: {status} {payload.get('message', '')}")
         return payload
@@ -200,6 +230,8 @@ class SimAgent:
             await asyncio.sleep(interval)
 
     async def wait_for_subnet(self) -> str:
+        if self.subnet_wait == "watch":
+            return await self.watch_for_subnet()
         path = f"{collection_path(HOST_SUBNET)}/{self.spec.name}"
         while True:
             status, subnet = await self.call("GET", path)
@@ -207,6 +239,39 @@ class SimAgent:
                 self.subnet = str(subnet["subnet"])
                 return self.subnet
             await asyncio.sleep(self.poll_seconds)
+
+    async def watch_for_subnet(self) -> str:
+        """List and watch this node's HostSubnet alone (``fieldSelector=metadata.name``),
+        as ``podnet.agent.objectwait`` does, until it has a subnet; then read ClusterNetwork
+        ``default`` the same way (it exists: one list)."""
+        path = collection_path(HOST_SUBNET)
+        query = {"fieldSelector": f"metadata.name={self.spec.name}"}
+        while True:
+            listing = await self.expect("GET", path, None, 200, params=query)
+            items = listing.get("items") or []
+            if items and items[0].get("subnet"):
+                self.subnet = str(items[0]["subnet"])
+                break
+            found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            watch = query | {
+                "watch": "true",
+                "resourceVersion": str(listing["metadata"]["resourceVersion"]),
+                "timeoutSeconds": str(random.randint(*WATCH_SECONDS)),
+            }
+            stream = await open_watch(
+                self.endpoint, path, watch, self.spec.token, lambda *_: None, subnet_into(found)
+            )
+            waits: list[asyncio.Future[Any]] = [found, stream.done]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stream.close()
+            if found.done():
+                self.subnet = found.result()
+                break
+        network = {"fieldSelector": "metadata.name=default"}
+        await self.expect("GET", collection_path(CLUSTER_NETWORK), None, 200, params=network)
+        return self.subnet
 
     async def set_ready(self) -> None:
         path = f"{collection_path(NODE)}/{self.spec.name}"

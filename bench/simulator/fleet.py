@@ -104,7 +104,13 @@ class Fleet:
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers]
 
-    async def start(self, workers: int, lease_seconds: int = 40, poll_seconds: float = 0.5) -> None:
+    async def start(
+        self,
+        workers: int,
+        lease_seconds: int = 40,
+        poll_seconds: float = 0.5,
+        subnet_wait: str = "watch",
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), *sys.path])}
         for index in range(workers):
             rows = [
@@ -129,7 +135,12 @@ class Fleet:
             self._pumps.append(asyncio.create_task(worker.pump()))
             config = {"server": self.server, "ca": self.ca, "agents": rows}
             await worker.send(
-                config | {"lease_seconds": lease_seconds, "poll_seconds": poll_seconds}
+                config
+                | {
+                    "lease_seconds": lease_seconds,
+                    "poll_seconds": poll_seconds,
+                    "subnet_wait": subnet_wait,
+                }
             )
         for worker in self.workers:
             await worker.answer("started", 60)

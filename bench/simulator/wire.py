@@ -64,8 +64,11 @@ def parse_event(line: bytes) -> tuple[bytes, int, int]:
 class WatchStream:
     """Reads one watch response; ``done`` resolves with the HTTP status when it ends."""
 
-    def __init__(self, sink: EventSink, sock: ssl.SSLSocket) -> None:
+    def __init__(
+        self, sink: EventSink, sock: ssl.SSLSocket, lines: Callable[[bytes], None] | None = None
+    ) -> None:
         self.sink = sink
+        self.lines = lines  # also given each whole event line, when set
         self.sock = sock
         self.status = 0
         self.events = 0  # event lines read
@@ -157,6 +160,8 @@ class WatchStream:
             if line.strip():
                 self.events += 1
                 self.sink(*parse_event(line))
+                if self.lines is not None:
+                    self.lines(line)
 
     def close(self) -> None:
         if self._closed:
@@ -227,11 +232,16 @@ async def send_all(sock: ssl.SSLSocket, data: bytes) -> None:
 
 
 async def open_watch(
-    endpoint: Endpoint, path: str, query: dict[str, str], token: str, sink: EventSink
+    endpoint: Endpoint,
+    path: str,
+    query: dict[str, str],
+    token: str,
+    sink: EventSink,
+    lines: Callable[[bytes], None] | None = None,
 ) -> WatchStream:
     """Connect, send the request and wait for the response head."""
     sock = await tls_connect(endpoint)
-    stream = WatchStream(sink, sock)
+    stream = WatchStream(sink, sock, lines)
     try:
         await send_all(sock, request_head(endpoint, path, query, token))
         asyncio.get_running_loop().add_reader(sock.fileno(), stream.readable)

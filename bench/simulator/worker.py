@@ -2,8 +2,8 @@
 
 Run as ``python -m simulator.worker`` (``bench/`` on the path). The first stdin line is
 the configuration (JSON): ``server``, ``ca`` (PEM), ``agents`` ([name, token, ip]),
-``lease_seconds``, ``poll_seconds``. Each later line is a command; each answer is one
-JSON line on stdout:
+``lease_seconds``, ``poll_seconds``, ``subnet_wait``. Each later line is a command;
+each answer is one JSON line on stdout:
 
 - ``{"cmd": "register", "deadline": s}``: every agent registers, starts its heartbeat,
   waits for its HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``
@@ -65,6 +65,7 @@ class Worker:
                 self.tally,
                 config.get("lease_seconds", 40),
                 config.get("poll_seconds", POLL_SECONDS),
+                config.get("subnet_wait", "watch"),
             )
             for row in config["agents"]
         ]
