@@ -165,16 +165,25 @@ async def lists_per_second(api: aiohttp.ClientSession, path: str, seconds: float
     return count / (time.perf_counter() - started)
 
 
-async def paged_list_seconds(api: aiohttp.ClientSession, path: str, limit: int) -> float:
-    """Seconds to read a whole collection in pages of ``limit`` (``continue`` tokens)."""
+async def paged_list_seconds(
+    api: aiohttp.ClientSession, path: str, limit: int, total: int, bound: float = 30.0
+) -> tuple[float, bool]:
+    """Seconds to read a collection of ``total`` items in pages of ``limit``
+    (``continue`` tokens), and whether that was measured to the end: after ``bound``
+    seconds the walk stops and the time is extrapolated from the items read so far."""
     started = time.perf_counter()
-    token = ""
+    token, read = "", 0
     while True:
         params = {"limit": str(limit)} | ({"continue": token} if token else {})
         _, body = await timed_get(api, path, params)
-        token = json.loads(body)["metadata"].get("continue") or ""
+        page = json.loads(body)
+        read += len(page["items"])
+        token = page["metadata"].get("continue") or ""
+        elapsed = time.perf_counter() - started
         if not token:
-            return time.perf_counter() - started
+            return elapsed, True
+        if elapsed > bound:
+            return elapsed * total / max(read, 1), False
 
 
 def median_of(values: list[float]) -> float:
