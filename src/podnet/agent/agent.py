@@ -5,7 +5,8 @@ Start order (each step logs what it does):
 1. Register the Node (``status.addresses`` InternalIP through the status subresource),
    retrying until the master answers.
 2. Wait for this node's HostSubnet ("waiting for HostSubnet for node X" every few
-   seconds) and read ClusterNetwork ``default``.
+   seconds) and read ClusterNetwork ``default``, each through a watch of that one
+   object (``objectwait``), not a poll.
 3. ``check_node``: if the data plane matches, leave it running ("data plane in place; not
    touching it"); otherwise ``setup_node``.
 4. Reconcile pods: half-done attachments and orphaned IPAM files are undone; healthy pods
@@ -48,6 +49,7 @@ from podnet.agent.events import NodeEvents
 from podnet.agent.heartbeat import NodeHeartbeat
 from podnet.agent.metrics import MetricsServer
 from podnet.agent.nodestatus import node_addresses, node_object, reconcile_note, with_condition
+from podnet.agent.objectwait import wait_for_object
 from podnet.agent.podrefs import PodRefs
 from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
@@ -65,14 +67,12 @@ from podnet.dataplane.interface import (
 )
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
-from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
 from podnet.reconcile import ReconcileMetrics
 
 log = logging.getLogger("podnet.agent")
 
 Obj = dict[str, Any]
-POLL_SECONDS = 0.5
-WAIT_LOG_SECONDS = 5.0
 SHUTDOWN_FLUSH_SECONDS = 5.0
 WATCHER_BACKOFF = Backoff(0.2, 3.0, floor=0.0)  # a watcher that failed is restarted soon
 
@@ -242,23 +242,12 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="heartbeat"))
 
     async def _wait_for(
-        self, kind: Any, name: str, problem: Callable[[Obj | None, IPv4Address], str | None]
+        self, kind: Kind, name: str, problem: Callable[[Obj | None, IPv4Address], str | None]
     ) -> Obj:
-        """Poll ``kind/name`` until ``problem`` finds nothing wrong; log the wait."""
-        loop = asyncio.get_running_loop()
-        last_log = -WAIT_LOG_SECONDS
-        while True:
-            obj = await with_retry(
-                lambda: self.api.get_or_none(kind, None, name), f"reading {name}", None
-            )
-            why = problem(obj, self.node_ip)
-            if why is None:
-                assert obj is not None
-                return obj
-            if loop.time() - last_log >= WAIT_LOG_SECONDS:
-                log.info("waiting for %s for node %s (%s)", kind.kind, self.config.node_name, why)
-                last_log = loop.time()
-            await asyncio.sleep(POLL_SECONDS)
+        """Watch ``kind/name`` until ``problem`` finds nothing wrong; log the wait."""
+        return await wait_for_object(
+            self.api, kind, name, lambda obj: problem(obj, self.node_ip), self.config.node_name
+        )
 
     async def ensure_dataplane(self, node: NodeNetwork, quiet: bool = False) -> bool:
         """``check_node``; ``setup_node`` only when the check fails. True if it set up."""

@@ -101,13 +101,7 @@ class Rule:
             (verb in self.verbs or ALL in self.verbs)
             and self.group in (ALL, group)
             and (ALL in self.resources or resource in self.resources)
-            and self.admits(namespace, name, own)
-        )
-
-    def admits(self, namespace: str | None, name: str | None, own: str | None) -> bool:
-        """The name and namespace half of ``allows``."""
-        return (
-            (not self.names or name in self.names)
+            and (not self.names or name in self.names)
             and (not self.own_name or (name is not None and name == own))
             and (self.namespace is None or self.namespace == namespace)
         )
@@ -125,9 +119,8 @@ class Rule:
 
 
 class RuleIndex:
-    """A role set's rules by (verb, group, resource), built once: a request looks up its
-    own key and checks only the names and namespaces of the rules found there. Rules
-    with a wildcard (the admin's) are checked one by one."""
+    """A role set's rules by (verb, group, resource), built once: a request checks only
+    the rules under its own key, and those with a wildcard (the admin's)."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         exact: dict[tuple[str, str, str], list[Rule]] = {}
@@ -140,20 +133,10 @@ class RuleIndex:
         self._exact = {key: tuple(found) for key, found in exact.items()}
         self._wildcards = tuple(rule for rule in rules if rule.wildcard)
 
-    def allows(
-        self,
-        verb: str,
-        group: str,
-        resource: str,
-        namespace: str | None,
-        name: str | None,
-        own: str | None,
-    ) -> bool:
-        """Whether any rule grants the request (``Rule.allows`` of each, in effect)."""
-        for rule in self._exact.get((verb, group, resource), ()):
-            if rule.admits(namespace, name, own):
-                return True
-        return any(r.allows(verb, group, resource, namespace, name, own) for r in self._wildcards)
+    def candidates(self, verb: str, group: str, resource: str) -> tuple[Rule, ...]:
+        """The rules that may grant ``verb`` on ``group/resource``: those that name
+        exactly these, then those with a wildcard."""
+        return self._exact.get((verb, group, resource), ()) + self._wildcards
 
 
 def _rule(
@@ -242,8 +225,11 @@ def allowed_by_rules(
     user: User, verb: str, group: str, resource: str, namespace: str | None, name: str | None
 ) -> bool:
     """Step 1 alone: what an access review answers (no object is known)."""
-    index = _role_index(_roles(user))
-    return index.allows(verb, group, resource, namespace, name, user.node_name)
+    own = user.node_name
+    for rule in _role_index(_roles(user)).candidates(verb, group, resource):
+        if rule.allows(verb, group, resource, namespace, name, own):
+            return True
+    return False
 
 
 def may_read_path(user: User, verb: str) -> bool:

@@ -27,7 +27,7 @@ from podnet.client.objectapi import Listing
 from podnet.client.paths import metadata, resource_path
 from podnet.client.tls import ssl_context
 from podnet.client.watch import Obj, ResourceVersion, WatchEvent, decode_event, resource_version
-from podnet.client.wire import MERGE_PATCH, Call, headers, json_object, watch_params
+from podnet.client.wire import MERGE_PATCH, Call, headers, json_object, selectors, watch_params
 from podnet.kubeconfig import ClientConfig
 from podnet.model.kinds import Kind
 
@@ -96,10 +96,15 @@ class AsyncApiClient:
         return Listing(list(answer.get("items") or []), resource_version(answer))
 
     async def watch(
-        self, kind: Kind, since: ResourceVersion, namespace: str | None = None
+        self,
+        kind: Kind,
+        since: ResourceVersion,
+        namespace: str | None = None,
+        field_selector: str = "",
     ) -> AsyncIterator[WatchEvent]:
         """The changes after ``since`` until the server ends the watch (bookmarks too)."""
         params = watch_params(since, random.randint(*WATCH_SECONDS), bookmarks=True)
+        params.update(selectors(field_selector=field_selector))
         timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT, sock_read=WATCH_READ_TIMEOUT)
         path = resource_path(kind, namespace)
         try:

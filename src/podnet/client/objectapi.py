@@ -28,8 +28,9 @@ class Listing:
     resource_version: ResourceVersion
 
 
-class ObjectApi(Protocol):
-    """List, watch, get, create, update with a precondition, delete."""
+class ListWatch(Protocol):
+    """List and watch: all a reflector needs (an ``ObjectApi``, or a view of one that
+    sees fewer objects, such as one name through a field selector)."""
 
     async def list(self, kind: Kind, namespace: str | None = None) -> Listing:
         """Every object of ``kind``; ``namespace=None`` means all namespaces."""
@@ -42,6 +43,10 @@ class ObjectApi(Protocol):
         events until the server ends the watch. Raises ``Expired`` when ``since`` is too
         old to watch from."""
         ...
+
+
+class ObjectApi(ListWatch, Protocol):
+    """List, watch, get, create, update with a precondition, delete."""
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
         """One object; ``NotFound`` when there is none."""

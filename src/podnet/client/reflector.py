@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from podnet.client.backoff import WATCH_BACKOFF, Attempts, Backoff, with_retry
 from podnet.client.errors import Expired, is_transient, one_line
-from podnet.client.objectapi import Listing, ObjectApi
+from podnet.client.objectapi import Listing, ListWatch, ObjectApi
 from podnet.client.paths import metadata, object_key
 from podnet.client.watch import (
     BOOKMARK,
@@ -44,7 +44,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 def reflect(
-    api: ObjectApi,
+    api: ListWatch,
     kind: Kind,
     namespace: str | None = None,
     resync_period: float | None = None,
@@ -58,7 +58,7 @@ def reflect(
 class Reflector:
     """One kind's listing and watch; ``events()`` runs it."""
 
-    api: ObjectApi
+    api: ListWatch
     kind: Kind
     namespace: str | None = None
     resync_period: float | None = None
