@@ -220,7 +220,7 @@ async def test_changes_close_together_go_out_in_one_write(
     cached: tuple[Registry, WatchCache],
 ) -> None:
     registry, cache = cached
-    cache.coalesce = 1.0
+    cache.coalesce, cache.coalesce_from = 1.0, 1
     start = await settle(registry, cache)
     sink = FakeSink()
     cache.watch(WatchFilter(POD), sink, start, False)

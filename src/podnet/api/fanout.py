@@ -71,19 +71,22 @@ class Fanout:
     def __init__(self, backlog_limit: int = BACKLOG_LIMIT) -> None:
         self.backlog_limit = backlog_limit
         self._groups: dict[tuple[Any, ...], list[Watcher]] = {}
+        self._count = 0
         self.expired = 0
 
     def __len__(self) -> int:
-        return sum(len(members) for members in self._groups.values())
+        return self._count
 
     def add(self, watcher: Watcher) -> None:
         self._groups.setdefault(watcher.filter.group(), []).append(watcher)
+        self._count += 1
 
     def remove(self, watcher: Watcher) -> None:
         key = watcher.filter.group()
         members = self._groups.get(key)
         if members is not None and watcher in members:
             members.remove(watcher)
+            self._count -= 1
             if not members:
                 del self._groups[key]
 
@@ -156,3 +159,4 @@ class Fanout:
             for watcher in members:
                 watcher.finish(None)
         self._groups.clear()
+        self._count = 0

@@ -34,9 +34,11 @@ from podnet.store.base import Compacted, KeyValue, WatchEvent
 __all__ = ["BOOKMARK_EVERY", "CachedEvent", "WatchCache", "WatchFilter", "direct_events"]
 log = logging.getLogger(__name__)
 BOOKMARK_EVERY = 10.0
-# Changes that arrive within this many seconds of the last dispatch wait for the next
-# one, so a busy cache writes several events per watcher per write (fewer TLS records).
+# With at least COALESCE_FROM watchers, changes that arrive within COALESCE seconds of
+# the last dispatch wait for the next one: several events per watcher per write (fewer
+# TLS records) when a round of writes is expensive; with fewer, every change goes at once.
 COALESCE = 0.1
+COALESCE_FROM = 500
 
 
 def to_cached(
@@ -78,12 +80,14 @@ class WatchCache:
         capacity: int = 20000,
         backlog_limit: int = BACKLOG_LIMIT,
         coalesce: float = COALESCE,
+        coalesce_from: int = COALESCE_FROM,
         observe: Callable[[float], None] | None = None,
     ) -> None:
         self.registry = registry
         self.capacity = capacity
         self.fanout = Fanout(backlog_limit)
         self.coalesce = coalesce
+        self.coalesce_from = coalesce_from
         self._observe = observe  # seconds from a change's arrival to its dispatch
         self._last_dispatch = 0.0
         self._dispatched = 0  # absolute index of the first event not dispatched yet
@@ -194,7 +198,7 @@ class WatchCache:
         self._dispatch_due = True
         loop = asyncio.get_running_loop()
         delay = self._last_dispatch + self.coalesce - loop.time()
-        if delay > 0:
+        if delay > 0 and len(self.fanout) >= self.coalesce_from:
             loop.call_later(delay, self._dispatch)
         else:
             loop.call_soon(self._dispatch)
