@@ -103,11 +103,18 @@ class Master:
         opts = self.options
         elector = None
         if opts.leader_elect:
-            elector = EtcdLeaderElector(self.store, f"{opts.etcd_prefix}leader", opts.identity)
+            key = f"{opts.etcd_prefix}leader"
+            elector = EtcdLeaderElector(
+                self.store, key, opts.identity, renewal_store=self._renewal_store
+            )
         api = InProcessApi(self.registry, server.cache)
         self.controllers = ControllerManager(api, opts.network, elector)
         run = run_or_stop_process(self.controllers, "the master")
         self._tasks.append(asyncio.create_task(run, name="controllers"))
+
+    def _renewal_store(self) -> EtcdStore:
+        """A second etcd connection, for the leader's renewals in their own thread."""
+        return EtcdStore(self.options.etcd, tls=self.options.etcd_tls)
 
     async def _compact_forever(self) -> None:
         """Compact etcd history older than one interval, as kube-apiserver does."""

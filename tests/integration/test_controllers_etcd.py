@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from ipaddress import IPv4Network
 from typing import Any
 
@@ -290,7 +291,7 @@ async def test_a_dead_leaders_lease_expires(
     key = f"{prefix}leader"
     crashed = EtcdLeaderElector(await connect(), key, "crashed", ttl=2)
     await crashed.acquire()
-    assert crashed._keepalive is not None
+    assert isinstance(crashed._keepalive, asyncio.Task)  # renewals on the event loop
     crashed._keepalive.cancel()  # the process "dies": no more renewals, no revoke
     crashed._lease_id = None
     heir = EtcdLeaderElector(await connect(), key, "heir", ttl=2)
@@ -341,3 +342,20 @@ async def test_a_leader_survives_one_renewal_that_times_out(
     finally:
         client.refresh_lease = real
         await leader.release()
+
+
+async def test_renewals_off_the_event_loop_outlast_a_blocked_loop(
+    connect: Callable[[], Awaitable[EtcdStore]], prefix: str, etcd_server: EtcdProcess
+) -> None:
+    store = await connect()
+    own_connection = partial(EtcdStore, etcd_server.endpoint)
+    leader = EtcdLeaderElector(store, f"{prefix}leader", "leader", 2, own_connection)
+    await leader.acquire()
+    try:
+        time.sleep(4)  # the whole event loop stalls for twice the ttl (thousands of requests)
+        assert await leader.holder() == "leader"  # the lease was renewed meanwhile
+        await asyncio.sleep(0)  # a loss found during the stall would be delivered now
+        assert not leader.lost.is_set() and leader.is_leader
+    finally:
+        await leader.release()
+    assert await leader.holder() is None

@@ -1,11 +1,13 @@
 """Leader election, so that only one master runs the controllers at a time.
 
 ``EtcdLeaderElector`` holds a key bound to an etcd lease: it is created with a
-put-if-absent transaction, kept alive every ttl/3, and vanishes with the lease when the
+put-if-absent transaction, kept alive every ttl/4, and vanishes with the lease when the
 holder dies. The holder declares itself no longer leader (``lost`` is set) *before* the
-lease can expire: when a renewal fails and the lease's deadline comes near, when etcd
-reports the lease gone, or when the key no longer carries this holder's value.
-``AlwaysLeader`` is for a single master on the in-memory store.
+lease can expire: when renewals keep failing up to the lease's deadline, when etcd
+reports the lease gone, or when the key no longer carries this holder's value. The master
+renews in a thread with its own event loop and etcd connection (``OffLoop``): an event
+loop busy with thousands of API requests delays the controllers, but must not cost the
+lease. ``AlwaysLeader`` is for a single master on the in-memory store.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from aetcd import rpc
@@ -67,7 +70,14 @@ class AlwaysLeader:
 class EtcdLeaderElector:
     """Leadership as an etcd key bound to this process's lease."""
 
-    def __init__(self, store: EtcdStore, key: str, identity: str, ttl: int = 10) -> None:
+    def __init__(
+        self,
+        store: EtcdStore,
+        key: str,
+        identity: str,
+        ttl: int = 10,
+        renewal_store: Callable[[], EtcdStore] | None = None,
+    ) -> None:
         if ttl < 2:
             raise ValueError("the lease ttl must be at least 2 seconds")
         self.store = store
@@ -75,10 +85,13 @@ class EtcdLeaderElector:
         self.identity = identity
         self.ttl = ttl
         self.lost = asyncio.Event()
+        # Given: renewals run in a thread of their own, on their own etcd connection, so a
+        # busy event loop (thousands of API requests) cannot starve them past the ttl.
+        self.renewal_store = renewal_store
         self._lease_id: int | None = None
         self._value = b""
         self._deadline = 0.0
-        self._keepalive: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | OffLoop | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -110,16 +123,18 @@ class EtcdLeaderElector:
                 log.warning("leader election on %s: %s; retrying in %.1fs", self.key, exc, delay)
                 await asyncio.sleep(delay)
                 attempt += 1
-        self._keepalive = asyncio.create_task(self._keep_alive(), name="leader-keepalive")
+        self._keepalive = self._start_keepalive()
         log.info("%s is now the leader (%s, lease %x)", self.identity, self.key, self._lease_id)
 
     async def release(self) -> None:
         """Stop renewing and revoke the lease, which deletes the key at once."""
-        if self._keepalive is not None:
+        if isinstance(self._keepalive, OffLoop):
+            await self._keepalive.stop()
+        elif self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive
-            self._keepalive = None
+        self._keepalive = None
         lease_id, self._lease_id = self._lease_id, None
         if lease_id is None:
             return
@@ -204,7 +219,30 @@ class EtcdLeaderElector:
 
     # ---- keepalive ----------------------------------------------------------------------
 
-    async def _keep_alive(self) -> None:
+    def _start_keepalive(self) -> asyncio.Task[None] | OffLoop:
+        if self.renewal_store is None:
+            return asyncio.create_task(self._keep_alive(self.store), name="leader-keepalive")
+        make_store, main = self.renewal_store, asyncio.get_running_loop()
+
+        def lose(why: str) -> None:
+            main.call_soon_threadsafe(self._lose, why)
+
+        async def renew_off_loop() -> None:
+            store = make_store()
+            try:
+                await store.connect()
+                await self._keep_alive(store, lose)
+            except Exception as exc:  # no renewals: say so before the lease lapses
+                lose(f"renewals stopped: {type(exc).__name__}: {exc}")
+            finally:
+                with contextlib.suppress(Exception):
+                    await store.close()
+
+        return OffLoop(renew_off_loop, "leader-keepalive")
+
+    async def _keep_alive(
+        self, store: EtcdStore, lose: Callable[[str], object] | None = None
+    ) -> None:
         """Renew at once, then every ttl/4; after a failure retry every ttl/10, each try
         bounded by the time left, and give up only when a try fails at the lease's
         deadline: a busy master or etcd costs a retry, not the leadership.
@@ -219,27 +257,27 @@ class EtcdLeaderElector:
         while True:
             await asyncio.sleep(wait)
             left = self._deadline - margin - loop.time()
-            problem = await self._renew(loop.time(), max(min(self.ttl / 3, left), retry))
+            problem = await self._renew(store, loop.time(), max(min(self.ttl / 3, left), retry))
             if problem is None:
                 wait = interval
                 continue
             if problem.startswith("!") or loop.time() + retry >= self._deadline - margin:
-                self._lose(problem.lstrip("!"))
+                (lose or self._lose)(problem.lstrip("!"))
                 return
             log.warning("leader %s: lease renewal failed (%s); retrying", self.identity, problem)
             wait = retry
 
-    async def _renew(self, sent: float, timeout: float) -> str | None:
+    async def _renew(self, store: EtcdStore, sent: float, timeout: float) -> str | None:
         """Renew the lease and check the key within ``timeout`` seconds; None if fine, else
         why (``!``: lost for sure)."""
         assert self._lease_id is not None
         try:
             async with asyncio.timeout(timeout):
-                reply = await self.store.client.refresh_lease(self._lease_id)
+                reply = await store.client.refresh_lease(self._lease_id)
                 if reply is None or reply.TTL <= 0:
                     return "!the lease expired"
                 self._deadline = sent + int(reply.TTL)
-                kv = await self.store.get(self.key)
+                kv = await store.get(self.key)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if kv is None or kv.value != self._value:
@@ -250,3 +288,39 @@ class EtcdLeaderElector:
         # The lease is revoked by the next release() (or acquire()), best effort.
         log.error("%s lost leadership of %s: %s", self.identity, self.key, why)
         self.lost.set()
+
+
+class OffLoop:
+    """A coroutine run in a thread with its own event loop, so the main loop's load does
+    not delay it; ``stop`` cancels it and waits for the thread."""
+
+    def __init__(self, work: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        self._work = work
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    def _main(self) -> None:
+        async def run() -> None:
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            self._started.set()
+            await self._work()
+
+        try:
+            asyncio.run(run())
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("%s failed", self._thread.name)
+        finally:
+            self._started.set()
+
+    async def stop(self) -> None:
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has ended already
+                loop.call_soon_threadsafe(task.cancel)
+        await asyncio.to_thread(self._thread.join)
