@@ -158,3 +158,21 @@ def test_a_second_controllers_process_takes_over_the_lease(
         assert api.post("/api/v1/nodes", json=node("n2", "192.0.2.2")).status_code == 201
         wait_for(lambda: _get(api, f"{HS}/n2"), 30, "a HostSubnet from the new leader")
         assert "acquired leadership" in second.log.read_text()
+
+
+def test_the_controllers_outlive_a_master_restart(
+    api_only_master: MasterProcess,
+    run_controllers: Callable[[str], Controllers],
+) -> None:
+    with client_for(api_only_master.kubeconfig) as api:
+        controllers = run_controllers("controllers")
+        wait_for(lambda: _get(api, LEASE), 30, "the controllers to lead")
+    api_only_master.kill()  # the API is gone for a while: watches and renewals fail
+    api_only_master.start()  # same port, state and etcd
+    with client_for(api_only_master.kubeconfig) as api:
+        assert api.post("/api/v1/nodes", json=node("after", "192.0.2.9")).status_code == 201
+        wait_for(lambda: _get(api, f"{HS}/after"), 60, "a HostSubnet after the restart")
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "later"}}
+        assert api.post(NAMESPACES, json=body).status_code == 201
+        wait_for(lambda: _get(api, f"{NETNS}/later"), 60, "a NetNamespace after the restart")
+    assert controllers.process.poll() is None
