@@ -70,7 +70,8 @@ class Fanout:
 
     def __init__(self, backlog_limit: int = BACKLOG_LIMIT) -> None:
         self.backlog_limit = backlog_limit
-        self._groups: dict[tuple[Any, ...], list[Watcher]] = {}
+        # group -> its watchers (a dict as an ordered set: removal is O(1))
+        self._groups: dict[tuple[Any, ...], dict[Watcher, None]] = {}
         self._count = 0
         self.expired = 0
 
@@ -78,14 +79,14 @@ class Fanout:
         return self._count
 
     def add(self, watcher: Watcher) -> None:
-        self._groups.setdefault(watcher.filter.group(), []).append(watcher)
+        self._groups.setdefault(watcher.filter.group(), {})[watcher] = None
         self._count += 1
 
     def remove(self, watcher: Watcher) -> None:
         key = watcher.filter.group()
         members = self._groups.get(key)
         if members is not None and watcher in members:
-            members.remove(watcher)
+            del members[watcher]
             self._count -= 1
             if not members:
                 del self._groups[key]
@@ -94,7 +95,7 @@ class Fanout:
         """Send every watcher the events it has not had (``events[0]`` is at ``offset``)."""
         end = offset + len(events)
         for members in list(self._groups.values()):
-            wf = members[0].filter
+            wf = next(iter(members)).filter
             batches: dict[int, tuple[bytes, int]] = {}
             for watcher in list(members):
                 if watcher.position >= end:
@@ -117,7 +118,7 @@ class Fanout:
     def bookmark(self, revision: int, end: int) -> None:
         """A BOOKMARK at ``revision`` to every caught-up watcher that asked for them."""
         for members in list(self._groups.values()):
-            kind = members[0].filter.kind
+            kind = next(iter(members)).filter.kind
             chunk = frame(
                 json.dumps(
                     {
