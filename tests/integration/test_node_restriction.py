@@ -233,3 +233,25 @@ def test_node_uses_only_its_own_lease(master: MasterProcess) -> None:
         assert (
             n1.post(elsewhere, json={**lease("n1"), "metadata": {"name": "n1"}}).status_code == 403
         )
+
+
+def test_node_cannot_take_the_controllers_lease_or_finalize(master: MasterProcess) -> None:
+    """The out-of-process controllers' lock and the finalize subresource are not a node's."""
+    leases = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
+    lock = {
+        "metadata": {"name": "podnet-controllers", "namespace": "kube-system"},
+        "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 15},
+    }
+    namespace = {"metadata": {"name": "victim"}, "spec": {"finalizers": ["kubernetes"]}}
+    with client_for(master.kubeconfig) as admin:
+        assert admin.post("/api/v1/namespaces", json=namespace).status_code == 201
+    with node_client(master, "n1") as n1:
+        assert n1.post(leases, json=lock).status_code == 403
+        assert n1.get(f"{leases}/podnet-controllers").status_code == 403
+        assert n1.put(f"{leases}/podnet-controllers", json=lock).status_code == 403
+        finalize = "/api/v1/namespaces/victim/finalize"
+        assert n1.put(finalize, json={**namespace, "spec": {"finalizers": []}}).status_code == 403
+    with client_for(master.kubeconfig) as admin:
+        assert admin.get(f"{leases}/podnet-controllers").status_code == 404
+        live = admin.get("/api/v1/namespaces/victim").json()
+        assert live["spec"]["finalizers"] == ["kubernetes"]

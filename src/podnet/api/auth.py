@@ -32,6 +32,7 @@ from podnet.api.authorizer import (
     forbidden_error,
     forbidden_message,
     require_authorized,
+    require_rule,
     rules_for,
 )
 from podnet.api.identity import (
@@ -74,6 +75,7 @@ __all__ = [
     "node_user",
     "parse_token_file",
     "require_authorized",
+    "require_rule",
     "rules_for",
 ]
 

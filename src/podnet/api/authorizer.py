@@ -307,6 +307,19 @@ def forbidden_message(user: User, attrs: RequestAttributes, reason: str) -> str:
     )
 
 
+def require_rule(user: User, attrs: RequestAttributes) -> None:
+    """Raise 403 unless a rule allows the verb on the resource, judged before the stored
+    object is read (as kube-apiserver authorizes before storage): a caller with no rule
+    for a write learns nothing of whether its target exists. The object checks
+    (``node_restriction``) follow in ``require_authorized`` once the objects are known."""
+    kind = attrs.kind
+    if kind is None or allowed_by_rules(
+        user, attrs.verb, kind.group, attrs.resource, attrs.namespace, attrs.name
+    ):
+        return
+    raise forbidden_error(user, attrs, _denial(user, attrs))
+
+
 def require_authorized(user: User, attrs: RequestAttributes) -> None:
     """Raise 403 Forbidden (with kube's message) unless ``authorize`` allows the request."""
     reason = authorize(user, attrs)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from podnet.api import listing, storedform, tables
 from podnet.api.admission import Admission
-from podnet.api.auth import RequestAttributes, User, require_authorized
+from podnet.api.auth import RequestAttributes, User, require_authorized, require_rule
 from podnet.api.cachedobjects import WatchFilter
 from podnet.api.metrics import ApiMetrics
 from podnet.api.params import QueryParams, parse_delete_options, parse_query
@@ -102,6 +102,15 @@ class ResourceHandlers:
             path=request.path,
         )
         require_authorized(user, attrs)
+
+    def _precheck(self, request: web.Request, verb: str, target: Target) -> None:
+        """The rules alone, before a write reads its target (no existence leak)."""
+        require_rule(
+            request[USER],
+            RequestAttributes(
+                verb, target.kind, target.namespace, target.name, target.subresource, None, None
+            ),
+        )
 
     def _admit(
         self, request: web.Request, verb: str, target: Target
@@ -201,6 +210,7 @@ class ResourceHandlers:
         assert target.name is not None
         if target.subresource == "finalize":
             return json_response(await self._finalize(request, target))
+        self._precheck(request, "update", target)
         obj = await self.registry.update(
             target.kind,
             body,
@@ -225,6 +235,7 @@ class ResourceHandlers:
         body = await read_body(request, patch=True)
         apply = patcher(request.content_type.lower(), body)  # 400 for a malformed patch
         assert target.name is not None
+        self._precheck(request, "patch", target)
         obj = await self.registry.patch(
             target.kind,
             target.namespace,
@@ -238,6 +249,7 @@ class ResourceHandlers:
     async def _delete(self, request: web.Request, target: Target) -> web.StreamResponse:
         assert target.name is not None
         options = parse_delete_options(await read_body(request) if request.can_read_body else {})
+        self._precheck(request, "delete", target)
         if options.uid is not None:  # checked on a read just before the delete
             current = await self.registry.get(target.kind, target.namespace, target.name)
             if current["metadata"].get("uid") != options.uid:
