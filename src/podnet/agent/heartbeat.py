@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from datetime import UTC, datetime
 from typing import Any
 
 from podnet.client import ClientError, has_reason
 from podnet.client.aio import AsyncApiClient
+from podnet.envsettings import seconds_from_env
 from podnet.model.kinds import LEASE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
@@ -29,12 +29,9 @@ RETRY_SECONDS = 1.0
 
 
 def lease_seconds_from_env() -> int:
-    """``$PODNET_NODE_LEASE_SECONDS`` if it is a positive integer, else 40."""
-    try:
-        value = int(os.environ.get(LEASE_ENV, ""))
-    except ValueError:
-        return DEFAULT_LEASE_SECONDS
-    return value if 0 < value < 86400 else DEFAULT_LEASE_SECONDS
+    """``$PODNET_NODE_LEASE_SECONDS`` if it is a positive whole number, else 40."""
+    value = seconds_from_env(LEASE_ENV, DEFAULT_LEASE_SECONDS)
+    return int(value) if value == int(value) else DEFAULT_LEASE_SECONDS
 
 
 def micro_time(when: datetime | None = None) -> str:

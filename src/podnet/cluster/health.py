@@ -10,7 +10,6 @@ agent's reconcile note (``podnet.io/reconcile``) says is wrong, e.g. a policy le
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Any
 from podnet.agent.nodestatus import reconcile_problems
 from podnet.cluster.controlplane import REGISTRY_PREFIX, ControlPlane, alive
 from podnet.cluster.state import ClusterState
+from podnet.controllers.leader import holder_identity
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import health
 
@@ -87,12 +87,7 @@ async def _holder(endpoints: str, plane: ControlPlane) -> str | None:
         return None
     finally:
         await store.close()
-    if kv is None:
-        return None
-    try:
-        return str(json.loads(kv.value)["holder"])
-    except (ValueError, KeyError, TypeError):
-        return kv.value.decode(errors="replace")
+    return None if kv is None else holder_identity(kv.value)
 
 
 def reconcile_report(api: Any, names: Iterable[str]) -> dict[str, list[str]]:

@@ -38,6 +38,14 @@ async def _within(work: Awaitable[T], timeout: float) -> T:
         return await work
 
 
+def holder_identity(value: bytes) -> str:
+    """Who holds leadership, from the leader key's value (JSON ``holder``, else the text)."""
+    try:
+        return str(json.loads(value)["holder"])
+    except (ValueError, KeyError, TypeError):
+        return value.decode(errors="replace")
+
+
 class LeaderElector(Protocol):
     """What the controller manager needs from an election."""
 
@@ -101,12 +109,7 @@ class EtcdLeaderElector:
     async def holder(self) -> str | None:
         """The identity of the current leader, if any."""
         kv = await self.store.get(self.key)
-        if kv is None:
-            return None
-        try:
-            return str(json.loads(kv.value)["holder"])
-        except (ValueError, KeyError, TypeError):
-            return kv.value.decode(errors="replace")
+        return None if kv is None else holder_identity(kv.value)
 
     async def acquire(self) -> None:
         """Block until this process holds the key; then keep its lease alive."""

@@ -16,7 +16,6 @@ sets the grace for the master; tests use a short one.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,6 +26,7 @@ from podnet.client.watch import DELETED
 from podnet.controllers.base import SYNCED, Controller, Watch
 from podnet.controllers.calls import ControllerApi, guaranteed_update
 from podnet.controllers.objects import record_node_event
+from podnet.envsettings import seconds_from_env
 from podnet.model.kinds import LEASE, NODE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
@@ -43,11 +43,7 @@ Transition = tuple[str, str, str]  # status, reason, message
 
 def grace_from_env() -> float:
     """The grace period: ``$PODNET_NODE_MONITOR_GRACE`` if it is a positive number, else 40."""
-    try:
-        value = float(os.environ.get(GRACE_ENV, ""))
-    except ValueError:
-        return DEFAULT_GRACE
-    return value if 0 < value < 86400 else DEFAULT_GRACE
+    return seconds_from_env(GRACE_ENV, DEFAULT_GRACE)
 
 
 def ready_condition(node: Obj) -> Obj | None:
