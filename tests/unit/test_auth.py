@@ -163,6 +163,27 @@ def test_reload_sees_tokens_added_by_add_token(tmp_path: Path) -> None:
     assert tokens.authenticate(f"Bearer {admin}") == ADMIN
 
 
+def test_token_removed_from_the_file_stops_working(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.csv"
+    _write(path, "gone,admin,1,system:masters\nkept,system:node:n1,2,system:nodes\n")
+    tokens = TokenFile(path)
+    assert tokens.authenticate("Bearer gone") == ADMIN
+    _write(path, "kept,system:node:n1,2,system:nodes\n")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    revoked = threading.Event()
+    for _ in range(20 * 60):  # the file is re-checked within RECHECK_SECONDS; bound: a minute
+        try:
+            tokens.authenticate("Bearer gone")
+        except ApiError as err:
+            assert err.code == 401
+            revoked.set()
+            break
+        revoked.wait(auth.RECHECK_SECONDS / 20)
+    assert revoked.is_set()
+    assert tokens.authenticate("Bearer kept") == N1
+
+
 def test_broken_reload_keeps_previous_tokens(tmp_path: Path) -> None:
     path = tmp_path / "tokens.csv"
     _write(path, "good,admin,1,system:masters\n")

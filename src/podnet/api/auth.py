@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# A known token skips the token file's ``os.stat`` for this long, so a token removed from
+# the file stops working within about this many seconds. Unknown tokens always re-check.
+RECHECK_SECONDS = 1.0
+
 # --------------------------------------------------------------------------- tokens
 
 
@@ -127,8 +132,11 @@ def _stat_key(path: Path) -> _StatKey:
 class TokenFile:
     """Bearer tokens in kube's --token-auth-file CSV format: token,user,uid,"group1,group2".
 
-    The file is re-read whenever its mtime, size or inode changes (one ``os.stat`` per
-    request), so tokens added for new nodes work without restarting the master. A missing
+    The file is re-read whenever its mtime, size or inode changes, so tokens added for new
+    nodes work without restarting the master. The file is stat'ed at most once per
+    ``RECHECK_SECONDS`` while requests present known tokens (a removed token stops working
+    within that time), and again whenever a token is not found (a token just added works
+    at once). A missing
     file means no tokens; an unreadable or malformed file on reload keeps the last good
     table (and logs why), but fails loudly when the file is first loaded.
     """
@@ -137,6 +145,7 @@ class TokenFile:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._key: _StatKey = _stat_key(self.path)
+        self._next_check = time.monotonic() + RECHECK_SECONDS
         self._entries = self._read()
 
     def _read(self) -> dict[bytes, _Entry]:
@@ -147,7 +156,11 @@ class TokenFile:
         # confirmed with a constant-time compare.
         return {_digest(t.encode()): _Entry(t.encode(), u) for t, u in table.items()}
 
-    def _refresh(self) -> None:
+    def _refresh(self, force: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_check:
+            return
+        self._next_check = now + RECHECK_SECONDS
         key = _stat_key(self.path)
         if key == self._key:
             return
@@ -168,10 +181,13 @@ class TokenFile:
 
     def authenticate(self, authorization_header: str | None) -> User:
         """The user for an ``Authorization: Bearer <token>`` header; 401 otherwise."""
-        token = _bearer_token(authorization_header)
-        self._refresh()
-        presented = token.encode()
-        entry = self._entries.get(_digest(presented))
+        presented = _bearer_token(authorization_header).encode()
+        digest = _digest(presented)
+        self._refresh(force=False)
+        entry = self._entries.get(digest)
+        if entry is None:
+            self._refresh()  # perhaps added since the last check
+            entry = self._entries.get(digest)
         expected = entry.token if entry is not None else b""
         if not hmac.compare_digest(presented, expected) or entry is None:
             raise unauthorized()
