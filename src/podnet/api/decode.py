@@ -75,40 +75,57 @@ def loads_yaml(raw: bytes | str) -> Any:
     return value
 
 
+# Where a value sits in the body, built only when an error names it: (parent, key or index).
+_Where = tuple["_Where", str | int] | None
+
+
+def _path(where: _Where) -> str:
+    """``spec.rules[0].ports`` for a node's position; ``body`` for the top level."""
+    parts: list[str | int] = []
+    while where is not None:
+        where, step = where
+        parts.append(step)
+    path = ""
+    for step in reversed(parts):
+        index = isinstance(step, int)
+        path = f"{path}[{step}]" if index else f"{path}.{step}" if path else str(step)
+    return path or "body"
+
+
 def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
     """Refuse anything but plain, finite JSON values nested at most ``max_depth`` deep.
 
     Iterative on purpose: this runs before any recursive code touches the value.
     """
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    stack: list[tuple[Any, int, _Where]] = [(value, 1, None)]
     while stack:
-        item, depth, path = stack.pop()
+        item, depth, where = stack.pop()
         if isinstance(item, dict | list) and depth > max_depth:
             raise _too_deep()
         if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):
-                    raise errors.bad_request(f"{path or 'body'}: object keys must be strings")
-                _check_text(key, path)
-                stack.append((child, depth + 1, f"{path}.{key}" if path else key))
+                    raise errors.bad_request(f"{_path(where)}: object keys must be strings")
+                _check_text(key, where)
+                stack.append((child, depth + 1, (where, key)))
         elif isinstance(item, list):
-            stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+            stack.extend((child, depth + 1, (where, i)) for i, child in enumerate(item))
         elif isinstance(item, float) and not math.isfinite(item):
-            raise errors.bad_request(f"{path or 'body'}: NaN and infinite numbers are not JSON")
+            raise errors.bad_request(f"{_path(where)}: NaN and infinite numbers are not JSON")
         elif isinstance(item, str):
-            _check_text(item, path)
+            _check_text(item, where)
         elif not isinstance(item, int | float | bool) and item is not None:
-            raise errors.bad_request(f"{path or 'body'}: {type(item).__name__} is not a JSON type")
+            raise errors.bad_request(f"{_path(where)}: {type(item).__name__} is not a JSON type")
 
 
-def _check_text(text: str, path: str) -> None:
+def _check_text(text: str, where: _Where) -> None:
     """Lone UTF-16 surrogates (``"\\ud800"``) have no UTF-8 form: refuse them early."""
     if text.isascii():
         return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise errors.bad_request(f"{path or 'body'}: invalid Unicode text ({exc.reason})") from exc
+        raise errors.bad_request(f"{_path(where)}: invalid Unicode text ({exc.reason})") from exc
 
 
 def _too_deep() -> errors.ApiError:
