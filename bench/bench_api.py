@@ -1,6 +1,7 @@
 """Master benchmarks: API throughput vs raw etcd, watch fan-out, and RSS when loaded.
 
 Run: .venv/bin/python bench/bench_api.py [--runs 3] [--pods 30000]
+Throughput only (same-run ratios): --watchers 0 --pods 0
 
 Everything runs on loopback: a private etcd and a real `podnet master` child process.
 Baseline (same run): raw etcd puts/gets through the same asyncio etcd client, so the ratio
@@ -187,7 +188,8 @@ async def benchmarks(etcd: EtcdProcess, tmp: Path, args: argparse.Namespace) -> 
                 **api,
             }.items():
                 results.setdefault(key, []).append(value)
-            fanout.append(await watch_fanout(master, args.watchers, args.writes))
+            if args.watchers:
+                fanout.append(await watch_fanout(master, args.watchers, args.writes))
         finally:
             master.stop()
     print(f"== throughput (median of {args.runs} runs, {CONCURRENCY} in flight)")
@@ -196,6 +198,8 @@ async def benchmarks(etcd: EtcdProcess, tmp: Path, args: argparse.Namespace) -> 
     create = statistics.median(results["create/s"]) / statistics.median(results["raw etcd put/s"])
     get = statistics.median(results["get/s"]) / statistics.median(results["raw etcd get/s"])
     print(f"  ratio API create / raw etcd put: {create:.2f}   API get / raw etcd get: {get:.2f}")
+    if not fanout or not args.pods:
+        return  # --watchers 0 / --pods 0: throughput only
     p50 = statistics.median(percentile(f, 50) for f in fanout)
     p99 = statistics.median(percentile(f, 99) for f in fanout)
     print(f"== watch fan-out: {args.watchers} watchers, {args.writes} writes per run")
