@@ -19,6 +19,7 @@ from podnet.api.registry import Registry
 from podnet.api.watchcache import WatchCache
 from podnet.client.backoff import Backoff
 from podnet.client.errors import ServerError
+from podnet.controllers import namespaces as namespaces_module
 from podnet.controllers.base import changes
 from podnet.controllers.cache import ObjectCache
 from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
@@ -43,6 +44,7 @@ from podnet.model.kinds import (
     NODE,
     POD,
     SERVICE,
+    Kind,
 )
 from podnet.store.base import Delete
 from podnet.store.memory import MemoryStore
@@ -449,6 +451,35 @@ async def test_objects_of_a_namespace_that_is_gone_entirely_are_removed(
         await eventually(lambda: _empty(registry, "ghost"))
         await controller.queue.wait_idle()
         assert len((await registry.list(POD, "alive"))[0]) == 1
+    finally:
+        await controller.stop()
+
+
+async def test_a_failed_orphan_sweep_is_retried_and_never_ends_the_controller(
+    registry: Registry, api: InProcessApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep whose cluster-wide pod list fails (it times out under load) is logged and
+    tried again; the controller stays up (a failed task would end the leader's term)."""
+    monkeypatch.setattr(namespaces_module, "SWEEP_RETRY_SECONDS", 0.01)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    await registry.create(NAMESPACE, {"metadata": {"name": "ghost"}})
+    await registry.create(POD, pod, "ghost")
+    await registry.store.commit([], [Delete(registry.key(NAMESPACE, None, "ghost"))])
+    failures = [TimeoutError("list pods timed out"), TimeoutError("again")]
+    real_list = api.list
+
+    async def flaky_list(kind: Kind, namespace: str | None = None) -> Any:
+        if kind is POD and namespace is None and failures:
+            raise failures.pop(0)
+        return await real_list(kind, namespace)
+
+    monkeypatch.setattr(api, "list", flaky_list)
+    controller = NamespaceCleanupController(api, resync_period=None)
+    await controller.start()
+    try:
+        await eventually(lambda: _empty(registry, "ghost"))
+        assert failures == []
+        assert all(not task.done() for task in controller._tasks)
     finally:
         await controller.stop()
 

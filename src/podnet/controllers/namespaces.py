@@ -37,6 +37,8 @@ from podnet.model.kinds import (
 
 Obj = dict[str, Any]
 WORKERS = 4
+SWEEP_RETRY_SECONDS = 10.0  # a failed orphan sweep (a list timing out under load) waits
+SWEEP_RETRY_MAX_SECONDS = 300.0  # this long, times its failures in a row, up to this
 
 # Deleted in this order: workloads first, then what describes them.
 NAMESPACED_KINDS: tuple[Kind, ...] = (
@@ -82,9 +84,23 @@ class NamespaceCleanupController(Controller):
     async def _sweep_orphans(self) -> None:
         """After the sync and every resync period (once without one): queue the namespaces
         that hold objects but no longer exist at all. It reads every object of every
-        cleaned-up kind, so it runs beside the work, not before the controller is ready."""
+        cleaned-up kind, so it runs beside the work, not before the controller is ready. A
+        failed sweep is logged and tried again later: it never ends the controller (and so
+        never costs the leader its term, as a failing task would)."""
+        failures = 0
         while True:
-            for name in await self._namespaces_in_use():
+            try:
+                in_use = await self._namespaces_in_use()
+            except Exception as exc:  # a sweep is best effort: never fatal
+                failures += 1
+                delay = min(SWEEP_RETRY_SECONDS * failures, SWEEP_RETRY_MAX_SECONDS)
+                self.log.warning(
+                    "orphan sweep failed (%s); again in %.0f s", exc or type(exc).__name__, delay
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            for name in in_use:
                 if name not in self.namespaces:
                     self.queue.add(name)  # reconcile confirms with a fresh read
             if self.resync_period is None:
