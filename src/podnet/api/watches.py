@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import web
@@ -28,6 +29,8 @@ from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import BOOKMARK_EVERY, WatchCache, direct_events
 from podnet.model import errors
 from podnet.model.kinds import Kind
+
+log = logging.getLogger("podnet.api.watches")
 
 INITIAL_BATCH = 500  # initial ADDED events per write
 CLOSE_GRACE = 60.0  # seconds a dropped watcher gets to read its 410 before the abort
@@ -130,6 +133,11 @@ class WatchServer:
                 await response.write(error_line(exc) + b"\n")
         except (ConnectionError, asyncio.CancelledError):
             pass
+        except Exception as exc:  # the head is sent: say it in an ERROR event, never a 2nd answer
+            log.warning("watch of %s from etcd ended: %r", kind.plural, exc)
+            with contextlib.suppress(ConnectionError):
+                why = errors.gone(f"the watch ended ({type(exc).__name__}): list again")
+                await response.write(error_line(why) + b"\n")
         finally:
             self.metrics.watchers.labels(kind.plural).dec()
             with contextlib.suppress(Exception):
