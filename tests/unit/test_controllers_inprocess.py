@@ -3,7 +3,6 @@ namespace finalization, and watches from the watch cache (or 410 when too old)."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,24 +12,12 @@ from podnet.client.errors import AlreadyExists, Conflict, Expired, NotFound
 from podnet.client.watch import ADDED, DELETED, MODIFIED
 from podnet.controllers.inprocess import InProcessApi
 from podnet.model.kinds import NAMESPACE, NODE
-from podnet.store.memory import MemoryStore
 
 Obj = dict[str, Any]
 
 
 def node(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-
-
-@pytest.fixture
-def registry() -> Registry:
-    return Registry(MemoryStore(), prefix="/t/")
-
-
-@pytest.fixture
-async def api(registry: Registry) -> AsyncIterator[InProcessApi]:
-    async with InProcessApi.standalone(registry) as in_process:
-        yield in_process
 
 
 async def test_errors_are_the_clients(api: InProcessApi) -> None:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from podnet.api.registry import Registry
 from podnet.client.errors import ServerError, Unreachable
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leaselock import LEASE_NAME, LEASE_NAMESPACE, ApiLeaseElector
 from podnet.model.kinds import LEASE, Kind
-from podnet.store.memory import MemoryStore
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -28,17 +25,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def registry() -> Registry:
-    return Registry(MemoryStore(), prefix="/t/")
-
-
-@pytest.fixture
-async def api(registry: Registry) -> AsyncIterator[InProcessApi]:
-    async with InProcessApi.standalone(registry) as in_process:
-        yield in_process
 
 
 async def until(check: Callable[[], bool]) -> None:

@@ -47,7 +47,6 @@ from podnet.model.kinds import (
     Kind,
 )
 from podnet.store.base import Delete
-from podnet.store.memory import MemoryStore
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -87,18 +86,6 @@ async def get_or_none(
         return await registry.get(kind, ns, name)
     except ApiError:
         return None
-
-
-@pytest.fixture
-def registry() -> Registry:
-    return Registry(MemoryStore(), prefix="/t/")
-
-
-@pytest.fixture
-async def api(registry: Registry) -> AsyncIterator[InProcessApi]:
-    """The in-process object API over ``registry`` and a running watch cache."""
-    async with InProcessApi.standalone(registry) as in_process:
-        yield in_process
 
 
 async def start_hostsubnets(
