@@ -37,6 +37,27 @@ class CachedObject:
         return obj
 
 
+class KeyedView(Sequence[tuple[str, CachedObject]]):
+    """``(key, object)`` pairs over a run of sorted keys, made only when read: a page of a
+    large kind costs its ``limit``, not every object of the kind. It reads the cache as it
+    is when read: take what you need from it before the next ``await``."""
+
+    __slots__ = ("_items", "_keys")
+
+    def __init__(self, keys: Sequence[str], items: dict[str, CachedObject]) -> None:
+        self._keys = keys
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return KeyedView(self._keys[index], self._items)
+        key = self._keys[index]
+        return key, self._items[key]
+
+
 class KindObjects:
     """The current objects of one kind, by key relative to the kind (``ns/name``)."""
 

@@ -26,6 +26,7 @@ means here:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -112,11 +113,12 @@ async def cache_can_serve(registry: Registry, cache: WatchCache, params: QueryPa
     return await cache.wait_for(wanted or current, wait)
 
 
-def page_of(keyed: list[tuple[str, T]], revision: int, params: QueryParams) -> Page[T]:
-    """The page of ``keyed`` (in key order) that ``limit`` and ``continue`` select."""
+def page_of(keyed: Sequence[tuple[str, T]], revision: int, params: QueryParams) -> Page[T]:
+    """The page of ``keyed`` (in key order) that ``limit`` and ``continue`` select; reads
+    only the page's items and O(log n) keys of a lazy ``keyed`` (a ``KeyedView``)."""
     token = params.continue_token
     if token is not None:
-        start = bisect.bisect_right([key for key, _ in keyed], token.start_after)
+        start = bisect.bisect_right(keyed, token.start_after, key=_first)
         keyed = keyed[start:]
         revision = token.revision
     if not params.limit or len(keyed) <= params.limit:
@@ -124,6 +126,10 @@ def page_of(keyed: list[tuple[str, T]], revision: int, params: QueryParams) -> P
     page = keyed[: params.limit]
     next_token = ContinueToken(revision, page[-1][0]).encode()
     return Page([item for _, item in page], revision, next_token, len(keyed) - params.limit)
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
 
 
 def paginate(

@@ -23,7 +23,13 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from podnet.api import storedform
-from podnet.api.cachedobjects import CachedEvent, CachedObject, KindObjects, WatchFilter
+from podnet.api.cachedobjects import (
+    CachedEvent,
+    CachedObject,
+    KeyedView,
+    KindObjects,
+    WatchFilter,
+)
 from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher
 from podnet.api.registry import Obj, Registry
 from podnet.model import errors
@@ -239,7 +245,7 @@ class WatchCache:
         namespace: str | None = None,
         labels: LabelSelector | None = None,
         fields: Sequence[FieldRequirement] = (),
-    ) -> tuple[list[tuple[str, CachedObject]], int]:
+    ) -> tuple[Sequence[tuple[str, CachedObject]], int]:
         """(key, object) of ``kind`` in key order that match, and the cache's revision.
 
         No etcd read: the revision may trail etcd's by the watch's delay (``wait_for``
@@ -253,10 +259,10 @@ class WatchCache:
             first = namespace + "/"
             keys = keys[bisect.bisect_left(keys, first) : bisect.bisect_left(keys, first + "\xff")]
         items = kind_objects.items
-        selected = [(key, items[key]) for key in keys]
-        if labels is not None or fields:
-            wf = WatchFilter(kind, namespace, labels, fields)
-            selected = [(key, obj) for key, obj in selected if wf.selects(obj.probe)]
+        if labels is None and not fields:
+            return KeyedView(keys, items), self._latest_revision
+        wf = WatchFilter(kind, namespace, labels, fields)
+        selected = [(key, items[key]) for key in keys if wf.selects(items[key].probe)]
         return selected, self._latest_revision
 
     def everything(self, kind: Kind) -> tuple[bytes, int, int]:

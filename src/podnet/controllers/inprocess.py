@@ -72,7 +72,8 @@ class InProcessApi:
         if not await self.cache.wait_for(current, CONSISTENT_WAIT):
             items, revision = await _translated(self.registry.list(kind, namespace))
             return Listing(items, revision)
-        selected, revision = self.cache.objects(kind, namespace)
+        view, revision = self.cache.objects(kind, namespace)
+        selected = list(view)  # the cache changes across the awaits below: take it now
         items = []
         for start in range(0, len(selected), DECODE_BATCH):
             items.extend(cached.obj for _, cached in selected[start : start + DECODE_BATCH])
