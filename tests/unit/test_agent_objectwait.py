@@ -19,10 +19,7 @@ from podnet.agent import cniplugin
 from podnet.agent.agent import NodeAgent
 from podnet.agent.config import AgentConfig, hostsubnet_problem
 from podnet.agent.objectwait import ObjectWait, wait_for_object
-from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
-from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
-from podnet.api.server import ApiServer
 from podnet.client.aio import AsyncApiClient
 from podnet.client.errors import StatusError
 from podnet.client.objectapi import Listing
@@ -30,7 +27,7 @@ from podnet.client.watch import ResourceVersion, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.kubeconfig import ClientConfig
 from podnet.model.kinds import CLUSTER_NETWORK, EVENT, HOST_SUBNET, NAMESPACE, Kind
-from podnet.store.memory import MemoryStore
+from podnet.testing.api import node_api_server
 
 Obj = dict[str, Any]
 NODE = "node-a"
@@ -119,20 +116,13 @@ class Api:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    registry = Registry(MemoryStore(), prefix="/t/")
-    tokens = tmp_path / "tokens.csv"
-    ensure_admin_token(tokens)
-    node_token = ensure_node_token(tokens, NODE)
-    pki = ensure_pki(tmp_path / "pki", ["127.0.0.1"])
-    server = ApiServer(registry, TokenFile(tokens))
-    await server.start("127.0.0.1", 0, pki.server_ssl_context())
-    api = Api(registry, ClientConfig(server.address, pki.ca_pem(), node_token))
-    try:
-        yield api
-    finally:
-        for client in api.clients:
-            await client.close()
-        await server.stop()
+    async with node_api_server(tmp_path, NODE) as (registry, _, config):
+        api = Api(registry, config)
+        try:
+            yield api
+        finally:
+            for client in api.clients:
+                await client.close()
 
 
 def own_hostsubnet(obj: Obj | None) -> str | None:

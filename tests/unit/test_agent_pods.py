@@ -20,8 +20,6 @@ from podnet.agent.config import AgentConfig
 from podnet.agent.podcleanup import plan_gc, plan_restart_cleanup
 from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
-from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
-from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
 from podnet.client.aio import AsyncApiClient
@@ -38,7 +36,7 @@ from podnet.ipam.hostlocal import HostLocalStore
 from podnet.kubeconfig import ClientConfig
 from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NAMESPACE, NODE, POD
-from podnet.store.memory import MemoryStore
+from podnet.testing.api import node_api_server
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -309,19 +307,10 @@ CLUSTER_NETWORK_OBJ = {
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    registry = Registry(MemoryStore(), prefix="/t/")
-    tokens = tmp_path / "tokens.csv"
-    ensure_admin_token(tokens)
-    node_token = ensure_node_token(tokens, NODE_NAME)
-    pki = ensure_pki(tmp_path / "pki", ["127.0.0.1"])
-    server = ApiServer(registry, TokenFile(tokens))
-    await server.start("127.0.0.1", 0, pki.server_ssl_context())
-    await registry.create(NAMESPACE, {"metadata": {"name": "default"}})
-    await registry.create(CLUSTER_NETWORK, json.loads(json.dumps(CLUSTER_NETWORK_OBJ)))
-    try:
-        yield Api(registry, server, ClientConfig(server.address, pki.ca_pem(), node_token))
-    finally:
-        await server.stop()
+    async with node_api_server(tmp_path, NODE_NAME) as (registry, server, config):
+        await registry.create(NAMESPACE, {"metadata": {"name": "default"}})
+        await registry.create(CLUSTER_NETWORK, json.loads(json.dumps(CLUSTER_NETWORK_OBJ)))
+        yield Api(registry, server, config)
 
 
 async def test_status_writer_creates_the_pod_then_clears_its_ip(api: Api) -> None:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
 import yaml
+
+from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
+from podnet.api.pki import ensure_pki
+from podnet.api.registry import Registry
+from podnet.api.server import ApiServer
+from podnet.kubeconfig import ClientConfig
+from podnet.store.memory import MemoryStore
 
 
 def kubeconfig_parts(path: Path) -> tuple[str, bytes, str]:
@@ -101,3 +110,22 @@ def aiohttp_session_for(kubeconfig: Path, limit: int = 32) -> aiohttp.ClientSess
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
     )
+
+
+@contextlib.asynccontextmanager
+async def node_api_server(
+    state_dir: Path, node_name: str
+) -> AsyncIterator[tuple[Registry, ApiServer, ClientConfig]]:
+    """A real API server (TLS, tokens, authorizer) over an in-memory store on 127.0.0.1,
+    and the client configuration of ``node_name``'s own token; stopped on exit."""
+    registry = Registry(MemoryStore(), prefix="/t/")
+    tokens = state_dir / "tokens.csv"
+    ensure_admin_token(tokens)
+    node_token = ensure_node_token(tokens, node_name)
+    pki = ensure_pki(state_dir / "pki", ["127.0.0.1"])
+    server = ApiServer(registry, TokenFile(tokens))
+    await server.start("127.0.0.1", 0, pki.server_ssl_context())
+    try:
+        yield registry, server, ClientConfig(server.address, pki.ca_pem(), node_token)
+    finally:
+        await server.stop()
