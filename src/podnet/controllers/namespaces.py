@@ -25,6 +25,7 @@ from podnet.controllers.calls import (
 )
 from podnet.model.kinds import (
     EGRESS_NETWORK_POLICY,
+    ENDPOINT_SLICE,
     ENDPOINTS,
     EVENT,
     LEASE,
@@ -45,6 +46,7 @@ NAMESPACED_KINDS: tuple[Kind, ...] = (
     POD,
     SERVICE,
     ENDPOINTS,
+    ENDPOINT_SLICE,
     NETWORK_POLICY,
     EGRESS_NETWORK_POLICY,
     LEASE,

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from podnet.model.endpointcells import endpoints_cell, slice_endpoints_cell, slice_ports_cell
+
 Obj = Mapping[str, Any]
 
 
@@ -113,15 +115,6 @@ def _ports(obj: Obj) -> str:
     return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports)
 
 
-def _endpoints(obj: Obj) -> str:
-    out = []
-    for subset in obj.get("subsets") or []:
-        for addr in subset.get("addresses") or []:
-            for port in subset.get("ports") or [{}]:
-                out.append(f"{addr.get('ip')}:{port.get('port', '')}".rstrip(":"))
-    return ",".join(out[:3]) + (" + more..." if len(out) > 3 else "")
-
-
 def _pod_selector(obj: Obj) -> str:
     sel = _meta("spec", "podSelector", "matchLabels")(obj) or {}
     return ",".join(f"{k}={v}" for k, v in sorted(sel.items())) or "<none>"
@@ -181,7 +174,7 @@ SERVICE = Kind(
     subresources=("status",),
 )
 ENDPOINTS = Kind(
-    "", "v1", "Endpoints", "endpoints", True, ("ep",), (NAME, Column("ENDPOINTS", _endpoints))
+    "", "v1", "Endpoints", "endpoints", True, ("ep",), (NAME, Column("ENDPOINTS", endpoints_cell))
 )
 EVENT = Kind(
     "",
@@ -280,6 +273,20 @@ LEASE = Kind(
         Column("RENEWED", _meta("spec", "renewTime"), wide_only=True),
     ),
 )
+ENDPOINT_SLICE = Kind(
+    "discovery.k8s.io",
+    "v1",
+    "EndpointSlice",
+    "endpointslices",
+    True,
+    (),
+    (
+        NAME,
+        Column("ADDRESSTYPE", _meta("addressType")),
+        Column("PORTS", slice_ports_cell),
+        Column("ENDPOINTS", slice_endpoints_cell),
+    ),
+)
 
 ALL_KINDS: tuple[Kind, ...] = (
     NAMESPACE,
@@ -294,6 +301,7 @@ ALL_KINDS: tuple[Kind, ...] = (
     EGRESS_NETWORK_POLICY,
     NETWORK_POLICY,
     LEASE,
+    ENDPOINT_SLICE,
 )
 
 

@@ -22,6 +22,7 @@ from podnet.model.schemas_common import (
     fail,
     reject,
 )
+from podnet.model.schemas_endpoints import EndpointsBody
 from podnet.model.schemas_names import dns1035_label_problem, dns_label_problem, quote
 from podnet.model.schemas_types import (
     Cidr,
@@ -197,40 +198,7 @@ class NamespaceBody(Strict):
     status: NamespaceStatus | None = None
 
 
-# --- Endpoints ---------------------------------------------------------------------------
-
-
-class ObjectReference(Open):
-    apiVersion: str | None = None
-    kind: str | None = None
-    namespace: str | None = None
-    name: str | None = None
-    uid: str | None = None
-    resourceVersion: str | None = None
-    fieldPath: str | None = None
-
-
-class EndpointAddress(Open):
-    ip: IPAddress
-    hostname: str | None = None
-    nodeName: str | None = None
-    targetRef: ObjectReference | None = None
-
-
-class EndpointPort(Open):
-    name: str | None = None
-    port: PortNumber
-    protocol: Protocol = "TCP"
-
-
-class EndpointSubset(Open):
-    addresses: list[EndpointAddress] | None = None
-    notReadyAddresses: list[EndpointAddress] | None = None
-    ports: list[EndpointPort] | None = None
-
-
-class EndpointsBody(Strict):
-    subsets: list[EndpointSubset] | None = None
+# --- Endpoints: podnet.model.schemas_endpoints ------------------------------------------
 
 
 # --- Event -------------------------------------------------------------------------------

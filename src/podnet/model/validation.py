@@ -21,6 +21,7 @@ from podnet.model.schemas_common import INVALID, TYPE_INVALID, Schema, field_err
 from podnet.model.schemas_coordination import SCHEMAS as COORDINATION_SCHEMAS
 from podnet.model.schemas_core import SCHEMAS as CORE_SCHEMAS
 from podnet.model.schemas_core import EventBody
+from podnet.model.schemas_discovery import SCHEMAS as DISCOVERY_SCHEMAS
 from podnet.model.schemas_meta import validate_metadata
 from podnet.model.schemas_names import quote
 from podnet.model.schemas_network import SCHEMAS as NETWORK_SCHEMAS
@@ -34,6 +35,7 @@ _SCHEMAS: dict[str, Schema] = {
     **NETWORK_SCHEMAS,
     **POLICY_SCHEMAS,
     **COORDINATION_SCHEMAS,
+    **DISCOVERY_SCHEMAS,
 }
 # Kinds without a schema of their own are checked like Events: metadata only.
 _OPEN_SCHEMA = Schema(EventBody)
