@@ -14,7 +14,9 @@ what the kernel (or a correct agent) would never allow:
 - a policy ``RuleSet`` a backend could not render as it stands: an unknown plugin,
   endpoints unsorted or sharing an IP, policies or a VNID map outside their mode, policies
   unsorted or sharing a key, a rule whose targets are not its policy's, isolation sets
-  that are not the union of the isolating policies' targets.
+  that are not the union of the isolating policies' targets;
+- a ``ServiceTable`` with ports unsorted or sharing a key, two ports on one address,
+  protocol and port (or node port), or a cluster IP outside the service network.
 
 What the fake refuses as the kernel refuses input, it refuses permanently
 (``DataPlaneRejected``); ``refuse`` names remote nodes and policies (``namespace/name``,
@@ -53,6 +55,7 @@ from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS
 
 if TYPE_CHECKING:
     from podnet.policy.model import RuleSet
+    from podnet.services.model import ServiceTable
 
 MTU_RANGE = range(576, 9001)
 UNDERLAY_MTU = 1500
@@ -79,6 +82,7 @@ class FakeDataPlane:
         self.history: list[str] = []  # calls of earlier processes, from the state file
         self.remote_changes: list[str] = []  # "add x", "update x", "remove x"
         self.policy_changes = 0  # sync_policy calls that brought a new rule set
+        self.service_changes = 0  # sync_services calls that brought a new table
         self.underlay_mtu = underlay_mtu
         self.state_file = state_file
         self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
@@ -175,6 +179,22 @@ class FakeDataPlane:
             self.state.policy, self.state.policy_fingerprint = rules, fingerprint
             self.policy_changes += 1
         self._save()
+
+    async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
+        """Validate ``table`` (``services.model.table_problems``), then hold it; services
+        named in ``refuse`` are refused as a rendering nft rejects."""
+        from podnet.services.model import table_problems
+
+        self._record("sync_services")
+        self._fail("sync_services")
+        self._require_setup()
+        if table is not self.state.services:
+            problems = table_problems(table, node.service_network)
+            if problems:
+                raise DataPlaneRejected("service table refused: " + "; ".join(problems))
+            self._refuse(table.services())
+            self.state.services = table
+            self.service_changes += 1
 
     async def close(self) -> None:
         """Nothing to release; remembered for tests."""

@@ -15,6 +15,7 @@ from podnet.dataplane.interface import PodAttachment, RemoteNode
 
 if TYPE_CHECKING:
     from podnet.policy.model import RuleSet
+    from podnet.services.model import ServiceTable
 
 
 @dataclass
@@ -29,6 +30,7 @@ class FakeState:
     pod_routes: dict[tuple[str, str], tuple[IPv4Network, ...]] = field(default_factory=dict)
     policy: RuleSet | None = None
     policy_fingerprint: str = ""
+    services: ServiceTable | None = None  # in memory only
 
 
 def load_state(data: dict[str, Any]) -> FakeState:

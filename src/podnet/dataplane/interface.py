@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from podnet.policy.model import RuleSet
+    from podnet.services.model import ServiceTable
 
 Tunnel = Literal["vxlan", "host-gw"]
 """How traffic reaches other nodes' subnets: VXLAN encapsulation, or plain routes via
@@ -164,6 +165,12 @@ class DataPlane(Protocol):
         """Make the isolation and policy rules of this node equal ``rules`` (the compiled
         cluster-wide ``RuleSet``): add what is missing, remove what is stale, in one
         atomic change. Subnet mode, or an empty rule set, leaves no policy rule at all."""
+
+    async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
+        """Make the service proxy of this node forward exactly ``table`` (cluster IPs,
+        node ports, external IPs to their endpoints): one atomic change of only what
+        differs, none when nothing does, so established connections survive a resync or
+        an agent restart. An empty table leaves no service rule at all."""
 
     async def close(self) -> None:
         """Release netlink sockets and helper threads."""

@@ -41,6 +41,7 @@ from podnet.dataplane.linux.pods import PodSockets
 from podnet.dataplane.linux.policy import PolicyTableSync
 from podnet.dataplane.linux.policytable import PolicyRenderer
 from podnet.dataplane.linux.rtnl import LinkDeletion
+from podnet.dataplane.linux.services import ServiceTableSync
 from podnet.dataplane.linux.workers import (
     KeyedLocks,
     NamespaceWorker,
@@ -48,6 +49,7 @@ from podnet.dataplane.linux.workers import (
     namespace_id,
 )
 from podnet.policy.model import RuleSet
+from podnet.services.model import ServiceTable
 
 T = TypeVar("T")
 CALL_TIMEOUT = 10.0
@@ -75,6 +77,7 @@ class LinuxDataPlane:
         self._known: dict[str, PodPort] = {}  # host veth -> its anti-spoofing entry
         self._renderer: PolicyRenderer | None = None  # used on the node thread only
         self._policy = PolicyTableSync()
+        self.services = ServiceTableSync()
         self.timings: dict[str, float] = {}  # last duration of each operation, ms
         self._closed = False
 
@@ -159,6 +162,13 @@ class LinuxDataPlane:
             return self._policy.sync(self._renderer.render(rules))
 
         await self._call("sync_policy", sync, timeout=SETUP_TIMEOUT)
+
+    async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
+        """Render ``table`` and apply the difference in one nft transaction (none when
+        nothing differs); flush UDP conntrack entries of removed endpoints."""
+        await self._call(
+            "sync_services", lambda: self.services.sync(node, table), timeout=SETUP_TIMEOUT
+        )
 
     async def close(self) -> None:
         """Close the sockets and stop the worker threads (later calls fail)."""

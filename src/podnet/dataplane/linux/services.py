@@ -1,0 +1,105 @@
+"""Applies the rendered service table (``servicetable``) to the kernel, and flushes UDP
+conntrack entries of endpoints that went away.
+
+Runs on the backend's node thread (``nft`` and the conntrack socket inherit the thread's
+namespace). The table last applied is kept, so a change is one ``nft -f`` transaction
+with only the difference, and no transaction at all when nothing differs. At start, or
+after a failed transaction, the table is read back from the kernel first, so a restarted
+agent that finds the table right changes nothing, and established connections through
+it are not disturbed.
+
+UDP has no connection to end: a client that keeps sending to a cluster IP keeps its
+conntrack entry, which still points to the endpoint chosen first. When a UDP endpoint
+leaves the table, the entries DNATed to it are deleted, so the client's next datagram
+picks a live endpoint (kube-proxy does the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterable
+
+from podnet.dataplane.interface import DataPlaneError, NodeNetwork
+from podnet.dataplane.linux import nftables
+from podnet.dataplane.linux.servicescript import parse_listing, transaction
+from podnet.dataplane.linux.servicetable import (
+    TABLE_KEY,
+    ServiceNft,
+    ServiceRenderer,
+    udp_endpoints,
+)
+from podnet.services.model import ServiceTable
+
+log = logging.getLogger(__name__)
+IPS_DST_NAT = 0x20  # conntrack status bit: the original destination was rewritten
+
+
+class ServiceTableSync:
+    """Keeps ``table ip podnet_services`` equal to the last ``ServiceTable`` given."""
+
+    def __init__(self) -> None:
+        self._renderer: ServiceRenderer | None = None
+        self._known = False  # whether _have reflects the kernel
+        self._have: ServiceNft | None = None
+        self._udp: frozenset[tuple[str, int]] | None = None  # UDP endpoints last applied
+        self.transactions = 0  # nft transactions run (a no-op sync runs none)
+
+    def sync(self, node: NodeNetwork, table: ServiceTable) -> bool:
+        """Make the kernel's table equal ``table``; True when something changed."""
+        if self._renderer is None or self._renderer.node != node:
+            self._renderer = ServiceRenderer(node)
+        want = self._renderer.render(table)
+        if not self._known:
+            self._have = read_table()
+            self._known = True
+        script = transaction(self._have, want)
+        udp = udp_endpoints(table)
+        if script:
+            try:
+                nftables.run(script)
+            except DataPlaneError:
+                self._known = False
+                raise
+            self.transactions += 1
+            self._have = want if want.chains else None
+        if self._udp is not None and self._udp - udp:
+            flush_udp_conntrack(self._udp - udp)
+        self._udp = udp
+        return bool(script)
+
+    def forget(self) -> None:
+        """Read the kernel again before the next change."""
+        self._known = False
+
+
+def read_table() -> ServiceNft | None:
+    """The service table in the kernel (None when absent)."""
+    text = nftables.list_table(TABLE_KEY)
+    return None if text is None else parse_listing(text)
+
+
+def flush_udp_conntrack(gone: Iterable[tuple[str, int]]) -> int:
+    """Delete the DNATed UDP conntrack entries whose reply comes from an endpoint in
+    ``gone`` (address, port); returns how many. A failure is logged, not raised: the
+    entries then expire on their own (30 s unreplied, 120 s for a stream)."""
+    from pyroute2 import Conntrack  # imported here: the netlink families load lazily
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    targets = set(gone)
+    deleted = 0
+    try:
+        with Conntrack() as ct:
+            wanted = NFCTAttrTuple(proto=socket.IPPROTO_UDP)
+            for entry in list(ct.dump_entries(tuple_orig=wanted)):
+                reply = entry.tuple_reply
+                if not (entry.status or 0) & IPS_DST_NAT:
+                    continue
+                if (reply.saddr, reply.sport) in targets:
+                    ct.delete(entry)
+                    deleted += 1
+    except (OSError, ValueError) as exc:  # pyroute2 raises NetlinkError (an OSError)
+        log.warning("flushing UDP conntrack entries of removed endpoints failed: %s", exc)
+    if deleted:
+        log.info("flushed %d UDP conntrack entries of removed endpoints", deleted)
+    return deleted

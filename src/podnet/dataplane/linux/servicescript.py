@@ -1,0 +1,155 @@
+"""The one ``nft -f`` transaction between two service tables, and reading the table back
+from ``nft list table ip podnet_services`` (pure; ``servicetable`` says what it holds).
+
+A change touches only what differs: map and set elements are added and deleted, a chain
+whose rules changed is flushed and refilled, new chains and sets are added and stale ones
+deleted. Chains and sets never change definition under the same name (an affinity
+set's timeout is part of its port; the base chains' hooks are fixed), so a definition
+that differs replaces the whole table, which only a new podnet version would cause.
+"""
+
+from __future__ import annotations
+
+import re
+
+from podnet.dataplane.linux.policytable import Chain
+from podnet.dataplane.linux.servicetable import TABLE_KEY, NftSet, ServiceNft
+
+_DURATION = re.compile(r"(\d+)([dhms])")
+_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def transaction(have: ServiceNft | None, want: ServiceNft) -> str:
+    """The script taking the kernel's table from ``have`` (None: absent) to ``want``;
+    empty when they are equal."""
+    table = f"table {TABLE_KEY}"
+    if not want.chains:
+        return f"delete {table}\n" if have is not None else ""
+    if have is not None and _definitions_differ(have, want):
+        return f"delete {table}\n" + transaction(None, want)
+    old = have or ServiceNft()
+    lines = [f"add {table}"] if have is None else []
+    lines += [_add_chain(c) for name, c in want.chains.items() if name not in old.chains]
+    lines += [_add_set(s) for name, s in sorted(want.sets.items()) if name not in old.sets]
+    lines += _element_changes(old, want, deleting=True)
+    for name, chain in want.chains.items():
+        before = old.chains.get(name)
+        if before is not None and before.rules == chain.rules:
+            continue
+        if before is not None:
+            lines.append(f"flush chain {TABLE_KEY} {name}")
+        lines += [f"add rule {TABLE_KEY} {name} {rule}" for rule in chain.rules]
+    lines += _element_changes(old, want, deleting=False)
+    stale = sorted(name for name in old.chains if name not in want.chains)
+    lines += [f"flush chain {TABLE_KEY} {name}" for name in stale]
+    lines += [
+        f"delete {s.kind} {TABLE_KEY} {name}"
+        for name, s in sorted(old.sets.items())
+        if name not in want.sets
+    ]
+    lines += [f"delete chain {TABLE_KEY} {name}" for name in stale]
+    return "".join(line + "\n" for line in lines)
+
+
+def _element_changes(old: ServiceNft, want: ServiceNft, *, deleting: bool) -> list[str]:
+    """Deletions (before chains change: an element may name a chain about to go) or
+    additions (after: an element may name a chain just made) of managed elements."""
+    lines = []
+    for name, wanted in sorted(want.sets.items()):
+        before = old.sets.get(name)
+        if wanted.elements is None:
+            continue
+        have = (before.elements or frozenset()) if before is not None else frozenset()
+        if before is None and not deleting:
+            continue  # added with the set, elements included
+        change = sorted(have - wanted.elements) if deleting else sorted(wanted.elements - have)
+        if change:
+            verb = "delete" if deleting else "add"
+            lines.append(f"{verb} element {TABLE_KEY} {name} {{ {', '.join(change)} }}")
+    return lines
+
+
+def _add_set(s: NftSet) -> str:
+    body = s.definition()
+    if s.elements:
+        body = body[:-1] + f"elements = {{ {', '.join(sorted(s.elements))} }}; }}"
+    return f"add {s.kind} {TABLE_KEY} {s.name} {body}"
+
+
+def _add_chain(chain: Chain) -> str:
+    if chain.hook is None:
+        return f"add chain {TABLE_KEY} {chain.name}"
+    return f"add chain {TABLE_KEY} {chain.name} {{ {chain.hook} }}"
+
+
+def _definitions_differ(have: ServiceNft, want: ServiceNft) -> bool:
+    chains = any(
+        name in have.chains and have.chains[name].hook != chain.hook
+        for name, chain in want.chains.items()
+    )
+    return chains or any(
+        name in have.sets and _definition(have.sets[name]) != _definition(s)
+        for name, s in want.sets.items()
+    )
+
+
+def _definition(s: NftSet) -> tuple[str, str, int | None]:
+    return s.type, s.flags, s.timeout
+
+
+# --- reading back ---------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> int:
+    """``3h`` / ``1m30s`` / ``10800s`` -> seconds."""
+    return sum(int(n) * _UNIT[u] for n, u in _DURATION.findall(text))
+
+
+def parse_listing(text: str) -> ServiceNft | None:
+    """The table from ``nft list table ip podnet_services`` (None when it is empty)."""
+    sets: dict[str, NftSet] = {}
+    chains: dict[str, Chain] = {}
+    kind, name, attrs, rules, elements = "", "", {}, [], ""  # type: ignore[var-annotated]
+    collecting = False
+    for raw in text.splitlines():
+        line = " ".join(raw.split())
+        if collecting:
+            elements += " " + line
+            collecting = "}" not in line
+            continue
+        if not line or line.startswith("table "):
+            continue
+        if line.startswith(("set ", "map ", "chain ")) and line.endswith("{"):
+            kind, name, attrs, rules, elements = line.split()[0], line.split()[1], {}, [], ""
+            continue
+        if line == "}":
+            if kind in ("set", "map"):
+                sets[name] = _listed_set(name, attrs, elements)
+            elif kind == "chain":
+                chains[name] = Chain(name, attrs.get("hook"), tuple(rules))
+            kind = ""
+            continue
+        if kind in ("set", "map"):
+            key, _, value = line.partition(" ")
+            if key == "elements":
+                elements, collecting = line, "}" not in line
+            else:
+                attrs[key] = value
+        elif kind == "chain":
+            if line.startswith("type ") and " hook " in line:
+                attrs["hook"] = line
+            else:
+                rules.append(line)
+    return ServiceNft(sets, chains) if (sets or chains) else None
+
+
+def _listed_set(name: str, attrs: dict[str, str], elements: str) -> NftSet:
+    flags = attrs.get("flags", "")
+    timeout = parse_duration(attrs["timeout"]) if "timeout" in attrs else None
+    if "dynamic" in flags:
+        return NftSet(name, attrs.get("type", ""), flags, timeout, None)
+    found: frozenset[str] = frozenset()
+    if elements:
+        inner = elements.split("{", 1)[1].rsplit("}", 1)[0]
+        found = frozenset(" ".join(e.split()) for e in inner.split(",") if e.strip())
+    return NftSet(name, attrs.get("type", ""), flags, timeout, found)

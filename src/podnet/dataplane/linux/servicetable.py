@@ -1,0 +1,277 @@
+"""The service proxy as one nftables table, rendered from a ``ServiceTable`` (pure).
+
+``table ip podnet_services``, modelled on kube-proxy's nftables mode:
+
+- ``services`` (from the nat hooks ``prerouting`` and ``output``, priority dstnat) does one
+  lookup in the verdict map ``service_ips``, keyed by ``ip daddr . meta l4proto . th
+  dport`` (cluster IPs and external IPs), and for addresses of this node (``fib daddr
+  type local``) one in ``node_ports``, keyed by protocol and port. Each element jumps to
+  the chain of one service port, so the per-packet cost does not grow with services.
+- ``svc/<ns>/<name>/<proto>/<port>`` (cluster IP) marks traffic from outside the cluster
+  network for masquerade, then DNATs to an endpoint chosen by ``numgen random`` with
+  equal weight (one ``dnat ... map`` rule). ``ext/...`` (node port, external IPs) does the
+  same under externalTrafficPolicy Cluster (always masqueraded: the reply must come back
+  through this node); under Local it keeps the source, uses local endpoints only and
+  drops when there are none (the node does not answer), except for this node's own pods,
+  which go the cluster-IP way.
+- Session affinity (ClientIP): one endpoint chain per endpoint that records the client
+  in a set with the service's timeout (``update @aff/...``) and DNATs; the service chain
+  first sends a client found in an endpoint's set to that endpoint.
+- A service port without endpoints is not DNATed: its cluster IP and node port are in
+  ``no_endpoint_ips`` / ``no_endpoint_node_ports``, which the filter hooks (input,
+  forward, output, just before the policy table) answer with a TCP reset or an ICMP
+  port unreachable. Nothing is black-holed.
+- ``postrouting`` masquerades what was marked, hairpin traffic (a pod reaching itself
+  through a service: source == endpoint, ``@hairpin``) and, when bridged traffic skips
+  netfilter (subnet mode: ``NodeNetwork.isolation`` off), DNATed traffic between two pods
+  of this node, whose reply would otherwise be bridged around conntrack.
+
+DNAT happens in prerouting and output, before the forward filter: the policy table
+(``inet podnet_policy``) and the tunnel guard see the chosen endpoint as the
+destination, so isolation and NetworkPolicy apply to a service as to its endpoints.
+A pod's packet to a service goes to its gateway (br0's address), so it is routed, not
+bridged, and passes these hooks in every mode.
+
+Everything is rendered in the form ``nft list table`` prints, so the table read back
+from the kernel compares equal to the rendered one (``servicescript``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+
+from podnet.dataplane.interface import NodeNetwork
+from podnet.dataplane.linux.nftrules import collapse
+from podnet.dataplane.linux.policytable import Chain
+from podnet.services.model import Endpoint, ServicePort, ServiceTable
+
+SERVICES_TABLE = "podnet_services"
+TABLE_KEY = f"ip {SERVICES_TABLE}"
+MASQUERADE_MARK = "0x00004000"
+SERVICE_IPS, NODE_PORTS = "service_ips", "node_ports"
+NO_ENDPOINT_IPS, NO_ENDPOINT_NODE_PORTS = "no_endpoint_ips", "no_endpoint_node_ports"
+CLUSTER_NETWORKS, HAIRPIN = "cluster_networks", "hairpin"
+ADDRESS_KEY = "ipv4_addr . inet_proto . inet_service"
+PORT_KEY = "inet_proto . inet_service"
+REJECT_CHAIN, CHECK_CHAIN, SERVICES_CHAIN = "reject_service", "endpoint_check", "services"
+NEW_ONLY = f"ct state new jump {CHECK_CHAIN}"
+MARK = f"meta mark set meta mark | {MASQUERADE_MARK}"
+
+
+@dataclass(frozen=True)
+class NftSet:
+    """A named set or map. ``elements`` None: filled by the packet path (affinity)."""
+
+    name: str
+    type: str
+    flags: str = ""
+    timeout: int | None = None
+    elements: frozenset[str] | None = frozenset()
+
+    @property
+    def kind(self) -> str:
+        return "map" if " : " in self.type else "set"
+
+    def definition(self) -> str:
+        """``{ type ...; flags ...; timeout ...; }`` without the elements."""
+        parts = [f"type {self.type};"]
+        if self.flags:
+            parts.append(f"flags {self.flags};")
+        if self.timeout is not None:
+            parts.append(f"timeout {duration(self.timeout)};")
+        return "{ " + " ".join(parts) + " }"
+
+
+@dataclass(frozen=True)
+class ServiceNft:
+    """The whole table: sets and maps (with their elements) and chains."""
+
+    sets: Mapping[str, NftSet] = field(default_factory=dict)
+    chains: Mapping[str, Chain] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PortParts:
+    """What one service port adds to the table."""
+
+    chains: tuple[Chain, ...] = ()
+    sets: tuple[NftSet, ...] = ()
+    elements: tuple[tuple[str, str], ...] = ()  # (set name, element)
+
+
+def duration(seconds: int) -> str:
+    """A timeout as nft prints it: ``3h``, ``1m30s``, ``1d2h``."""
+    parts, left = [], seconds
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"
+
+
+class ServiceRenderer:
+    """Renders tables for one node, reusing each unchanged port's parts."""
+
+    def __init__(self, node: NodeNetwork) -> None:
+        self.node = node
+        self._parts: dict[ServicePort, PortParts] = {}
+
+    def render(self, table: ServiceTable) -> ServiceNft:
+        """The nftables table for ``table`` (empty value: no table at all)."""
+        if not table.ports:
+            return ServiceNft()
+        parts = {p: self._parts.get(p) or port_parts(p, self.node.subnet) for p in table.ports}
+        self._parts = parts
+        elements: dict[str, set[str]] = {}
+        chains = dict(fixed_chains(self.node))
+        sets: dict[str, NftSet] = {}
+        for part in parts.values():
+            chains.update((c.name, c) for c in part.chains)
+            sets.update((s.name, s) for s in part.sets)
+            for name, element in part.elements:
+                elements.setdefault(name, set()).add(element)
+        for fixed in fixed_sets(self.node, elements):
+            sets[fixed.name] = fixed
+        return ServiceNft(sets, chains)
+
+
+def fixed_sets(node: NodeNetwork, elements: Mapping[str, set[str]]) -> list[NftSet]:
+    """The table's own sets and maps, holding the elements the ports gave."""
+    cluster = frozenset(str(n) for n in collapse(node.cluster_networks))
+
+    def of(name: str) -> frozenset[str]:
+        return frozenset(elements.get(name, ()))
+
+    return [
+        NftSet(CLUSTER_NETWORKS, "ipv4_addr", "interval", elements=cluster),
+        NftSet(HAIRPIN, "ipv4_addr . ipv4_addr", elements=of(HAIRPIN)),
+        NftSet(SERVICE_IPS, f"{ADDRESS_KEY} : verdict", elements=of(SERVICE_IPS)),
+        NftSet(NODE_PORTS, f"{PORT_KEY} : verdict", elements=of(NODE_PORTS)),
+        NftSet(NO_ENDPOINT_IPS, f"{ADDRESS_KEY} : verdict", elements=of(NO_ENDPOINT_IPS)),
+        NftSet(
+            NO_ENDPOINT_NODE_PORTS, f"{PORT_KEY} : verdict", elements=of(NO_ENDPOINT_NODE_PORTS)
+        ),
+    ]
+
+
+def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
+    """Base chains and the shared regular chains."""
+    nat = "type nat hook {} priority {}; policy accept;"
+    filt = "type filter hook {} priority filter - 1; policy accept;"
+    local = f"ip saddr {node.subnet} ip daddr {node.subnet} ct status dnat masquerade"
+    postrouting = [
+        f"meta mark & {MASQUERADE_MARK} == {MASQUERADE_MARK} masquerade",
+        f"ct status dnat ip saddr . ip daddr @{HAIRPIN} masquerade",
+        *([] if node.isolation else [local]),
+    ]
+    chains = [
+        Chain("prerouting", nat.format("prerouting", "dstnat"), (f"jump {SERVICES_CHAIN}",)),
+        Chain("output", nat.format("output", "-100"), (f"jump {SERVICES_CHAIN}",)),
+        Chain("postrouting", nat.format("postrouting", "srcnat"), tuple(postrouting)),
+        Chain("filter_input", filt.format("input"), (NEW_ONLY,)),
+        Chain("filter_forward", filt.format("forward"), (NEW_ONLY,)),
+        Chain("filter_output", filt.format("output"), (NEW_ONLY,)),
+        Chain(
+            SERVICES_CHAIN,
+            None,
+            (
+                f"ip daddr . meta l4proto . th dport vmap @{SERVICE_IPS}",
+                f"fib daddr type local meta l4proto . th dport vmap @{NODE_PORTS}",
+            ),
+        ),
+        Chain(
+            CHECK_CHAIN,
+            None,
+            (
+                f"ip daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_IPS}",
+                f"fib daddr type local meta l4proto . th dport vmap @{NO_ENDPOINT_NODE_PORTS}",
+            ),
+        ),
+        Chain(REJECT_CHAIN, None, ("reject with tcp reset", "reject")),
+    ]
+    return [(c.name, c) for c in chains]
+
+
+# --- one service port ------------------------------------------------------------------------
+
+
+def port_parts(port: ServicePort, subnet: IPv4Network) -> PortParts:
+    """The chains, sets and map elements of one service port."""
+    chains: list[Chain] = []
+    sets: list[NftSet] = []
+    elements: list[tuple[str, str]] = [
+        (HAIRPIN, f"{e.ip} . {e.ip}") for e in port.endpoints if e.local
+    ]
+    svc = f"svc/{port.key}"
+    internal = port.internal_endpoints()
+    if port.cluster_ip is not None:
+        entry = f"{port.cluster_ip} . {port.protocol} . {port.port}"
+        if internal:
+            rules, more_chains, more_sets = choose(port, internal, "svc")
+            mark_outside = f"ip saddr != @{CLUSTER_NETWORKS} {MARK}"
+            chains += [Chain(svc, None, (mark_outside, *rules)), *more_chains]
+            sets += more_sets
+            elements.append((SERVICE_IPS, f"{entry} : goto {svc}"))
+        else:
+            elements.append((NO_ENDPOINT_IPS, f"{entry} : goto {REJECT_CHAIN}"))
+    entries = [(SERVICE_IPS, f"{ip} . {port.protocol} . {port.port}") for ip in port.external_ips]
+    if port.node_port is not None:
+        entries.append((NODE_PORTS, f"{port.protocol} . {port.node_port}"))
+    if not entries:
+        return PortParts(tuple(chains), tuple(sets), tuple(elements))
+    if not port.endpoints:
+        refused = {SERVICE_IPS: NO_ENDPOINT_IPS, NODE_PORTS: NO_ENDPOINT_NODE_PORTS}
+        elements += [(refused[m], f"{e} : goto {REJECT_CHAIN}") for m, e in entries]
+        return PortParts(tuple(chains), tuple(sets), tuple(elements))
+    ext = f"ext/{port.key}"
+    external = port.external_endpoints()
+    if port.external_local:
+        own_pods = (f"ip saddr {subnet} goto {svc}",) if internal else ()
+        rules, more_chains, more_sets = (
+            choose(port, external, "ext") if external else (["drop"], [], [])
+        )
+        rules = [*own_pods, *rules]
+    else:
+        rules, more_chains, more_sets = choose(port, external, "ext")
+        rules = [MARK, *rules]
+    chains += [Chain(ext, None, tuple(rules)), *more_chains]
+    sets += more_sets
+    elements += [(m, f"{e} : goto {ext}") for m, e in entries]
+    return PortParts(tuple(chains), tuple(sets), tuple(elements))
+
+
+def choose(
+    port: ServicePort, endpoints: Iterable[Endpoint], group: str
+) -> tuple[list[str], list[Chain], list[NftSet]]:
+    """Rules that DNAT to one of ``endpoints`` at random (affinity first, if any)."""
+    chosen = sorted(endpoints)
+    proto = port.protocol
+    if port.affinity_seconds is None:
+        if len(chosen) == 1:
+            return [f"meta l4proto {proto} dnat to {chosen[0].ip}:{chosen[0].port}"], [], []
+        targets = ", ".join(f"{i} : {e.ip} . {e.port}" for i, e in enumerate(chosen))
+        pick = f"numgen random mod {len(chosen)} map {{ {targets} }}"
+        return [f"meta l4proto {proto} dnat ip to {pick}"], [], []
+    rules, chains, sets = [], [], []
+    for e in chosen:
+        name = f"{group}/{port.key}/{e.ip}-{e.port}"
+        chain, aff = f"ep/{name}", f"aff/{name}"
+        sets.append(NftSet(aff, "ipv4_addr", "dynamic,timeout", port.affinity_seconds, None))
+        dnat = f"meta l4proto {proto} dnat to {e.ip}:{e.port}"
+        chains.append(Chain(chain, None, (f"update @{aff} {{ ip saddr }}", dnat)))
+        rules.append(f"ip saddr @{aff} goto {chain}")
+    if len(chains) == 1:
+        rules.append(f"goto {chains[0].name}")
+    else:
+        targets = ", ".join(f"{i} : goto {c.name}" for i, c in enumerate(chains))
+        rules.append(f"numgen random mod {len(chains)} vmap {{ {targets} }}")
+    return rules, chains, sets
+
+
+def udp_endpoints(table: ServiceTable) -> frozenset[tuple[str, int]]:
+    """Every UDP endpoint (address, port) in ``table``: the conntrack flush compares them."""
+    return frozenset(
+        (str(e.ip), e.port) for p in table.ports if p.protocol == "udp" for e in p.endpoints
+    )

@@ -1,0 +1,2 @@
+"""Services as the node's data plane needs them: ``model`` (the backend-neutral desired
+state, ``ServiceTable``) and ``compile`` (Services and EndpointSlices -> that state)."""

@@ -1,0 +1,228 @@
+"""Services and EndpointSlices -> ``ServiceTable`` for one node (pure).
+
+``ServiceCompiler`` holds the cluster's Services and EndpointSlices (``discovery.k8s.io/v1``,
+tied to their service by the label ``kubernetes.io/service-name``) and recompiles only the
+services whose objects changed: at 5,000 services an endpoint change costs one service's
+compile, not the cluster's.
+
+What counts, as kube-proxy reads it:
+
+- a port gets an entry for its cluster IP (not for a headless service, nor an
+  ExternalName one), its ``nodePort`` (types NodePort and LoadBalancer) and each of its
+  ``externalIPs``;
+- endpoints come from the slices' ports of the same name and protocol; an endpoint is
+  used when ``conditions.ready`` is not false (absent means ready), with its first
+  address; ``nodeName`` equal to this node's makes it local; one address and port is
+  used once however many slices list it;
+- ``sessionAffinity: ClientIP`` with ``sessionAffinityConfig.clientIP.timeoutSeconds``
+  (3 hours by default); ``externalTrafficPolicy`` and ``internalTrafficPolicy`` ``Local``.
+
+Malformed parts (an address that is not IPv4, a port out of range) are skipped, the rest
+of the object is used: the API validates what it stores, so this is only a guard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from ipaddress import IPv4Address
+from typing import Any
+
+from podnet.services.model import (
+    DEFAULT_AFFINITY_SECONDS,
+    PROTOCOLS,
+    Endpoint,
+    ServicePort,
+    ServiceTable,
+)
+
+Obj = Mapping[str, Any]
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+WITH_NODE_PORTS = ("NodePort", "LoadBalancer")
+
+
+def object_key(obj: Obj) -> str:
+    """``namespace/name`` of an object."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def slice_service(endpoint_slice: Obj) -> str | None:
+    """``namespace/service`` that an EndpointSlice belongs to (None without the label)."""
+    meta = endpoint_slice.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+    return f"{meta.get('namespace') or ''}/{name}" if name else None
+
+
+class ServiceCompiler:
+    """The cluster's services and slices, compiled for node ``node_name``."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._services: dict[str, Obj] = {}
+        self._slices: dict[str, Obj] = {}  # slice key -> slice
+        self._slices_of: dict[str, set[str]] = {}  # service key -> slice keys
+        self._compiled: dict[str, tuple[ServicePort, ...]] = {}
+        self._dirty: set[str] = set()
+        self._table: ServiceTable | None = None
+
+    def replace_services(self, services: Iterable[Obj]) -> None:
+        """A full listing of Services."""
+        old = set(self._services)
+        self._services = {object_key(s): s for s in services}
+        self._dirty |= old | set(self._services)
+
+    def replace_slices(self, slices: Iterable[Obj]) -> None:
+        """A full listing of EndpointSlices."""
+        for key in list(self._slices):
+            self.remove_slice(self._slices[key])
+        for endpoint_slice in slices:
+            self.put_slice(endpoint_slice)
+
+    def put_service(self, service: Obj) -> None:
+        key = object_key(service)
+        self._services[key] = service
+        self._dirty.add(key)
+
+    def remove_service(self, service: Obj) -> None:
+        key = object_key(service)
+        self._services.pop(key, None)
+        self._dirty.add(key)
+
+    def put_slice(self, endpoint_slice: Obj) -> None:
+        key = object_key(endpoint_slice)
+        self.remove_slice(endpoint_slice)
+        owner = slice_service(endpoint_slice)
+        if owner is None:
+            return
+        self._slices[key] = endpoint_slice
+        self._slices_of.setdefault(owner, set()).add(key)
+        self._dirty.add(owner)
+
+    def remove_slice(self, endpoint_slice: Obj) -> None:
+        key = object_key(endpoint_slice)
+        old = self._slices.pop(key, None)
+        owner = slice_service(old) if old is not None else None
+        if owner is None:
+            return
+        keys = self._slices_of.get(owner, set())
+        keys.discard(key)
+        if not keys:
+            self._slices_of.pop(owner, None)
+        self._dirty.add(owner)
+
+    def table(self) -> ServiceTable:
+        """The node's table; the same object as last time when nothing changed."""
+        if self._table is not None and not self._dirty:
+            return self._table
+        for key in self._dirty:
+            service = self._services.get(key)
+            slices = [self._slices[k] for k in sorted(self._slices_of.get(key, ()))]
+            ports = service_ports(service, slices, self.node_name) if service else ()
+            if ports:
+                self._compiled[key] = ports
+            else:
+                self._compiled.pop(key, None)
+        self._dirty.clear()
+        every = [p for key in sorted(self._compiled) for p in self._compiled[key]]
+        self._table = ServiceTable(tuple(sorted(every, key=lambda p: p.key)))
+        return self._table
+
+
+def compile_services(
+    services: Iterable[Obj], slices: Iterable[Obj], node_name: str
+) -> ServiceTable:
+    """The table for ``node_name`` from full listings (what ``ServiceCompiler`` keeps)."""
+    compiler = ServiceCompiler(node_name)
+    compiler.replace_services(services)
+    compiler.replace_slices(slices)
+    return compiler.table()
+
+
+def service_ports(service: Obj, slices: list[Obj], node_name: str) -> tuple[ServicePort, ...]:
+    """One service's ports with their endpoints (none for ExternalName)."""
+    meta, spec = service.get("metadata") or {}, service.get("spec") or {}
+    if spec.get("type") == "ExternalName":
+        return ()
+    cluster_ip = _ipv4(spec.get("clusterIP"))
+    node_ports = spec.get("type") in WITH_NODE_PORTS
+    external_ips = tuple(sorted({ip for ip in map(_ipv4, spec.get("externalIPs") or ()) if ip}))
+    found = []
+    for port in spec.get("ports") or ():
+        protocol = str(port.get("protocol") or "TCP").lower()
+        number = _port(port.get("port"))
+        if protocol not in PROTOCOLS or number is None:
+            continue
+        name = str(port.get("name") or "")
+        found.append(
+            ServicePort(
+                namespace=str(meta.get("namespace") or ""),
+                name=str(meta.get("name") or ""),
+                port_name=name,
+                protocol=protocol,
+                port=number,
+                cluster_ip=cluster_ip,
+                node_port=_port(port.get("nodePort")) if node_ports else None,
+                external_ips=external_ips,
+                endpoints=endpoints_for(slices, name, protocol, node_name),
+                affinity_seconds=affinity_seconds(spec),
+                external_local=spec.get("externalTrafficPolicy") == "Local",
+                internal_local=spec.get("internalTrafficPolicy") == "Local",
+            )
+        )
+    return tuple(p for p in found if p.cluster_ip or p.node_port or p.external_ips)
+
+
+def endpoints_for(
+    slices: list[Obj], port_name: str, protocol: str, node_name: str
+) -> tuple[Endpoint, ...]:
+    """The ready endpoints of the slices' port named ``port_name`` (and ``protocol``)."""
+    found: set[Endpoint] = set()
+    for endpoint_slice in slices:
+        if endpoint_slice.get("addressType", "IPv4") != "IPv4":
+            continue
+        number = _slice_port(endpoint_slice, port_name, protocol)
+        if number is None:
+            continue
+        for endpoint in endpoint_slice.get("endpoints") or ():
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            ip = _ipv4((endpoint.get("addresses") or [None])[0])
+            if ip is not None:
+                found.add(Endpoint(ip, number, endpoint.get("nodeName") == node_name))
+    return tuple(sorted(_one_per_address(found)))
+
+
+def affinity_seconds(spec: Obj) -> int | None:
+    """The ClientIP affinity timeout, or None without affinity."""
+    if spec.get("sessionAffinity") != "ClientIP":
+        return None
+    config = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
+    seconds = config.get("timeoutSeconds")
+    return seconds if isinstance(seconds, int) and seconds > 0 else DEFAULT_AFFINITY_SECONDS
+
+
+def _slice_port(endpoint_slice: Obj, port_name: str, protocol: str) -> int | None:
+    for port in endpoint_slice.get("ports") or ():
+        same_name = str(port.get("name") or "") == port_name
+        if same_name and str(port.get("protocol") or "TCP").lower() == protocol:
+            return _port(port.get("port"))
+    return None
+
+
+def _one_per_address(found: set[Endpoint]) -> set[Endpoint]:
+    """One entry per address and port (local wins when two slices disagree)."""
+    best: dict[tuple[IPv4Address, int], Endpoint] = {}
+    for endpoint in sorted(found):
+        best[(endpoint.ip, endpoint.port)] = endpoint
+    return set(best.values())
+
+
+def _ipv4(value: object) -> IPv4Address | None:
+    try:
+        return IPv4Address(str(value)) if value not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _port(value: object) -> int | None:
+    return value if type(value) is int and 0 < value < 65536 else None
