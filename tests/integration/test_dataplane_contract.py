@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from podnet.dataplane import registry
-from podnet.dataplane.interface import TUNNELS, DataPlaneStatus, RemoteNode
+from podnet.dataplane.interface import TUNNELS, DataPlaneRejected, DataPlaneStatus, RemoteNode
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
 from podnet.policy.model import RuleSet
+from podnet.services.model import Endpoint, ServicePort, ServiceTable
 from podnet.testing.dataplanes import Harness, PodView, harness_class, opened
 
 Obj = dict[str, object]
@@ -216,6 +217,55 @@ async def test_sync_policy_applies_empty_and_full_rule_sets_idempotently(dp: Har
         await dp.plane.sync_policy(node, rules)
         assert await dp.snapshot() == before, rules.plugin
     assert ok(await dp.plane.check_node(node))
+
+
+# --- services -----------------------------------------------------------------------------
+
+
+def service_table(dp: Harness, *names: str, ip_of: dict[str, int] | None = None) -> ServiceTable:
+    """One TCP port per name, on cluster IP .10, .11... of the service network (or the
+    host given in ``ip_of``), each with one local endpoint."""
+    network, subnet = dp.network().service_network, dp.network().subnet
+    ports = []
+    for k, name in enumerate(names):
+        host = (ip_of or {}).get(name, 10 + k)
+        endpoint = Endpoint(subnet.network_address + 10 + k, 8080, local=True)
+        ports.append(
+            ServicePort(
+                "x", name, "", "tcp", 80, network.network_address + host, endpoints=(endpoint,)
+            )
+        )
+    return ServiceTable(tuple(ports))
+
+
+async def test_sync_services_is_idempotent_and_survives_a_restart(dp: Harness) -> None:
+    await ready(dp)
+    node = dp.network()
+    for table in (service_table(dp, "a", "b"), service_table(dp, "a", "c")):
+        await dp.plane.sync_services(node, table)
+        assert await dp.services_in_force()
+        before = await dp.snapshot()
+        await dp.plane.sync_services(node, table)
+        assert await dp.snapshot() == before
+    restarted = await dp.open()  # as the agent starts: check, set up (a no-op), sync
+    assert ok(await restarted.check_node(node))
+    await restarted.setup_node(node)
+    await restarted.sync_services(node, table)
+    assert await dp.snapshot() == before
+    await restarted.sync_services(node, ServiceTable())
+    assert not await dp.services_in_force()
+    assert ok(await restarted.check_node(node))
+
+
+async def test_sync_services_refuses_two_services_on_one_address(dp: Harness) -> None:
+    await ready(dp)
+    node = dp.network()
+    await dp.plane.sync_services(node, service_table(dp, "a"))
+    before = await dp.snapshot()
+    clash = service_table(dp, "a", "b", ip_of={"a": 10, "b": 10})
+    with pytest.raises(DataPlaneRejected):
+        await dp.plane.sync_services(node, clash)
+    assert await dp.snapshot() == before
 
 
 # --- restart and teardown -------------------------------------------------------------------

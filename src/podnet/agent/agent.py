@@ -15,7 +15,8 @@ Start order (each step logs what it does):
 6. Serve CNI on the unix socket, renew the node's Lease (``heartbeat``, for ever from
    here on), then mark the Node ``Ready``.
 7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what
-   isolation and NetworkPolicy read (``policies.PolicySync``); resync periodically. The
+   isolation and NetworkPolicy read (``policies.PolicySync``) and, for the service
+   proxy, Services and EndpointSlices (``services.ServiceSync``); resync periodically. The
    remote-node and policy loops are ``podnet.reconcile`` loops: their last passes are
    published as the Node's annotation ``podnet.io/reconcile`` (``nodestatus``) and
    counted in ``/metrics`` (``--metrics-address``).
@@ -55,6 +56,7 @@ from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
+from podnet.agent.services import ServiceSync
 from podnet.client import Backoff, ClientError, has_reason, is_transient, with_retry
 from podnet.client.aio import AsyncApiClient
 from podnet.client.reflector import Reflectors
@@ -118,6 +120,7 @@ class NodeAgent:
         self.heartbeat = NodeHeartbeat(api, config.node_name)
         self.remote_sync: RemoteNodeSync | None = None
         self.policy_sync: PolicySync | None = None
+        self.service_sync: ServiceSync | None = None
         self.metrics = ReconcileMetrics()
         self.note = reconcile_note(api, config.node_name)  # the loops' last passes
         address = config.metrics_address
@@ -315,6 +318,11 @@ class NodeAgent:
         )
         for name, body in self.policy_sync.tasks():
             self._spawn(name, body)
+        self.service_sync = ServiceSync(
+            Reflectors(self.api), self.dataplane, node, resync, metrics=metrics, report=report
+        )
+        for name, body in self.service_sync.tasks():
+            self._spawn(name, body)
         watch = ClusterWatch(self.api, self.config, self.node_ip, node)
         self._spawn(
             "watch-hostsubnets", functools.partial(watch.watch_hostsubnets, self.remote_sync)
@@ -351,6 +359,8 @@ class NodeAgent:
                 if await self.ensure_dataplane(self.node, quiet=True):
                     self.remote_sync.poke()
                     self.policy_sync.poke()
+                    if self.service_sync is not None:
+                        self.service_sync.poke()
             except DataPlaneError as exc:
                 log.error("resync of the node set-up failed: %s", exc)
 

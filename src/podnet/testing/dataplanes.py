@@ -116,6 +116,10 @@ class Harness(ABC):
         """Whether any isolation or policy rule is in force."""
 
     @abstractmethod
+    async def services_in_force(self) -> bool:
+        """Whether any service is forwarded (or rejected for lack of endpoints)."""
+
+    @abstractmethod
     async def snapshot(self) -> Any:
         """Everything the node holds, down to identities (equal: nothing changed)."""
 
@@ -164,6 +168,9 @@ class FakeHarness(Harness):
         policy = self.fake.state.policy
         return policy is not None and policy.size().rules > 0
 
+    async def services_in_force(self) -> bool:
+        return bool(self.fake.state.services and self.fake.state.services.ports)
+
     async def snapshot(self) -> Any:
         state = self.fake.state
         return (
@@ -172,6 +179,7 @@ class FakeHarness(Harness):
             sorted(state.pods.items()),
             sorted(state.pod_routes.items()),
             state.policy_fingerprint,
+            state.services,
         )
 
     async def drift_node(self) -> None:
@@ -239,6 +247,10 @@ class LinuxHarness(Harness):
 
     async def policy_in_force(self) -> bool:
         return policy_table(self.ns) is not None
+
+    async def services_in_force(self) -> bool:
+        listed = netns.run(self.ns, ["nft", "list", "table", "ip", "podnet_services"], timeout=30)
+        return listed.returncode == 0
 
     async def snapshot(self) -> Any:
         return snapshot(self.ns)

@@ -1,0 +1,152 @@
+"""The service proxy: Services and EndpointSlices watched, compiled and applied.
+
+``ServiceSync`` watches, cluster-wide through the client's reflectors, Services (v1) and
+EndpointSlices (``discovery.k8s.io/v1``) and is a ``podnet.reconcile`` target, the same
+loop as isolation and policy (``agent.policies``): nothing is applied until both
+listings have arrived (a partial view would reject services whose slices it has not
+seen yet), a burst of changes is coalesced, the changes are applied to a
+``ServiceCompiler`` in a worker thread (only the services they touch are compiled again)
+and the resulting ``ServiceTable`` goes to ``DataPlane.sync_services``, which changes
+only what differs. A failed apply is retried with backoff; a periodic resync applies the
+same table again (a no-op in the kernel unless something drifted). A table the data
+plane refuses is bisected by service: the services at fault are left out, named in the
+log and the node's ``podnet.io/reconcile`` note, and the rest is forwarded.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from podnet.agent.policies import WatchSource
+from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
+from podnet.dataplane.interface import DataPlane, NodeNetwork
+from podnet.model.kinds import ENDPOINT_SLICE, SERVICE, Kind
+from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
+from podnet.services.compile import ServiceCompiler
+from podnet.services.model import ServiceTable
+
+log = logging.getLogger("podnet.agent.services")
+
+COALESCE_SECONDS = 0.01  # wait this long after a change for the rest of a burst
+KINDS: tuple[Kind, ...] = (SERVICE, ENDPOINT_SLICE)
+Change = tuple[str, str, Any]  # (kind plural, event type, object or listing)
+
+
+class ServiceSync:
+    """Keeps the data plane's service proxy equal to the compiled services."""
+
+    name = "services"
+
+    def __init__(
+        self,
+        api: WatchSource,
+        dataplane: DataPlane,
+        node: NodeNetwork,
+        resync_period: float,
+        coalesce: float = COALESCE_SECONDS,
+        metrics: ReconcileMetrics | None = None,
+        report: Callable[[ApplyRecord], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.dataplane = dataplane
+        self.node = node
+        self.compiler = ServiceCompiler(node.node_name)  # touched only by the compile thread
+        self.last_table: ServiceTable | None = None
+        self.applied = 0  # tables applied that differ from the one before
+        self.applied_at: float | None = None  # time.monotonic() of the last of them
+        self._pending: list[Change] = []
+        self.loop = ReconcileLoop(
+            self,
+            Pacing(resync_period, coalesce, compile_in_thread=True),
+            inputs=[kind.plural for kind in KINDS],
+            metrics=metrics,
+            report=report,
+        )
+        self.synced = self.loop.synced
+        self.ready = self.loop.ready
+        self.poke = self.loop.poke
+
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """(name, coroutine function) to run supervised: the loop, one watch per kind."""
+        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+            ("services-sync", self.loop.run)
+        ]
+        for kind in KINDS:
+            found.append((f"services-watch-{kind.plural}", functools.partial(self.watch, kind)))
+        return found
+
+    async def watch(self, kind: Kind) -> None:
+        """Queue one kind's events for the loop; the client relists on expiry."""
+        async for event in self.api.watch(kind):
+            self.queue(kind, event)
+
+    def queue(self, kind: Kind, event: WatchEvent) -> None:
+        """Queue one watch event of ``kind`` (bookmarks carry nothing to apply)."""
+        if event.type == BOOKMARK:
+            return
+        payload = event.items if event.type == LISTED else event.object
+        self._pending.append((kind.plural, event.type, payload))
+        if event.type == LISTED:
+            self.loop.listed(kind.plural)
+        else:
+            self.loop.changed()
+
+    # ---- the reconcile target ------------------------------------------------------------
+
+    def take(self) -> Callable[[], ServiceTable]:
+        """Take the queued changes; the step compiles them (in the loop's worker thread)."""
+        pending, self._pending = self._pending, []
+        return functools.partial(self._compile, pending)
+
+    async def apply(self, desired: ServiceTable) -> None:
+        """The whole table to the data plane, in one atomic change."""
+        await self.dataplane.sync_services(self.node, desired)
+
+    def keys(self, desired: ServiceTable) -> Sequence[str]:
+        """Services by ``namespace/name``, in key order."""
+        return desired.services()
+
+    def without(self, desired: ServiceTable, left_out: frozenset[str]) -> ServiceTable:
+        """``desired`` without the ports of the services in ``left_out``."""
+        return desired.without(left_out)
+
+    def describe(self, desired: ServiceTable) -> str:
+        """Sizes: service ports and endpoints."""
+        ports, endpoints = desired.size()
+        return f"{ports} service ports, {endpoints} endpoints"
+
+    async def after_apply(self, desired: ServiceTable, record: ApplyRecord) -> None:
+        """Log a table that differs from the last one applied."""
+        if desired is not self.last_table:
+            self.applied += 1
+            self.applied_at = time.monotonic()
+            log.info(
+                "services applied: %s; compiled in %.1f ms, applied in %.1f ms",
+                record.what,
+                record.compile_seconds * 1000,
+                (record.seconds - record.compile_seconds) * 1000,
+            )
+        self.last_table = desired
+
+    def _compile(self, changes: list[Change]) -> ServiceTable:
+        """Runs in a worker thread, one at a time: the compiler is not shared."""
+        compiler = self.compiler
+        for plural, verb, payload in changes:
+            if plural == SERVICE.plural:
+                if verb == LISTED:
+                    compiler.replace_services(payload)
+                elif verb == DELETED:
+                    compiler.remove_service(payload)
+                else:
+                    compiler.put_service(payload)
+            elif verb == LISTED:
+                compiler.replace_slices(payload)
+            elif verb == DELETED:
+                compiler.remove_slice(payload)
+            else:
+                compiler.put_slice(payload)
+        return compiler.table()
