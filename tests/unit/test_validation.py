@@ -209,8 +209,10 @@ def test_service_port_names_required_and_unique() -> None:
 
 
 def test_service_cluster_ip_forms() -> None:
+    ports = [{"port": 80}]
     for ip in ("None", "", "172.30.0.10"):
-        validate(K.SERVICE, {"metadata": {"name": "web"}, "spec": {"clusterIP": ip}})
+        spec = {"clusterIP": ip, "ports": ports}
+        validate(K.SERVICE, {"metadata": {"name": "web"}, "spec": spec})
     errs = errors_of(K.SERVICE, {"metadata": {"name": "web"}, "spec": {"clusterIP": "x"}})
     assert "spec.clusterIP" in errs
 
@@ -492,7 +494,7 @@ def test_valid_host_subnets_round_trip(obj: dict[str, Any]) -> None:
 
 def test_service_port_name_is_a_dns_label_as_in_kube() -> None:
     """kubectl create service clusterip x --tcp=80:8080 names its port "80-8080"."""
-    from podnet.model.schemas_core import ServicePort
+    from podnet.model.schemas_service import ServicePort
 
     assert ServicePort(name="80-8080", port=80).name == "80-8080"
     assert ServicePort(name="", port=80).name == ""

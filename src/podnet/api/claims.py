@@ -7,7 +7,10 @@ never both win. Claimed today:
 - HostSubnet ``subnet`` (the kind's ``unique_field``) and ``hostIP``: one subnet per
   host, one HostSubnet per host address;
 - Node ``InternalIP`` addresses (``status.addresses``): a node cannot register with
-  another node's address, which would make the master give one IP a second HostSubnet.
+  another node's address, which would make the master give one IP a second HostSubnet;
+- Service ``spec.clusterIP`` (not "None", the headless form) and each ``nodePort`` per
+  protocol (TCP 30080 and UDP 30080 are two claims, as in Kubernetes): the master
+  allocates them (``podnet.api.serviceallocator``) and a second holder is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from podnet.model import errors
-from podnet.model.kinds import HOST_SUBNET, NODE, Kind
+from podnet.model.kinds import HOST_SUBNET, NODE, SERVICE, Kind
+from podnet.model.schemas_common import DUPLICATE
 from podnet.store.base import Store
 
 
@@ -40,6 +44,34 @@ def _node_ips(obj: Mapping[str, Any]) -> list[str]:
     return sorted(set(out))
 
 
+CLUSTER_IP = "clusterIP/"  # claim path prefixes of a Service's values
+NODE_PORT = "nodePort/"
+
+
+def cluster_ip_path(ip: str) -> str:
+    return f"{CLUSTER_IP}{ip}"
+
+
+def node_port_path(protocol: str, port: int) -> str:
+    return f"{NODE_PORT}{protocol}/{port}"
+
+
+def _service_claims(obj: Mapping[str, Any]) -> list[Claim]:
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    out = []
+    ip = spec.get("clusterIP")
+    if ip and ip != "None":
+        out.append(Claim("spec.clusterIP", str(ip), cluster_ip_path(str(ip))))
+    for i, port in enumerate(spec.get("ports") or []):
+        if isinstance(port, Mapping) and port.get("nodePort"):
+            number, protocol = int(port["nodePort"]), str(port.get("protocol") or "TCP")
+            field = f"spec.ports[{i}].nodePort"
+            out.append(Claim(field, f"{number}/{protocol}", node_port_path(protocol, number)))
+    return out
+
+
 def claims(kind: Kind, obj: Mapping[str, Any]) -> list[Claim]:
     """Every unique value ``obj`` holds, as claims (possibly none)."""
     out: list[Claim] = []
@@ -52,6 +84,8 @@ def claims(kind: Kind, obj: Mapping[str, Any]) -> list[Claim]:
         out.append(Claim("hostIP", value, f"hostIP/{value}"))
     if _same(kind, NODE):
         out.extend(Claim("InternalIP", ip, f"InternalIP/{ip}") for ip in _node_ips(obj))
+    if _same(kind, SERVICE):
+        out.extend(_service_claims(obj))
     return out
 
 
@@ -59,20 +93,36 @@ def _same(kind: Kind, other: Kind) -> bool:
     return (kind.group, kind.plural) == (other.group, other.plural)
 
 
+async def taken_claims(
+    store: Store, key: str, wanted: Mapping[str, Claim]
+) -> dict[str, tuple[Claim, str]]:
+    """The claims of ``wanted`` (claim key -> claim) that another object holds, with the
+    holder's object key."""
+    out = {}
+    for claim_key, claim in wanted.items():
+        holder = await store.get(claim_key)
+        if holder is not None and holder.value != key.encode():
+            out[claim_key] = (claim, holder.value.decode())
+    return out
+
+
+def claim_error(kind: Kind, name: str, claim: Claim, holder_key: str) -> errors.ApiError:
+    """The answer to a write whose ``claim`` the object at ``holder_key`` holds."""
+    parts = holder_key.rsplit("/", 2)
+    owner = "/".join(parts[-2:]) if kind.namespaced else parts[-1]
+    if claim.field == kind.unique_field:
+        # The subnet claim's answer since the beginning (the allocator expects it).
+        message = f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
+        return errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
+    # As kube answers a taken unique value (a Service's clusterIP): 422, Duplicate.
+    why = f'Duplicate value: "{claim.value}": already used by {owner}'
+    return errors.invalid(kind.kind, name, [errors.FieldError(claim.field, why, DUPLICATE)])
+
+
 async def raise_if_claimed(
     store: Store, kind: Kind, key: str, name: str, wanted: Mapping[str, Claim]
 ) -> None:
     """Raise the error for the first of ``wanted`` (claim key -> claim) that another
     object holds; return when none is (the transaction failed for another reason)."""
-    for claim_key, claim in wanted.items():
-        holder = await store.get(claim_key)
-        if holder is None or holder.value == key.encode():
-            continue
-        owner = holder.value.decode().rsplit("/", 1)[-1]
-        message = f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
-        if claim.field == kind.unique_field:
-            # The subnet claim's answer since the beginning (the allocator expects it).
-            raise errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
-        # As kube answers a taken unique value (a Service's clusterIP): 422, Duplicate.
-        cause = errors.FieldError(claim.field, message, "FieldValueDuplicate")
-        raise errors.ApiError(message, 422, "Invalid", kind.kind, name, [cause])
+    for claim, holder_key in (await taken_claims(store, key, wanted)).values():
+        raise claim_error(kind, name, claim, holder_key)

@@ -2,8 +2,9 @@
 
 The registry turns keys and bytes into API objects: it sets uid, creationTimestamp,
 generation and resourceVersion (the etcd revision), enforces optimistic concurrency,
-keeps unique-field claims (HostSubnet subnets) in the same transaction as the object, and
-validates every write. The API server and the master's controllers both use it, so a
+keeps unique-value claims (HostSubnet subnets, Service cluster IPs and node ports) in the
+same transaction as the object, fills allocated values (``podnet.api.serviceallocator``),
+and validates every write. The API server and the master's controllers both use it, so a
 controller's write obeys exactly the rules a user's does.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from podnet.api import storedform
-from podnet.api.claims import Claim, claims, raise_if_claimed
+from podnet.api.claims import Claim, claim_error, claims, taken_claims
 from podnet.api.keyspace import DEFAULT_PREFIX, KeySpace
 from podnet.api.objects import (
     STALE,
@@ -26,8 +27,10 @@ from podnet.api.objects import (
     now_rfc3339,
     same_content,
 )
+from podnet.api.servicealloc import ServiceRanges
+from podnet.api.serviceallocator import ServiceAllocator
 from podnet.model import errors
-from podnet.model.kinds import NAMESPACE, Kind
+from podnet.model.kinds import NAMESPACE, SERVICE, Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import (
     Absent,
@@ -66,7 +69,11 @@ class Registry(KeySpace):
     """Typed CRUD on API objects, stored as JSON under one key prefix (``KeySpace``)."""
 
     def __init__(
-        self, store: Store, validate: Validate | None = None, prefix: str = DEFAULT_PREFIX
+        self,
+        store: Store,
+        validate: Validate | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        services: ServiceRanges | None = None,
     ) -> None:
         if validate is None:
             from podnet.model.validation import validate as default_validate
@@ -75,6 +82,10 @@ class Registry(KeySpace):
         super().__init__(prefix)
         self.store = store
         self._validate = validate
+        # Kinds whose objects get values chosen from a shared range before they are stored.
+        self._allocators = {
+            (SERVICE.group, SERVICE.plural): ServiceAllocator(self, services or ServiceRanges())
+        }
 
     # ---- decoding ---------------------------------------------------------------------
 
@@ -125,20 +136,7 @@ class Registry(KeySpace):
         key = self.key(kind, obj["metadata"].get("namespace"), name)
         if kind.namespaced:
             await self._require_namespace(obj["metadata"]["namespace"])
-        conditions: list[Condition] = [Absent(key)]
-        ops: list[Operation] = [Put(key, self.encode(obj))]
-        held = self._claims(kind, obj)
-        for claim_key in held:
-            conditions.append(Absent(claim_key))
-            ops.append(Put(claim_key, key.encode()))
-        revision = await self._commit(conditions, ops)
-        if revision is None:
-            if await self.store.get(key) is not None:
-                raise errors.already_exists(kind.plural, name)
-            await raise_if_claimed(self.store, kind, key, name, held)
-            raise errors.conflict(kind.plural, name, "a unique value was claimed meanwhile")
-        obj["metadata"]["resourceVersion"] = str(revision)
-        return obj
+        return await self._store_claiming(kind, key, obj, None, Absent(key))
 
     def _prepare_create(self, kind: Kind, obj: Obj, namespace: str | None) -> Obj:
         if not isinstance(obj, dict):
@@ -182,9 +180,41 @@ class Registry(KeySpace):
                 "because it is being terminated"
             )
 
-    def _claims(self, kind: Kind, obj: Obj) -> dict[str, Claim]:
+    def _claims(self, kind: Kind, obj: Obj | None) -> dict[str, Claim]:
         """Claim key -> claim, for every unique value ``obj`` holds."""
-        return {self.claim_key(kind, c): c for c in claims(kind, obj)}
+        return {self.claim_key(kind, c): c for c in claims(kind, obj)} if obj else {}
+
+    async def _store_claiming(
+        self, kind: Kind, key: str, obj: Obj, old: Obj | None, condition: Condition
+    ) -> Obj:
+        """Write ``obj`` (replacing ``old``), taking its new claims and releasing the ones
+        it dropped, in one transaction. A value the kind's allocator chose is chosen again
+        when another writer claimed it first; a value the caller asked for is refused."""
+        allocator = self._allocators.get((kind.group, kind.plural))
+        name = obj["metadata"]["name"]
+        old_claims = self._claims(kind, old)
+        for _ in range(MAX_UPDATE_RETRIES):
+            stored, chosen = await allocator.allocate(obj, old) if allocator else (obj, set())
+            new_claims = self._claims(kind, stored)
+            added = {k: c for k, c in new_claims.items() if k not in old_claims}
+            conditions: list[Condition] = [condition, *(Absent(k) for k in added)]
+            ops: list[Operation] = [Put(key, self.encode(stored))]
+            ops += [Put(k, key.encode()) for k in added]
+            ops += [Delete(k) for k in old_claims if k not in new_claims]
+            revision = await self._commit(conditions, ops)
+            if revision is not None:
+                stored["metadata"]["resourceVersion"] = str(revision)
+                return stored
+            if old is None and await self.store.get(key) is not None:
+                raise errors.already_exists(kind.plural, name)
+            taken = (await taken_claims(self.store, key, added)).values()
+            for claim, holder in taken:
+                if claim.path not in chosen:
+                    raise claim_error(kind, name, claim, holder)
+            if not taken:
+                why = STALE if old is not None else "a unique value was claimed meanwhile"
+                raise errors.conflict(kind.plural, name, why)
+        raise errors.conflict(kind.plural, name, "too many concurrent writers, try again")
 
     async def _commit(
         self, conditions: Sequence[Condition], ops: Sequence[Operation]
@@ -290,20 +320,8 @@ class Registry(KeySpace):
         key = self.key(kind, old["metadata"].get("namespace"), old["metadata"]["name"])
         if same_content(old, new):
             return old
-        conditions: list[Condition] = [ModRevisionIs(key, int(old["metadata"]["resourceVersion"]))]
-        ops: list[Operation] = [Put(key, self.encode(new))]
-        old_claims, new_claims = self._claims(kind, old), self._claims(kind, new)
-        added = {k: c for k, c in new_claims.items() if k not in old_claims}
-        for claim_key in added:
-            conditions.append(Absent(claim_key))
-            ops.append(Put(claim_key, key.encode()))
-        ops.extend(Delete(k) for k in old_claims if k not in new_claims)
-        revision = await self._commit(conditions, ops)
-        if revision is None:
-            await raise_if_claimed(self.store, kind, key, meta["name"], added)
-            raise errors.conflict(kind.plural, meta["name"], STALE)
-        meta["resourceVersion"] = str(revision)
-        return new
+        condition = ModRevisionIs(key, int(old["metadata"]["resourceVersion"]))
+        return await self._store_claiming(kind, key, new, old, condition)
 
     async def delete(
         self,
