@@ -354,7 +354,7 @@ def test_pod_run_passes_ports_and_refuses_repeats(monkeypatch: pytest.MonkeyPatc
     seen: list[Any] = []
     privileges: list[bool] = []
 
-    def fake_run_pod(*args: Any, privileged: bool = False) -> PodRecord:
+    def fake_run_pod(*args: Any, privileged: bool = False, readiness: Any = None) -> PodRecord:
         seen.append(args)
         privileges.append(privileged)
         return PodRecord(args[1], args[2], "node1", "pn-x-p-web", "c", ip="10.128.0.5")

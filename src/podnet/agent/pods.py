@@ -21,7 +21,8 @@ from podnet.agent.ipamrepair import Report, repair_damaged
 from podnet.agent.podcleanup import CleanupPlan, IpamEntry, plan_gc, plan_restart_cleanup
 from podnet.agent.podrefs import Pair, PodRefs
 from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
-from podnet.cni.result import CniResult, Interface, IPConfig, Route
+from podnet.cni.dnsconfig import cluster_dns
+from podnet.cni.result import DNS, CniResult, Interface, IPConfig, Route
 from podnet.cni.types import (
     ERR_INVALID_NETWORK_CONFIG,
     ERR_NOT_AVAILABLE,
@@ -49,9 +50,12 @@ def node_range_set(node: NodeNetwork) -> RangeSet:
     return RangeSet((parse_range({"subnet": str(node.subnet)}, "node subnet"),))
 
 
-def cni_result(attachment: PodAttachment, routes: Iterable[IPv4Network]) -> CniResult:
-    """The ADD result: host veth, pod interface (index 1) with its address, and the pod's
-    routes via the gateway: the default route (every backend adds it) and ``routes``."""
+def cni_result(
+    attachment: PodAttachment, routes: Iterable[IPv4Network], dns: DNS | None = None
+) -> CniResult:
+    """The ADD result: host veth, pod interface (index 1) with its address, the pod's
+    routes via the gateway (the default route, which every backend adds, and ``routes``)
+    and ``dns``: the cluster DNS, served on the gateway address."""
     routes = (DEFAULT_ROUTE, *routes)
     host = Interface(attachment.host_ifname)
     pod = Interface(attachment.ifname, attachment.mac, attachment.mtu, attachment.sandbox)
@@ -60,6 +64,7 @@ def cni_result(attachment: PodAttachment, routes: Iterable[IPv4Network]) -> CniR
         interfaces=(host, pod),
         ips=(IPConfig(str(attachment.address), gateway, 1),),
         routes=tuple(Route(str(dst), gateway) for dst in routes),
+        dns=dns or DNS(),
     )
 
 
@@ -122,7 +127,8 @@ class PodManager:
             await asyncio.to_thread(self.refs.record, pair, (ref.namespace, ref.name))
         if self.status_writer is not None:
             self.status_writer.running(ref, allocation.address.ip, req.container_id)
-        return cni_result(attachment, self.node.cluster_networks)
+        dns = cluster_dns(str(attachment.gateway), req.args.get("K8S_POD_NAMESPACE"))
+        return cni_result(attachment, self.node.cluster_networks, dns)
 
     async def delete(self, req: CniRequest) -> None:
         """Unwire and release; fine when already gone or when the netns is missing."""

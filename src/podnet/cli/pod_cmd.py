@@ -3,7 +3,10 @@
 A pod here is a network namespace with one process (by default a TCP+UDP echo server on
 port 8080, or on each ``--port``), registered as a Pod object on its node, as a kubelet
 would. Its processes run as ``nobody`` in their own mount namespace, where podnet's state
-directories are hidden; ``--privileged`` runs them as root.
+directories are hidden; ``--privileged`` runs them as root. They resolve names through
+the cluster DNS and get their namespace's service variables. ``--ready-tcp`` or
+``--ready-cmd`` gives the pod a readiness check, which its prober runs every
+``--ready-period`` seconds; without one the pod is Ready once its process runs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import click
 
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cluster.pods import ECHO_COMMAND, ContainerPort, PodError, check_ports
+from podnet.cluster.readiness import ReadinessCheck, ReadinessError
 
 NAMESPACE = click.option("-n", "--namespace", default="default", show_default=True)
 
@@ -39,6 +43,21 @@ def parse_port(value: str) -> ContainerPort:
         return check_ports([(name or None, int(number), protocol or "TCP")])[0]
     except PodError as exc:
         raise click.BadParameter(f"{value!r}: {exc}", param_hint="--port") from exc
+
+
+def readiness_check(
+    tcp: int | None, command: str | None, period: float, failures: int
+) -> ReadinessCheck | None:
+    """The check the options ask for (None without one); UsageError if malformed."""
+    if tcp is None and command is None:
+        return None
+    if tcp is not None and command is not None:
+        raise click.UsageError("give --ready-tcp or --ready-cmd, not both")
+    try:
+        timeout = min(1.0, period)
+        return ReadinessCheck(tcp, command, period, timeout, failures=failures)
+    except ReadinessError as exc:
+        raise click.UsageError(f"readiness check: {exc}") from exc
 
 
 def _ports(values: tuple[str, ...]) -> list[ContainerPort]:
@@ -73,6 +92,24 @@ def pod() -> None:
     help="run as root (default: nobody); podnet's directories stay hidden, but root can "
     "undo that: not a security boundary",
 )
+@click.option("--ready-tcp", type=int, metavar="PORT", help="ready while PORT accepts TCP")
+@click.option("--ready-cmd", metavar="CMD", help="ready while `sh -c CMD` exits 0 (run in the pod)")
+@click.option(
+    "--ready-period",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="how often the readiness check runs",
+)
+@click.option(
+    "--ready-failures",
+    type=int,
+    default=3,
+    show_default=True,
+    metavar="N",
+    help="failed checks in a row that make a ready pod not ready",
+)
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -82,12 +119,17 @@ def run(
     labels: tuple[str, ...],
     ports: tuple[str, ...],
     privileged: bool,
+    ready_tcp: int | None,
+    ready_cmd: str | None,
+    ready_period: float,
+    ready_failures: int,
     name: str,
     command: tuple[str, ...],
 ) -> None:
     """Create pod NAME and start COMMAND in it (after `--`; default: the echo server)."""
     from podnet.cluster.pods import run_pod
 
+    check = readiness_check(ready_tcp, ready_cmd, ready_period, ready_failures)
     container_ports = _ports(ports)
     pod_labels = _labels(labels)
     try:
@@ -100,6 +142,7 @@ def run(
             command or ECHO_COMMAND,
             container_ports,
             privileged=privileged,
+            readiness=check,
         )
     except PodError as exc:
         raise click.ClickException(str(exc)) from exc

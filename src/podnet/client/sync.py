@@ -125,10 +125,15 @@ class ApiClient:
         return self._send(Call("PUT", resource_path(kind, ns, str(name)), obj))
 
     def patch(
-        self, kind: KindRef, name: str, patch: Mapping[str, Any], namespace: str | None = None
+        self,
+        kind: KindRef,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        subresource: str = "",
     ) -> dict[str, Any]:
-        """Apply a JSON merge patch (RFC 7386) to one object."""
-        path = resource_path(kind, namespace, name)
+        """Apply a JSON merge patch (RFC 7386) to one object (or its ``subresource``)."""
+        path = resource_path(kind, namespace, name, subresource)
         return self._send(Call("PATCH", path, patch, content_type=MERGE_PATCH))
 
     def delete(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from podnet.cluster.nodes import (
     node_ready,
     socket_answers,
 )
+from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
@@ -99,6 +100,8 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
 def stop_processes(state: ClusterState, say: Say) -> None:
     """Stop every recorded pod process, agent, relay and the external echo server."""
     for pod in state.pods.values():
+        if pod.prober and pod.prober.stop(timeout=5):
+            say(f"pod {pod.key} prober stopped (pid {pod.prober.pid})")
         if pod.process and pod.process.stop(timeout=5):
             say(f"pod {pod.key} process stopped (pid {pod.process.pid})")
     for node in state.nodes.values():
@@ -119,6 +122,8 @@ def remove_namespaces(state: ClusterState, say: Say) -> None:
             continue
         if netns.remove(name):
             say(f"removed namespace {name}")
+        if remove_resolv_conf(name):
+            say(f"removed /etc/netns/{name}")
 
 
 def cluster_down(state_dir: Path, say: Say = print) -> None:

@@ -22,8 +22,6 @@ declared: this kernel has no SCTP sockets).
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import secrets
 import subprocess
 import sys
@@ -33,7 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from podnet import netns
-from podnet.cluster.nodes import node_paths
+from podnet.cluster.podcni import PodError as PodError
+from podnet.cluster.podcni import cni_call, result_dns, result_ip
+from podnet.cluster.podcni import cni_env as cni_env
+from podnet.cluster.podcni import plugin_config as plugin_config
+from podnet.cluster.podenv import namespace_service_environment
 from podnet.cluster.podprocess import (
     PodProcessError,
     pod_environment,
@@ -41,9 +43,13 @@ from podnet.cluster.podprocess import (
     process_ids,
     spawn_in_pod,
 )
+from podnet.cluster.podready import mark_running_ready, start_prober
+from podnet.cluster.podresolv import remove_resolv_conf, write_resolv_conf
+from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.sandbox import POD_SYSCTLS, ROOT
 from podnet.cluster.state import ClusterState, PodRecord, locked
 from podnet.cluster.underlay import tcp_listens
+from podnet.cni.dnsconfig import DnsConfigError, resolv_conf
 from podnet.model.schemas_names import iana_service_name_problem
 
 Say = Callable[[str], None]
@@ -52,12 +58,6 @@ ECHO_PORT = 8080
 ECHO_PROTOCOLS = ("TCP", "UDP")
 PORT_PROTOCOLS = ("TCP", "UDP", "SCTP")
 ContainerPort = tuple[str | None, int, str]  # (name or None, containerPort, protocol)
-IFNAME = "eth0"
-CNI_TIMEOUT = 90.0
-
-
-class PodError(Exception):
-    """A pod operation failed (the message says why)."""
 
 
 def pod_netns_name(state: ClusterState, namespace: str, name: str) -> str:
@@ -74,57 +74,6 @@ def choose_node(state: ClusterState) -> str:
     for pod in state.pods.values():
         counts[pod.node] = counts.get(pod.node, 0) + 1
     return min(state.nodes.values(), key=lambda n: (counts[n.name], n.index)).name
-
-
-def plugin_config(conflist_path: Path) -> str:
-    """The ``podnet`` plugin's config from the node's conflist, as a runtime passes it."""
-    conflist = json.loads(conflist_path.read_text())
-    for plugin in conflist.get("plugins", []):
-        if plugin.get("type") == "podnet":
-            conf = {"cniVersion": conflist.get("cniVersion"), "name": conflist.get("name")}
-            return json.dumps({**conf, **plugin})
-    raise PodError(f"no podnet plugin in {conflist_path}")
-
-
-def cni_env(pod: PodRecord, command: str, bin_dir: Path, netns_path: str) -> dict[str, str]:
-    """The environment a runtime gives the CNI executable."""
-    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}"
-    return {
-        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": pod.container_id,
-        "CNI_NETNS": netns_path,
-        "CNI_IFNAME": IFNAME,
-        "CNI_PATH": f"{bin_dir}:/usr/lib/cni",
-        "CNI_ARGS": f"{args};K8S_POD_INFRA_CONTAINER_ID={pod.container_id}",
-    }
-
-
-def cni_call(state_dir: Path, pod: PodRecord, command: str) -> dict[str, Any]:
-    """Run the node's CNI executable for ``command``; return its JSON answer ({} if none)."""
-    paths = node_paths(state_dir, pod.node)
-    netns_path = str(netns.path(pod.netns)) if netns.exists(pod.netns) else ""
-    result = subprocess.run(
-        [str(paths.shim)],
-        input=plugin_config(paths.conflist),
-        env=cni_env(pod, command, paths.cni_bin_dir, netns_path),
-        capture_output=True,
-        text=True,
-        timeout=CNI_TIMEOUT,
-    )
-    answer = json.loads(result.stdout) if result.stdout.strip() else {}
-    if result.returncode != 0:
-        msg = answer.get("msg", result.stdout.strip() or result.stderr.strip())
-        raise PodError(f"CNI {command} for {pod.key} failed: {msg} {answer.get('details', '')}")
-    return answer if isinstance(answer, dict) else {}
-
-
-def result_ip(result: Mapping[str, Any]) -> str:
-    """The first IP of a CNI ADD result, without its prefix length."""
-    ips = result.get("ips") or []
-    if not ips:
-        raise PodError(f"CNI ADD result has no IP: {json.dumps(result)[:200]}")
-    return str(ips[0]["address"]).split("/")[0]
 
 
 def admin_api(state_dir: Path) -> Any:
@@ -184,12 +133,17 @@ def container_ports(ports: Sequence[ContainerPort]) -> list[dict[str, Any]]:
 
 
 def pod_object(
-    pod: PodRecord, command: Sequence[str], ports: Sequence[ContainerPort] = ()
+    pod: PodRecord,
+    command: Sequence[str],
+    ports: Sequence[ContainerPort] = (),
+    readiness: ReadinessCheck | None = None,
 ) -> dict[str, Any]:
-    """The Pod as the API stores it."""
+    """The Pod as the API stores it (its readiness check as the ``readinessProbe``)."""
     container: dict[str, Any] = {"name": "main", "image": "podnet/local", "command": list(command)}
     if ports:
         container["ports"] = container_ports(ports)
+    if readiness is not None:
+        container["readinessProbe"] = readiness.probe_spec()
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -225,15 +179,18 @@ def run_pod(
     command: Sequence[str] = ECHO_COMMAND,
     ports: Sequence[ContainerPort] = (),
     privileged: bool = False,
+    readiness: ReadinessCheck | None = None,
 ) -> PodRecord:
     """Create, wire and start one pod; roll back what was done if a step fails.
 
-    With the default command the echo server serves ``echo_ports(ports)``, and the pod
-    is ready once it listens on each of them. The command runs as ``nobody`` in the pod
-    sandbox, or as root (still with podnet's directories hidden) when ``privileged``.
+    With the default command the echo server serves ``echo_ports(ports)``, and the call
+    returns once it listens on each of them. The command runs as ``nobody`` in the pod
+    sandbox, or as root (still with podnet's directories hidden) when ``privileged``,
+    with the cluster DNS in its resolv.conf and its namespace's service variables. The
+    Pod is Ready once its process runs, or, with ``readiness``, as its prober finds.
     """
     checked = check_ports(ports)
-    launch = _Launch(tuple(command), checked, privileged)
+    launch = _Launch(tuple(command), checked, privileged, readiness)
     with locked(state_dir):
         state = _loaded(state_dir)
         pod = _new_pod(state, name, namespace, node, labels)
@@ -275,13 +232,18 @@ class _Launch:
     """What a pod runs: its command (the echo server serving its ports) and its ports."""
 
     def __init__(
-        self, command: tuple[str, ...], ports: list[ContainerPort], privileged: bool
+        self,
+        command: tuple[str, ...],
+        ports: list[ContainerPort],
+        privileged: bool,
+        readiness: ReadinessCheck | None = None,
     ) -> None:
         is_echo = command == ECHO_COMMAND
         self.command = echo_command(ports) if is_echo else command
         self.ports = ports
         self.listening = echo_ports(ports) if is_echo else []
         self.privileged = privileged
+        self.readiness = readiness
 
 
 def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _Launch) -> None:
@@ -289,21 +251,45 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
         from podnet.model.kinds import POD
 
         ensure_namespace(api, pod.namespace)
-        obj = pod_object(pod, launch.command, launch.ports)
+        obj = pod_object(pod, launch.command, launch.ports, launch.readiness)
         api.create(POD, obj, namespace=pod.namespace)
+        env = namespace_service_environment(api, pod.namespace)
     state.record_netns(pod.netns, state_dir)
     netns.create(pod.netns)
     netns.run(pod.netns, ["sysctl", "-qw", *POD_SYSCTLS], check=True)
-    pod.ip = result_ip(cni_call(state_dir, pod, "ADD"))
+    added = cni_call(state_dir, pod, "ADD")
+    pod.ip = result_ip(added)
     state.save(state_dir)
-    sandbox = pod_sandbox(state_dir, launch.privileged)
+    _write_resolv_conf(pod, added)
+    sandbox = pod_sandbox(state_dir, launch.privileged, pod.netns)
     try:
-        pod.process = spawn_in_pod(pod, sandbox, launch.command, pod_log(state_dir, pod))
+        log = pod_log(state_dir, pod)
+        pod.process = spawn_in_pod(pod, sandbox, launch.command, log, env)
     except PodProcessError as exc:
         raise PodError(str(exc)) from exc
     state.save(state_dir)
     for port in launch.listening:
         wait_listening(pod, port)
+    _start_readiness(state, state_dir, pod, launch)
+
+
+def _write_resolv_conf(pod: PodRecord, added: Mapping[str, Any]) -> None:
+    """The pod namespace's resolv.conf, from the DNS settings of the ADD result."""
+    try:
+        write_resolv_conf(pod.netns, resolv_conf(result_dns(added, pod.namespace)))
+    except DnsConfigError as exc:
+        raise PodError(f"pod {pod.key}: the CNI result's DNS settings: {exc}") from exc
+
+
+def _start_readiness(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _Launch) -> None:
+    """Ready now (no check), or the pod's prober started (recorded)."""
+    if launch.readiness is None:
+        with admin_api(state_dir) as api:
+            mark_running_ready(api, pod)
+        return
+    sandbox = pod_sandbox(state_dir, launch.privileged, pod.netns)
+    pod.prober = start_prober(state, state_dir, pod, launch.readiness, sandbox)
+    state.save(state_dir)
 
 
 def wait_listening(pod: PodRecord, port: int, timeout: float = 15.0) -> None:
@@ -322,6 +308,8 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
     from podnet.client import ClientError
     from podnet.model.kinds import POD
 
+    if pod.prober is not None:
+        pod.prober.stop(timeout=5)
     if pod.process is not None:
         pod.process.stop(timeout=5)
     try:
@@ -329,6 +317,7 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
     except (PodError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
         say(f"warning: {exc}")
     netns.remove(pod.netns)
+    remove_resolv_conf(pod.netns)
     try:
         with admin_api(state_dir) as api:
             api.delete(POD, pod.name, namespace=pod.namespace)
@@ -369,7 +358,7 @@ def exec_pod(
     process runs as; ``nobody`` when that process is gone) and wait for it."""
     pod = find_pod(_loaded(state_dir), name, namespace)
     ids = process_ids(pod.process.pid) if pod.process and pod.process.alive() else None
-    sandbox = pod_sandbox(state_dir, privileged=ids is not None and ids[0] == ROOT)
+    sandbox = pod_sandbox(state_dir, ids is not None and ids[0] == ROOT, pod.netns)
     return subprocess.run(
         sandbox.wrap(netns.path(pod.netns), argv),
         capture_output=capture,

@@ -4,10 +4,12 @@ podnet's state directories hidden, and an unprivileged user unless asked otherwi
 A pod process is started as::
 
     nsenter --net=<pod netns> -- unshare --mount --propagation private -- \\
-        python -m podnet.cluster.sandbox --uid U --gid G --hide DIR... -- COMMAND...
+        python -m podnet.cluster.sandbox --uid U --gid G [--etc DIR] --hide DIR... -- COMMAND...
 
 Inside the new mount namespace (private: nothing propagates back to the host) this module
-mounts an empty read-only tmpfs over each hidden directory (the cluster's state dir with
+first bind-mounts each file of the ``--etc`` directory (``/etc/netns/<pod netns>``: the
+pod's ``resolv.conf``) over the file of that name in ``/etc``, as ``ip netns exec`` does,
+then mounts an empty read-only tmpfs over each hidden directory (the cluster's state dir with
 the master's tokens, keys and kubeconfigs, the nodes' kubeconfigs and CNI sockets, etcd's
 data; podnet's default directories). Each ``--expose`` directory (the Python interpreter
 and podnet, which ``U`` must be able to run) that lies below a directory others cannot
@@ -60,11 +62,13 @@ class Sandbox:
     uid: int = NOBODY
     gid: int = NOBODY
     expose: tuple[Path, ...] = ()
+    etc: Path | None = None  # files bound over /etc's (the pod's resolv.conf)
 
     def wrap(self, netns_path: Path | str, argv: Sequence[str]) -> list[str]:
         """``argv`` as run inside the pod's network namespace and this sandbox."""
         hidden = [arg for path in self.hide for arg in ("--hide", str(path))]
         hidden += [arg for path in self.expose for arg in ("--expose", str(path))]
+        hidden += ["--etc", str(self.etc)] if self.etc is not None else []
         return [
             "nsenter",
             f"--net={netns_path}",
@@ -190,8 +194,20 @@ def _drop_privileges(uid: int, gid: int) -> None:
         raise SandboxError(f"no_new_privs: {os.strerror(ctypes.get_errno())}")
 
 
+def _bind_etc(directory: Path) -> None:
+    """Bind each regular file of ``directory`` over the existing file of that name in
+    /etc (dot files, and names /etc lacks, are skipped)."""
+    for name in sorted(os.listdir(directory)):
+        source, target = directory / name, Path("/etc") / name
+        if not name.startswith(".") and source.is_file() and target.exists():
+            _mount(str(source), target, None, MS_BIND, "")
+
+
 def enter(sandbox: Sandbox, argv: Sequence[str]) -> None:
-    """Hide, move to /, drop privileges and exec ``argv`` (returns only by raising)."""
+    """Bind the pod's /etc files, hide, move to /, drop privileges and exec ``argv``
+    (returns only by raising)."""
+    if sandbox.etc is not None:
+        _bind_etc(sandbox.etc)
     for path in sandbox.hide:
         _mount_empty(path)
     _expose(sandbox.expose)  # after hiding: a hidden directory inside stays hidden (MS_REC)
@@ -208,10 +224,12 @@ def main(args: Sequence[str] | None = None) -> int:
     parser.add_argument("--gid", type=int, default=NOBODY)
     parser.add_argument("--hide", type=Path, action="append", default=[])
     parser.add_argument("--expose", type=Path, action="append", default=[])
+    parser.add_argument("--etc", type=Path)
     parser.add_argument("command", nargs="+")
     opts = parser.parse_args(args)
     try:
-        enter(Sandbox(tuple(opts.hide), opts.uid, opts.gid, tuple(opts.expose)), opts.command)
+        sandbox = Sandbox(tuple(opts.hide), opts.uid, opts.gid, tuple(opts.expose), opts.etc)
+        enter(sandbox, opts.command)
     except (OSError, SandboxError) as exc:
         print(f"pod sandbox: {exc}", file=sys.stderr)
         return 126

@@ -186,6 +186,7 @@ class PodRecord:
     ip: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     process: ProcessRecord | None = None
+    prober: ProcessRecord | None = None  # its readiness prober, when it has a check
 
     @property
     def key(self) -> str:
@@ -238,8 +239,8 @@ def _node(data: dict[str, Any]) -> NodeRecord:
 
 
 def _pod(data: dict[str, Any]) -> PodRecord:
-    process = _process(data.pop("process", None))
-    return PodRecord(**data, process=process)
+    process, prober = _process(data.pop("process", None)), _process(data.pop("prober", None))
+    return PodRecord(**data, process=process, prober=prober)
 
 
 @dataclass

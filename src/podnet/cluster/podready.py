@@ -1,0 +1,65 @@
+"""Readiness of the local cluster's pods: a pod with a readiness check gets its prober
+(``podnet.cluster.prober``, started in its node's namespace with the node's identity); a
+pod without one is Ready once its process runs, as in Kubernetes, written once by the
+runtime (the admin, which created the Pod)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster.nodes import node_paths
+from podnet.cluster.readiness import ReadinessCheck, readiness_status, rfc3339
+from podnet.cluster.sandbox import Sandbox
+from podnet.cluster.state import ClusterState, PodRecord, ProcessRecord, spawn
+
+
+def prober_log(state_dir: Path, pod: PodRecord) -> Path:
+    return state_dir / "pods" / f"{pod.namespace}_{pod.name}.prober.log"
+
+
+def prober_command(
+    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck, sandbox: Sandbox
+) -> list[str]:
+    """The prober of ``pod``, wrapped to run in its node's namespace."""
+    if pod.process is None:
+        raise ValueError(f"pod {pod.key} has no process to probe")
+    argv = [sys.executable, "-m", "podnet.cluster.prober"]
+    argv += ["--kubeconfig", str(node_paths(state_dir, pod.node).kubeconfig)]
+    argv += ["--namespace", pod.namespace, "--name", pod.name, "--netns", pod.netns]
+    argv += ["--address", pod.ip, "--pod-pid", str(pod.process.pid)]
+    argv += ["--pod-start", str(pod.process.start), "--pod-needle", pod.process.needle]
+    if check.tcp_port is not None:
+        argv += ["--tcp", str(check.tcp_port)]
+    else:
+        wrapped = sandbox.wrap(netns.path(pod.netns), ["sh", "-c", str(check.command)])
+        argv += ["--exec-json", json.dumps(wrapped)]
+    argv += ["--period", f"{check.period:g}", "--timeout", f"{check.timeout:g}"]
+    argv += ["--successes", str(check.successes), "--failures", str(check.failures)]
+    return netns.command(state.nodes[pod.node].netns, argv)
+
+
+def prober_needle(pod: PodRecord) -> str:
+    """The piece of the prober's command line that only this pod's prober has."""
+    return f"--netns {pod.netns} --address "
+
+
+def start_prober(
+    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck, sandbox: Sandbox
+) -> ProcessRecord:
+    """Start the pod's prober in the background; recorded by PID."""
+    argv = prober_command(state, state_dir, pod, check, sandbox)
+    return spawn(argv, prober_log(state_dir, pod), prober_needle(pod))
+
+
+def mark_running_ready(api: Any, pod: PodRecord) -> None:
+    """Write Ready (and ContainersReady) True on a pod without a readiness check."""
+    from podnet.model.kinds import POD
+
+    old = api.get(POD, pod.name, pod.namespace).get("status")
+    patch = {"status": readiness_status(True, True, rfc3339(datetime.now(UTC)), old)}
+    api.patch(POD, pod.name, patch, pod.namespace, subresource="status")
