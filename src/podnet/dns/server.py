@@ -1,0 +1,239 @@
+"""The DNS listeners: UDP and TCP on one address and port, feeding a ``QueryHandler``.
+
+Who may ask: the sockets can be bound to a device (``SO_BINDTODEVICE``): the node agent
+binds them to br0, so the kernel hands them only packets that came in from this node's
+pods, never from the tunnel (other nodes' pods) or the underlay. On top of that, a query
+whose source is not in ``clients`` (this node's pod subnet) is dropped, and a TCP
+connection from elsewhere is closed at once.
+
+Bounds, so that no client can make the server grow: at most ``tcp_connections`` open TCP
+connections (more are closed on accept), each closed after ``tcp_idle`` seconds without a
+complete query or ``tcp_queries`` queries; at most ``udp_pending`` forwarded UDP queries
+waiting (more are dropped: the client retries); UDP answers are dropped rather than
+queued when the socket's send buffer backs up beyond ``write_buffer`` bytes. The answer
+caches are bounded by entries and bytes (``podnet.dns.cache``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import struct
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, cast
+
+from podnet.dns.handler import QueryHandler
+
+log = logging.getLogger("podnet.dns.server")
+
+UDP_RECEIVE_BUFFER = 4 * 1024 * 1024
+MAX_KNOWN_SOURCES = 4096
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the server listens and whom it answers (``clients`` None: anyone)."""
+
+    address: str
+    port: int = 53
+    device: str | None = None
+    clients: Network | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds (see the module docstring)."""
+
+    tcp_connections: int = 128
+    tcp_idle: float = 10.0
+    tcp_queries: int = 1000
+    udp_pending: int = 512
+    write_buffer: int = 1024 * 1024
+
+
+class ClientCheck:
+    """Whether a source address may ask (remembered per address string, bounded)."""
+
+    def __init__(self, clients: Network | None) -> None:
+        self.clients = clients
+        self._known: dict[str, bool] = {}
+        self.refused = 0
+
+    def __call__(self, host: str) -> bool:
+        if self.clients is None:
+            return True
+        allowed = self._known.get(host)
+        if allowed is None:
+            try:
+                allowed = ipaddress.ip_address(host) in self.clients
+            except ValueError:
+                allowed = False
+            if len(self._known) >= MAX_KNOWN_SOURCES:
+                self._known.clear()
+            self._known[host] = allowed
+        if not allowed:
+            self.refused += 1
+        return allowed
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, server: DnsServer) -> None:
+        self.server = server
+        self.transport: asyncio.DatagramTransport | None = None
+        self.buffered: Callable[[], int] = lambda: 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+        # asyncio's datagram transports queue what the socket cannot take yet
+        self.buffered = getattr(transport, "get_write_buffer_size", lambda: 0)
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        server = self.server
+        if not server.allowed(addr[0]):
+            return
+        answer = server.handler.answer(data)
+        if answer is None:
+            return
+        if isinstance(answer, bytes):
+            self.send(answer, addr)
+        else:
+            server.later(answer, self, addr)
+
+    def send(self, answer: bytes, addr: tuple[Any, ...]) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.buffered() > self.server.limits.write_buffer:
+            self.server.dropped += 1
+            return
+        transport.sendto(answer, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("UDP error: %s", exc)  # ICMP errors about earlier answers
+
+
+def _socket(listen: Listen, kind: socket.SocketKind, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen.address else socket.AF_INET
+    sock = socket.socket(family, kind)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if kind == socket.SOCK_DGRAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
+        if listen.device:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, listen.device.encode())
+        sock.bind((listen.address, port))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class DnsServer:
+    """UDP and TCP listeners answering through ``handler``."""
+
+    def __init__(self, handler: QueryHandler, listen: Listen, limits: Limits | None = None) -> None:
+        self.handler = handler
+        self.listen = listen
+        self.limits = limits or Limits()
+        self.allowed = ClientCheck(listen.clients)
+        self.port = listen.port  # the bound port (when ``listen.port`` is 0)
+        self.connections = 0
+        self.dropped = 0  # answers or queries dropped at a bound
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Bind both listeners (OSError when the address or device is missing)."""
+        udp = _socket(self.listen, socket.SOCK_DGRAM, self.listen.port)
+        self.port = udp.getsockname()[1]
+        try:
+            tcp = _socket(self.listen, socket.SOCK_STREAM, self.port)
+        except BaseException:
+            udp.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._udp, _ = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
+        self._tcp = await asyncio.start_server(self._serve_tcp, sock=tcp)
+        log.info("DNS listening on %s port %d (UDP, TCP)", self.listen.address, self.port)
+
+    async def stop(self) -> None:
+        """Close the listeners and drop what is in progress."""
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        if self._tcp is not None:
+            self._tcp.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tcp.wait_closed(), 1.0)
+            self._tcp = None
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+
+    @property
+    def serving(self) -> bool:
+        return self._udp is not None
+
+    def later(
+        self, answer: Coroutine[Any, Any, bytes | None], udp: _Udp, addr: tuple[Any, ...]
+    ) -> None:
+        """Send a forwarded UDP answer when it comes (dropped beyond ``udp_pending``)."""
+        if len(self._pending) >= self.limits.udp_pending:
+            answer.close()
+            self.dropped += 1
+            return
+        task = asyncio.create_task(self._send_later(answer, udp, addr))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _send_later(
+        self, answer: Coroutine[Any, Any, bytes | None], udp: _Udp, addr: tuple[Any, ...]
+    ) -> None:
+        try:
+            data = await answer
+        except Exception:
+            log.exception("a forwarded answer failed")
+            return
+        if data is not None:
+            udp.send(data, addr)
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("",)
+        if not self.allowed(peer[0]) or self.connections >= self.limits.tcp_connections:
+            self.dropped += 1
+            writer.transport.abort()
+            return
+        self.connections += 1
+        try:
+            await self._tcp_queries(reader, writer)
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
+            self.connections -= 1
+            writer.close()
+
+    async def _tcp_queries(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        limits = self.limits
+        for _ in range(limits.tcp_queries):
+            async with asyncio.timeout(limits.tcp_idle):
+                (size,) = struct.unpack("!H", await reader.readexactly(2))
+                data = await reader.readexactly(size)
+            answer = self.handler.answer(data, tcp=True)
+            if answer is not None and not isinstance(answer, bytes):
+                answer = await answer
+            if answer is None:
+                continue
+            writer.write(struct.pack("!H", len(answer)) + answer)
+            async with asyncio.timeout(limits.tcp_idle):
+                await writer.drain()
