@@ -7,9 +7,21 @@ goes back. ``revision_of`` reads an object's resourceVersion as the integer it c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
+
+
+def name_of(obj: Obj) -> str:
+    """A cluster-scoped object's cache key: its name."""
+    return str(obj["metadata"]["name"])
+
+
+def namespaced_key(obj: Obj) -> str:
+    """A namespaced object's cache key: ``namespace/name``."""
+    meta = obj["metadata"]
+    return f"{meta.get('namespace') or ''}/{meta['name']}"
 
 
 def revision_of(obj: Obj) -> int:
@@ -18,9 +30,11 @@ def revision_of(obj: Obj) -> int:
 
 
 class ObjectCache:
-    """The newest known version of each object, by name; older versions are ignored."""
+    """The newest known version of each object, by name (or by ``key``: namespace/name);
+    older versions are ignored."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Obj], str] = name_of) -> None:
+        self._key = key
         self._objects: dict[str, Obj] = {}
         self._deleted: dict[str, int] = {}  # name -> revision of its deletion
 
@@ -42,7 +56,7 @@ class ObjectCache:
 
     def put(self, obj: Obj) -> tuple[bool, Obj | None]:
         """Store ``obj`` unless it is stale: (whether it was stored, the version it replaced)."""
-        name = obj["metadata"]["name"]
+        name = self._key(obj)
         revision = revision_of(obj)
         current = self._objects.get(name)
         if current is not None and revision_of(current) >= revision:

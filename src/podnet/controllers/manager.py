@@ -3,7 +3,8 @@
 One leadership term: make the ClusterNetwork agree with the configuration, make sure
 Namespaces ``default`` and ``kube-node-lease`` exist, start the HostSubnet controller
 (nodes wait for their subnets), then the NetNamespace controller (multitenant and
-networkpolicy only), then namespace cleanup, then node lifecycle (Lease heartbeats).
+networkpolicy only), then namespace cleanup, then node lifecycle (Lease heartbeats),
+then the endpoints controller (Endpoints and EndpointSlices of selector Services).
 Each controller's ``start`` returns after its initial sync, and
 ``ready`` is True once all have. When leadership is lost the controllers are stopped
 before anything else happens and the manager campaigns again: it never acts without
@@ -31,6 +32,7 @@ from podnet.controllers.base import Controller
 from podnet.controllers.calls import ControllerApi
 from podnet.controllers.clusternetwork import ClusterNetworkError, ensure_cluster_network
 from podnet.controllers.config import NetworkConfig, uses_vnids
+from podnet.controllers.endpoints import EndpointsController
 from podnet.controllers.hostsubnets import HostSubnetController
 from podnet.controllers.leader import AlwaysLeader, LeaderElector
 from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
@@ -172,6 +174,7 @@ class ControllerManager:
             controllers.append(self.netnamespaces)
         controllers.append(NamespaceCleanupController(self.api, resync_period=self.resync_period))
         controllers.append(NodeLifecycleController(self.api))
+        controllers.append(EndpointsController(self.api, resync_period=self.resync_period))
         return controllers
 
     async def _supervise(self) -> None:
