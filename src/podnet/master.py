@@ -24,6 +24,7 @@ from podnet.api.metrics import ApiMetrics
 from podnet.api.pki import Pki, ensure_pki
 from podnet.api.registry import DEFAULT_PREFIX, Registry
 from podnet.api.server import ApiServer
+from podnet.api.servicealloc import ServiceRanges
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
@@ -50,6 +51,7 @@ class MasterOptions:
     compact_interval: float = 300.0
     leader_elect: bool = True
     run_controllers: bool = True  # False: serve the API only (controllers run elsewhere)
+    services: ServiceRanges | None = None  # node ports, external IPs (default: kube's)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     @property
@@ -71,7 +73,8 @@ class Master:
     def __init__(self, options: MasterOptions) -> None:
         self.options = options
         self.store = EtcdStore(options.etcd, tls=options.etcd_tls)
-        self.registry = Registry(self.store, prefix=options.etcd_prefix)
+        services = options.services or ServiceRanges(options.network.service_network)
+        self.registry = Registry(self.store, prefix=options.etcd_prefix, services=services)
         self.metrics = ApiMetrics()
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None

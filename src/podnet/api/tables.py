@@ -36,6 +36,14 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def _age_at(kind: Kind) -> int | None:
+    """Where the Age column goes: after the normal columns, before the wide-only ones
+    (kubectl's order: ``NAME ... AGE SELECTOR``); None for kinds without NAME (events)."""
+    if not any(c.name == "NAME" for c in kind.columns):
+        return None
+    return next((i for i, c in enumerate(kind.columns) if c.wide_only), len(kind.columns))
+
+
 def column_definitions(kind: Kind) -> list[dict[str, Any]]:
     cols = [
         {
@@ -47,17 +55,18 @@ def column_definitions(kind: Kind) -> list[dict[str, Any]]:
         }
         for c in kind.columns
     ]
-    if any(c.name == "NAME" for c in kind.columns):
-        cols.append(
-            {"name": "Age", "type": "string", "format": "", "description": "age", "priority": 0}
-        )
+    at = _age_at(kind)
+    if at is not None:
+        age = {"name": "Age", "type": "string", "format": "", "description": "age", "priority": 0}
+        cols.insert(at, age)
     return cols
 
 
 def row(kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
     cells = [_cell(c.read(obj)) for c in kind.columns]
-    if any(c.name == "NAME" for c in kind.columns):
-        cells.append(human_age((obj.get("metadata") or {}).get("creationTimestamp")))
+    at = _age_at(kind)
+    if at is not None:
+        cells.insert(at, human_age((obj.get("metadata") or {}).get("creationTimestamp")))
     meta = dict(obj.get("metadata") or {})
     return {
         "cells": cells,

@@ -57,6 +57,16 @@ def cluster() -> None:
     help="CIDR:hostSubnetLength for the master (default 10.128.0.0/14:9)",
 )
 @click.option(
+    "--service-node-port-range",
+    default=None,
+    help="the masters' node port range, A-B [default: 30000-32767]",
+)
+@click.option(
+    "--external-ip-cidrs",
+    default=None,
+    help="CIDRs Services' externalIPs may come from, comma-separated [default: none]",
+)
+@click.option(
     "--etcd-members",
     type=click.IntRange(1, 7),
     default=None,
@@ -74,6 +84,8 @@ def up(
     tunnel: str,
     plugin: str,
     cluster_networks: tuple[str, ...],
+    service_node_port_range: str | None,
+    external_ip_cidrs: str | None,
     etcd_members: int | None,
     masters: int | None,
 ) -> None:
@@ -84,6 +96,10 @@ def up(
     args: list[str] = []
     for value in cluster_networks:
         args += ["--cluster-network", value]
+    if service_node_port_range is not None:
+        args += ["--service-node-port-range", service_node_port_range]
+    if external_ip_cidrs is not None:
+        args += ["--external-ip-cidrs", external_ip_cidrs]
     spec = ClusterSpec(
         node_count,
         tunnel,

@@ -16,6 +16,7 @@ import click
 from podnet.api.registry import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
+    from podnet.api.servicealloc import ServiceRanges
     from podnet.controllers.config import NetworkConfig
     from podnet.store.etcd_pki import EtcdTls
 
@@ -142,6 +143,17 @@ def _listen(value: str) -> tuple[str, int]:
     type=float,
     help="seconds of etcd history to keep before compacting",
 )
+@click.option(
+    "--service-node-port-range",
+    default="30000-32767",
+    show_default=True,
+    help="node ports of NodePort and LoadBalancer Services come from this range (A-B)",
+)
+@click.option(
+    "--external-ip-cidrs",
+    default="",
+    help="CIDRs a Service's externalIPs may come from, comma-separated (default: none)",
+)
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
 @click.option(
     "--controllers/--no-controllers",
@@ -162,6 +174,8 @@ def master(
     network: NetworkConfig,
     extra_hosts: tuple[str, ...],
     compact_interval: float,
+    service_node_port_range: str,
+    external_ip_cidrs: str,
     leader_elect: bool,
     run_controllers: bool,
 ) -> None:
@@ -169,6 +183,7 @@ def master(
     from podnet.master import Master, MasterOptions
 
     host, port = _listen(listen)
+    services = _service_ranges(network, service_node_port_range, external_ip_cidrs)
     options = MasterOptions(
         network=network,
         etcd=_etcd_endpoints(etcd_endpoints),
@@ -182,9 +197,25 @@ def master(
         compact_interval=compact_interval,
         leader_elect=leader_elect,
         run_controllers=run_controllers,
+        services=services,
     )
     log_to_stderr()
     asyncio.run(run_until_signalled(Master(options), "podnet.master"))
+
+
+def _service_ranges(network: NetworkConfig, node_ports: str, external_cidrs: str) -> ServiceRanges:
+    """The Service settings of ``podnet master``'s flags; a bad value names its flag."""
+    from podnet.api.servicealloc import PortRange, ServiceRanges, parse_cidrs
+
+    try:
+        ports = PortRange.parse(node_ports)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--service-node-port-range") from exc
+    try:
+        cidrs = parse_cidrs(external_cidrs)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--external-ip-cidrs") from exc
+    return ServiceRanges(network.service_network, ports, cidrs)
 
 
 def _etcd_endpoints(values: tuple[str, ...]) -> str:

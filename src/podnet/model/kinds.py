@@ -111,8 +111,32 @@ def _cluster_networks(obj: Obj) -> str:
 
 
 def _ports(obj: Obj) -> str:
-    ports = _meta("spec", "ports")(obj) or []
-    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports)
+    """kubectl's PORT(S): ``80/TCP``, or ``80:30080/TCP`` with a node port."""
+    out = []
+    for p in _meta("spec", "ports")(obj) or []:
+        node_port = f":{p['nodePort']}" if p.get("nodePort") else ""
+        out.append(f"{p.get('port')}{node_port}/{p.get('protocol', 'TCP')}")
+    return ",".join(out)
+
+
+def _external_ip(obj: Obj) -> str:
+    """kubectl's EXTERNAL-IP: externalIPs, a LoadBalancer's ingress (``<pending>`` until it
+    has one), an ExternalName's name."""
+    spec = obj.get("spec") or {}
+    external = [str(ip) for ip in spec.get("externalIPs") or []]
+    kind = spec.get("type") or "ClusterIP"
+    if kind == "ExternalName":
+        return str(spec.get("externalName") or "<none>")
+    if kind == "LoadBalancer":
+        ingress = _meta("status", "loadBalancer", "ingress")(obj) or []
+        found = [str(i.get("ip") or i.get("hostname")) for i in ingress if isinstance(i, Mapping)]
+        return ",".join(found + external) or "<pending>"
+    return ",".join(external) or "<none>"
+
+
+def _selector(obj: Obj) -> str:
+    selector = _meta("spec", "selector")(obj) or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "<none>"
 
 
 def _pod_selector(obj: Obj) -> str:
@@ -169,7 +193,9 @@ SERVICE = Kind(
         NAME,
         Column("TYPE", lambda o: _meta("spec", "type")(o) or "ClusterIP"),
         Column("CLUSTER-IP", _meta("spec", "clusterIP")),
+        Column("EXTERNAL-IP", _external_ip),
         Column("PORT(S)", _ports),
+        Column("SELECTOR", _selector, wide_only=True),
     ),
     subresources=("status",),
 )
