@@ -76,7 +76,9 @@ def test_probe_spec_is_a_kubernetes_readiness_probe() -> None:
     record = PodRecord("web", "a", "node1", "pn-x-p-web", "c")
     container = pods.pod_object(record, pods.ECHO_COMMAND, (), tcp)["spec"]["containers"][0]
     assert container["readinessProbe"]["tcpSocket"] == {"port": 8080}
-    assert "readinessProbe" not in pods.pod_object(record, pods.ECHO_COMMAND)["spec"]["containers"][0]
+    assert (
+        "readinessProbe" not in pods.pod_object(record, pods.ECHO_COMMAND)["spec"]["containers"][0]
+    )
 
 
 def test_conditions_keep_their_transition_time_and_other_types() -> None:
