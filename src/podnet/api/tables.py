@@ -57,7 +57,8 @@ def column_definitions(kind: Kind) -> list[dict[str, Any]]:
     ]
     at = _age_at(kind)
     if at is not None:
-        age = {"name": "Age", "type": "string", "format": "", "description": "age", "priority": 0}
+        age: dict[str, Any] = {"name": "Age", "type": "string", "format": ""}
+        age |= {"description": "age", "priority": 0}
         cols.insert(at, age)
     return cols
 
