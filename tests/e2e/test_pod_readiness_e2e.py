@@ -29,7 +29,7 @@ from podnet.cluster.podresolv import ETC_NETNS
 from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.state import ClusterState, PodRecord
 from podnet.cluster.underlay import tcp_listens
-from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, POD, SERVICE
+from podnet.model.kinds import CLUSTER_NETWORK, ENDPOINTS, HOST_SUBNET, POD, SERVICE
 from podnet.testing.e2e import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -62,6 +62,16 @@ class Cluster:
     def run(self, name: str, **options: Any) -> PodRecord:
         pods.run_pod(self.state_dir, name, NS, "node1", {"app": name}, **options)
         return self.pod(name)
+
+
+def gate_service() -> dict[str, Any]:
+    """A Service in front of the ``tcpgate`` pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "gate", "namespace": NS},
+        "spec": {"selector": {"app": "tcpgate"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
 
 
 def _service(service_network: str) -> dict[str, Any]:
@@ -176,16 +186,37 @@ def listener(pod: PodRecord, port: int) -> Iterator[subprocess.Popen[bytes]]:
         process.wait(10)
 
 
-def test_tcp_readiness_follows_the_port(cluster: Cluster) -> None:
+def endpoint_ips(cluster: Cluster, name: str) -> tuple[list[str], list[str]]:
+    """The ready and not-ready addresses of the Endpoints ``name``."""
+    from podnet.client import StatusError
+
+    try:
+        with pods.admin_api(cluster.state_dir) as api:
+            subsets = api.get(ENDPOINTS, name, NS).get("subsets") or []
+    except StatusError:
+        return [], []
+    ready = [a["ip"] for s in subsets for a in s.get("addresses") or []]
+    not_ready = [a["ip"] for s in subsets for a in s.get("notReadyAddresses") or []]
+    return ready, not_ready
+
+
+def test_tcp_readiness_follows_the_port_and_endpoints_follow(cluster: Cluster) -> None:
+    with pods.admin_api(cluster.state_dir) as api:
+        api.create(SERVICE, gate_service(), namespace=NS)
     pod = cluster.run("tcpgate", readiness=fast(tcp_port=9091))
     assert pod.prober is not None and pod.prober.alive()
     wait_condition(cluster, "tcpgate", "False")
     container = pod_object(cluster, "tcpgate")["spec"]["containers"][0]
     assert container["readinessProbe"]["tcpSocket"] == {"port": 9091}
+    not_ready = ([], [pod.ip])
+    wait_for(lambda: endpoint_ips(cluster, "gate") == not_ready, 30, "a notReady address")
     with listener(pod, 9091):
         wait_condition(cluster, "tcpgate", "True")
         assert condition(cluster, "tcpgate", "ContainersReady") == "True"
+        ready = ([pod.ip], [])
+        wait_for(lambda: endpoint_ips(cluster, "gate") == ready, 30, "a ready address")
     wait_condition(cluster, "tcpgate", "False")
+    wait_for(lambda: endpoint_ips(cluster, "gate") == not_ready, 30, "notReady again")
     with listener(pod, 9091):
         wait_condition(cluster, "tcpgate", "True")
 
