@@ -6,7 +6,8 @@ namespace). The table last applied is kept, so a change is one ``nft -f`` transa
 with only the difference, and no transaction at all when nothing differs. At start, or
 after a failed transaction, the table is read back from the kernel first, so a restarted
 agent that finds the table right changes nothing, and established connections through
-it are not disturbed.
+it are not disturbed. The same table given again (the reconcile loop's periodic resync)
+is compared with the kernel's too, so drift (a rule deleted by hand) is repaired.
 
 UDP has no connection to end: a client that keeps sending to a cluster IP keeps its
 conntrack entry, which still points to the endpoint chosen first. When a UDP endpoint
@@ -43,6 +44,7 @@ class ServiceTableSync:
         self._known = False  # whether _have reflects the kernel
         self._have: ServiceNft | None = None
         self._udp: frozenset[tuple[str, int]] | None = None  # UDP endpoints last applied
+        self._last: ServiceTable | None = None  # the table last applied
         self.transactions = 0  # nft transactions run (a no-op sync runs none)
 
     def sync(self, node: NodeNetwork, table: ServiceTable) -> bool:
@@ -50,7 +52,7 @@ class ServiceTableSync:
         if self._renderer is None or self._renderer.node != node:
             self._renderer = ServiceRenderer(node)
         want = self._renderer.render(table)
-        if not self._known:
+        if not self._known or table is self._last:  # at start, and a resync: read it
             self._have = read_table()
             self._known = True
         script = transaction(self._have, want)
@@ -65,7 +67,7 @@ class ServiceTableSync:
             self._have = want if want.chains else None
         if self._udp is not None and self._udp - udp:
             flush_udp_conntrack(self._udp - udp)
-        self._udp = udp
+        self._udp, self._last = udp, table
         return bool(script)
 
     def forget(self) -> None:
