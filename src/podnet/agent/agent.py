@@ -16,7 +16,9 @@ Start order (each step logs what it does):
    here on), then mark the Node ``Ready``.
 7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what
    isolation and NetworkPolicy read (``policies.PolicySync``) and, for the service
-   proxy, Services and EndpointSlices (``services.ServiceSync``); resync periodically. The
+   proxy, Services and EndpointSlices (``services.ServiceSync``); serve the cluster DNS
+   to this node's pods (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``); resync
+   periodically. The
    remote-node and policy loops are ``podnet.reconcile`` loops: their last passes are
    published as the Node's annotation ``podnet.io/reconcile`` (``nodestatus``) and
    counted in ``/metrics`` (``--metrics-address``).
@@ -67,6 +69,7 @@ from podnet.dataplane.interface import (
     NodeNetwork,
     NodeSetupRefused,
 )
+from podnet.dns.sync import ClusterDns, DnsSettings
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
@@ -121,6 +124,7 @@ class NodeAgent:
         self.remote_sync: RemoteNodeSync | None = None
         self.policy_sync: PolicySync | None = None
         self.service_sync: ServiceSync | None = None
+        self.dns: ClusterDns | None = None
         self.metrics = ReconcileMetrics()
         self.note = reconcile_note(api, config.node_name)  # the loops' last passes
         address = config.metrics_address
@@ -323,6 +327,11 @@ class NodeAgent:
         )
         for name, body in self.service_sync.tasks():
             self._spawn(name, body)
+        if self.config.dns:
+            settings = DnsSettings(upstream_resolv_conf=self.config.dns_upstream_resolv_conf)
+            self.dns = ClusterDns(Reflectors(self.api), node, settings)
+            for name, body in self.dns.tasks():
+                self._spawn(name, body)
         watch = ClusterWatch(self.api, self.config, self.node_ip, node)
         self._spawn(
             "watch-hostsubnets", functools.partial(watch.watch_hostsubnets, self.remote_sync)

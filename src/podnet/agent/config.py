@@ -30,6 +30,7 @@ DEFAULT_RESYNC_PERIOD = 30.0
 RT_SCOPE_UNIVERSE = 0
 DEFAULT_MTU = 1450
 DEFAULT_VXLAN_PORT = 4789
+DEFAULT_UPSTREAM_RESOLV_CONF = Path("/etc/resolv.conf")  # the node's resolvers, for DNS
 
 Obj = dict[str, Any]
 
@@ -55,6 +56,8 @@ class AgentConfig:
     pod_namespace: str = "default"  # for pods whose runtime sends no K8S_POD_NAMESPACE
     resync_period: float = DEFAULT_RESYNC_PERIOD
     metrics_address: str | None = None  # HOST:PORT of /metrics; None: not served
+    dns: bool = True  # serve the cluster DNS on the pod subnet's gateway, port 53
+    dns_upstream_resolv_conf: Path = DEFAULT_UPSTREAM_RESOLV_CONF
 
     @property
     def conflist_path(self) -> Path:

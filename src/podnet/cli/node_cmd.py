@@ -92,6 +92,19 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
     help="Serve Prometheus /metrics on HOST:PORT (e.g. 127.0.0.1:9101); off by default",
 )
 @click.option(
+    "--dns/--no-dns",
+    default=True,
+    show_default=True,
+    help="Serve the cluster DNS to this node's pods on its pod-subnet gateway IP, port 53",
+)
+@click.option(
+    "--dns-upstream-resolv-conf",
+    type=PathOption,
+    default=defaults.DEFAULT_UPSTREAM_RESOLV_CONF,
+    show_default=True,
+    help="Where the DNS finds the resolvers for names outside the cluster zone",
+)
+@click.option(
     "--dataplane",
     type=click.Choice(registry.names()),
     default="linux",
@@ -119,6 +132,8 @@ def node(
     pod_namespace: str,
     resync_period: float,
     metrics_address: str | None,
+    dns: bool,
+    dns_upstream_resolv_conf: Path,
     dataplane: str,
     log_level: str,
 ) -> None:
@@ -142,6 +157,8 @@ def node(
         pod_namespace=pod_namespace,
         resync_period=resync_period,
         metrics_address=metrics_address,
+        dns=dns,
+        dns_upstream_resolv_conf=dns_upstream_resolv_conf,
     )
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

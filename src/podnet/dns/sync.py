@@ -86,10 +86,11 @@ class ClusterDns:
         self.api = api
         self.settings = settings
         networks = (*node.cluster_networks, node.service_network)
-        self.index = ZoneIndex(settings.zone, networks, settings.ttl, self._changed)
+        self.index = ZoneIndex(settings.zone, networks, settings.ttl)
         gateway = str(node.gateway.ip)
         upstreams = Upstreams(settings.upstream_resolv_conf, exclude={gateway})
         self.handler = QueryHandler(self.index, Forwarder(upstreams), ready=self.is_ready)
+        self.index.on_change = self.handler.invalidate
         listen = Listen(gateway, settings.port, settings.device, node.subnet)
         self.server = DnsServer(self.handler, listen, settings.limits)
         index = self.index
@@ -105,9 +106,6 @@ class ClusterDns:
         self.listed: set[str] = set()
         self.changes = 0  # watch events applied
         self.bound = asyncio.Event()  # set while the listeners are up
-
-    def _changed(self, names: set[str]) -> None:
-        self.handler.invalidate(names)
 
     def is_ready(self) -> bool:
         """Whether every watch has delivered its listing."""
