@@ -14,6 +14,7 @@ import yaml
 
 from podnet.cli import output
 from podnet.cli.main import CliError, CliState, pass_state
+from podnet.cli.servicedescribe import describe_view
 from podnet.client import BOOKMARK, StatusError, resolve_kind
 from podnet.client.apply import last_applied, three_way_patch, with_last_applied
 from podnet.client.sync import ApiClient
@@ -38,7 +39,8 @@ namespace_option = click.option("-n", "--namespace", help="Namespace (namespaced
 
 
 def parse_refs(args: Sequence[str]) -> list[tuple[Kind, str | None]]:
-    """``KIND [NAME]...`` or ``KIND/NAME...`` as (kind, name) pairs (name None: all)."""
+    """``KIND[,KIND...] [NAME]...`` or ``KIND/NAME...`` as (kind, name) pairs (name None:
+    all); several kinds take the same names, as ``kubectl get svc,ep web``."""
     if "/" in args[0]:
         refs: list[tuple[Kind, str | None]] = []
         for arg in args:
@@ -50,8 +52,9 @@ def parse_refs(args: Sequence[str]) -> list[tuple[Kind, str | None]]:
                 )
             refs.append((resolve_kind(kind_name), name))
         return refs
-    kind = resolve_kind(args[0])
-    return [(kind, name) for name in args[1:]] or [(kind, None)]
+    kinds = [resolve_kind(name) for name in args[0].split(",")]
+    names: list[str | None] = list(args[1:]) or [None]
+    return [(kind, name) for kind in kinds for name in names]
 
 
 def _by_kind(refs: list[tuple[Kind, str | None]]) -> Iterator[tuple[Kind, list[str | None]]]:
@@ -154,8 +157,8 @@ def describe(state: CliState, args: tuple[str, ...], namespace: str | None) -> N
         raise CliError("describe needs a NAME, e.g. podnet describe hostsubnet node1")
     views = []
     for kind, name in refs:
-        obj = state.client().get(kind, str(name), state.namespace(namespace))
-        views.append(output.describe(kind, obj))
+        ns = state.namespace(namespace)
+        views.append(describe_view(state.client(), kind, state.client().get(kind, str(name), ns)))
     click.echo("\n\n".join(views))
 
 
