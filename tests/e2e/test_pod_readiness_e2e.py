@@ -152,6 +152,11 @@ def test_the_pod_resolves_through_the_cluster_dns(cluster: Cluster) -> None:
     pid = pod.process.pid if pod.process else 0
     root_view = Path(f"/proc/{pid}/root/etc/resolv.conf")
     assert root_view.read_text() == expected_resolv_conf(cluster.gateway), "the pod process too"
+    # the pod's user can neither rewrite nor replace it (attack: point the pod elsewhere)
+    for attack in ("echo nameserver 6.6.6.6 > /etc/resolv.conf", f"rm -f {own}"):
+        tried = pods.exec_pod(cluster.state_dir, "resolver", ["sh", "-c", attack], NS)
+        assert tried.returncode != 0, attack
+    assert own.read_text() == expected_resolv_conf(cluster.gateway)
     pods.delete_pod(cluster.state_dir, "resolver", NS)
     assert not own.exists() and not own.parent.exists(), "removed with the pod"
 
