@@ -170,3 +170,15 @@ def test_prober_command_runs_in_the_node_namespace_with_the_node_identity(
     exec_json = argv[argv.index("--exec-json") + 1]
     assert '"--net=/run/netns/pn-abc123-p-1"' in exec_json and '"test -f /ok"' in exec_json
     assert "--uid" in exec_json, "the exec check runs in the pod's sandbox"
+
+
+def test_the_ready_column_follows_the_reported_readiness() -> None:
+    from podnet.model.kinds import POD
+
+    ready = next(c for c in POD.columns if c.name == "READY")
+    running = {"status": {"phase": "Running"}}
+    assert ready.read(running) == "1/1", "no readiness written: running is ready"
+    assert ready.read({"status": {"phase": "Pending"}}) == "0/1"
+    not_ready = {"status": {"phase": "Running", **readiness_status(False, True, "t")}}
+    assert ready.read(not_ready) == "0/1"
+    assert ready.read({"status": readiness_status(True, True, "t")}) == "1/1"

@@ -78,6 +78,12 @@ def _meta(*path: str) -> Callable[[Obj], Any]:
 
 
 def _pod_ready(obj: Obj) -> str:
+    """READY: ready containers of all, from ``containerStatuses`` when it is written (the
+    readiness the runtime reports), else 1/1 while Running."""
+    found = _meta("status", "containerStatuses")(obj) or []
+    statuses = [s for s in found if isinstance(s, Mapping)]
+    if statuses:
+        return f"{sum(1 for s in statuses if s.get('ready') is True)}/{len(statuses)}"
     phase = _meta("status", "phase")(obj)
     return "1/1" if phase == "Running" else "0/1"
 
