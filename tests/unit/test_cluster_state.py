@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,11 @@ from podnet.cluster.state import (
     StateFileError,
     locked,
     new_cluster_id,
+    other_threads,
     proc_start_time,
+    process_state,
     spawn,
+    wait_exited,
 )
 from podnet.cluster.underlay import external_address, node_address, uplink_name
 from podnet.testing.e2e import wait_for
@@ -310,3 +314,40 @@ def test_socket_answers_means_a_successful_cni_status(tmp_path: Path) -> None:
     finally:
         thread.join(5)
         server.close()
+
+
+# A child whose first thread ends (pthread_exit: /proc shows it as a zombie) while a
+# second thread still holds a listening socket, until it reads a line on stdin.
+LINGERING_THREAD = """
+import ctypes, socket, sys, threading
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen()
+print(sock.getsockname()[1], flush=True)
+threading.Thread(target=lambda: (sys.stdin.readline(), sock.close())).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_wait_exited_waits_for_every_thread_not_only_the_zombie_leader() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", LINGERING_THREAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        port = int(child.stdout.readline())
+        wait_for(lambda: process_state(child.pid) == "Z", 10, "the first thread to end")
+        assert other_threads(child.pid) == 1
+        with pytest.raises(TimeoutError):
+            wait_exited(child.pid, timeout=0.3)  # the port is still held
+        child.stdin.write("\n")
+        child.stdin.flush()
+        wait_exited(child.pid)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free once wait_exited returned
+    finally:
+        child.kill()
+        child.wait()

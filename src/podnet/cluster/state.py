@@ -56,16 +56,27 @@ def process_state(pid: int) -> str:
     return stat[stat.rfind(")") + 2 :][:1]
 
 
+def other_threads(pid: int) -> int:
+    """How many threads of ``pid`` besides its first one are still there."""
+    try:
+        return sum(1 for task in os.scandir(f"/proc/{pid}/task") if task.name != str(pid))
+    except OSError:
+        return 0
+
+
 def wait_exited(pid: int, timeout: float = 10.0) -> None:
     """Until ``pid`` has finished exiting: gone, or a zombie (reaped if it is our child).
 
     An empty command line is not enough: the kernel drops a dying process's memory (and
     so its cmdline) before its files, so for a moment its listening sockets still hold
-    their ports and accept connections, and a restart on the same port fails to bind."""
+    their ports and accept connections, and a restart on the same port fails to bind.
+    Nor is a zombie leader: in a multi-threaded process (etcd, any Go program) the first
+    thread shows ``Z`` while the others are still exiting with the files open, so it
+    counts only once no other thread is left."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = process_state(pid)
-        if state in ("Z", ""):
+        if state == "" or (state == "Z" and other_threads(pid) == 0):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)  # a zombie that is our own child: reap it
             return

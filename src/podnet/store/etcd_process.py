@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,11 +30,38 @@ class EtcdNotInstalled(RuntimeError):
     """The etcd binary is missing (install Debian's etcd-server)."""
 
 
+LISTEN_PORTS_FLOOR = 10000  # listening ports are picked from here up to the ephemeral range
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing holds right now, *below* the ephemeral range.
+
+    A process restarted on its recorded port (an etcd member after a crash) must find
+    the port free. Inside the ephemeral range it may not: an outgoing connection can get
+    it as its local port, and a peer that keeps dialing the dead member's loopback port
+    can even connect to itself on it (TCP simultaneous open), so the restart fails with
+    "address already in use". The kernel never picks local ports below the range.
+    """
+    low, _ = ephemeral_range()
+    floor = min(LISTEN_PORTS_FLOOR, max(low - 1000, 1024))
+    for _ in range(200):
+        port = secrets.choice(range(floor, low))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {floor}-{low - 1}")
 
 
 @dataclass

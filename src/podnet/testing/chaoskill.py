@@ -22,7 +22,7 @@ from podnet.cluster import nodes
 from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, wait_exited
-from podnet.store.etcd_process import wait_healthy
+from podnet.store.etcd_process import health, pid_alive
 from podnet.testing.chaos import load_state
 from podnet.testing.e2e import wait_for
 
@@ -94,13 +94,31 @@ def restart(state_dir: Path, victim: Victim, timeout: float = 90.0) -> None:
     control = ControlPlane(state_dir)
     if victim.kind == "etcd":
         control.restart_member(victim.index, say=_quiet)
-        port = load_state(state_dir).etcd_members[victim.index].client_port
-        wait_healthy(f"https://127.0.0.1:{port}", control.etcd_tls(), timeout)
+        wait_member_healthy(state_dir, control, victim.index, timeout)
     else:
         control.restart_master(victim.index, say=_quiet)
     wait_api_serves(state_dir, timeout)
     for name in state.nodes:
         wait_agent_status(state_dir, name, timeout)
+
+
+def wait_member_healthy(state_dir: Path, control: ControlPlane, index: int, timeout: float) -> None:
+    """Until etcd member ``index`` reports health; fail at once, with its log, if the
+    restarted process exits instead (a port taken, a data directory it refuses)."""
+    member = load_state(state_dir).etcd_members[index]
+    url = f"https://127.0.0.1:{member.client_port}"
+    deadline = time.monotonic() + timeout
+    while not health(url, control.etcd_tls(), timeout=1.0):
+        log = state_dir / member.name / "etcd.log"
+        if member.process is None or not pid_alive(member.process.pid):
+            raise RuntimeError(
+                f"etcd {member.name} exited after its restart:\n{nodes.log_tail(log)}"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"etcd {member.name} at {url} not healthy within {timeout}s:\n{nodes.log_tail(log)}"
+            )
+        time.sleep(0.1)
 
 
 def _quiet(_line: str) -> None:
