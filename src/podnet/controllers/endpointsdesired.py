@@ -180,6 +180,17 @@ def hostname_for(service: Obj, pod: Obj) -> str | None:
     return None
 
 
+def pod_identity(service: Obj, pod: Obj) -> dict[str, Any]:
+    """What an endpoint says of its pod: hostname (if any), node and a reference to it."""
+    out: dict[str, Any] = {}
+    if hostname := hostname_for(service, pod):
+        out["hostname"] = hostname
+    if node := spec_of(pod).get("nodeName"):
+        out["nodeName"] = str(node)
+    out["targetRef"] = target_ref(pod)
+    return out
+
+
 def target_ref(pod: Obj) -> dict[str, str]:
     meta = meta_of(pod)
     ref = {"kind": "Pod", "namespace": str(meta.get("namespace")), "name": str(meta.get("name"))}
@@ -201,13 +212,7 @@ def sorted_ports(ports: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _address(service: Obj, pod: Obj, ip: str) -> dict[str, Any]:
-    address: dict[str, Any] = {"ip": ip}
-    if hostname := hostname_for(service, pod):
-        address["hostname"] = hostname
-    if node := spec_of(pod).get("nodeName"):
-        address["nodeName"] = str(node)
-    address["targetRef"] = target_ref(pod)
-    return address
+    return {"ip": ip, **pod_identity(service, pod)}
 
 
 def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, Any]], bool]:

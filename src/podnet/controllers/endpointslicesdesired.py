@@ -27,19 +27,18 @@ from typing import Any
 
 from podnet.controllers.endpointsdesired import (
     Obj,
-    hostname_for,
     is_ready,
     is_terminating,
     meta_of,
     owned_labels,
     pod_counts,
+    pod_identity,
     pod_ips,
     ports_key,
     publishes_not_ready,
     resolved_ports,
     selects,
     spec_of,
-    target_ref,
 )
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 
@@ -69,16 +68,11 @@ def slice_endpoint(service: Obj, pod: Obj, addresses: list[str]) -> dict[str, An
     serving = is_ready(pod)
     # As kube: never ready while terminating, unless not-ready addresses are published.
     ready = published or (serving and not terminating)
-    endpoint: dict[str, Any] = {
+    return {
         "addresses": addresses,
         "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
+        **pod_identity(service, pod),
     }
-    if hostname := hostname_for(service, pod):
-        endpoint["hostname"] = hostname
-    if node := spec_of(pod).get("nodeName"):
-        endpoint["nodeName"] = str(node)
-    endpoint["targetRef"] = target_ref(pod)
-    return endpoint
 
 
 def _groups(service: Obj, pods: Iterable[Obj]) -> dict[tuple[str, str], list[dict[str, Any]]]:

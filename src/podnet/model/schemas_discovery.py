@@ -28,15 +28,13 @@ from podnet.model.schemas_common import (
     unchanged,
 )
 from podnet.model.schemas_endpoints import (
-    EndpointPortName,
-    ObjectReference,
+    PodEndpoint,
     port_name_problems,
     special_ip_problem,
 )
 from podnet.model.schemas_names import dns_subdomain_problem, quote
 from podnet.model.schemas_types import (
-    DnsLabel,
-    DnsSubdomain,
+    OptionalDnsLabel,
     Protocol,
     QualifiedName,
     in_range,
@@ -54,6 +52,7 @@ ADDRESS_TYPES = ("IPv4", "IPv6", "FQDN")
 
 AddressType = Annotated[str, AfterValidator(one_of(*ADDRESS_TYPES))]
 SlicePort = Annotated[int, AfterValidator(in_range(0, 65535))]
+ZoneHints = Annotated[list[dict[str, str]], AfterValidator(max_items(MAX_ZONE_HINTS))]  # {name}
 
 
 def _address_count(value: list[str]) -> list[str]:
@@ -68,27 +67,19 @@ class EndpointConditions(Open):
     terminating: bool | None = None
 
 
-class ForZone(Open):
-    name: str
-
-
 class EndpointHints(Open):
-    forZones: Annotated[list[ForZone], AfterValidator(max_items(MAX_ZONE_HINTS))] | None = None
+    forZones: ZoneHints | None = None
 
 
-class Endpoint(Open):
+class Endpoint(PodEndpoint):
     addresses: Annotated[list[str], AfterValidator(_address_count)]
     conditions: EndpointConditions | None = None
-    hostname: DnsLabel | None = None
-    nodeName: DnsSubdomain | None = None
-    targetRef: ObjectReference | None = None
     zone: str | None = None
     hints: EndpointHints | None = None
-    deprecatedTopology: dict[str, str] | None = None
 
 
 class SliceEndpointPort(Open):
-    name: EndpointPortName = ""
+    name: OptionalDnsLabel = ""
     port: SlicePort | None = None
     protocol: Protocol = "TCP"
     appProtocol: QualifiedName | None = None

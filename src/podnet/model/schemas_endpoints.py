@@ -14,10 +14,11 @@ from typing import Annotated
 from pydantic import AfterValidator, model_validator
 
 from podnet.model.schemas_common import DUPLICATE, REQUIRED, Open, Problem, Strict, fail, reject
-from podnet.model.schemas_names import dns_label_problem, quote
+from podnet.model.schemas_names import quote
 from podnet.model.schemas_types import (
     DnsLabel,
     DnsSubdomain,
+    OptionalDnsLabel,
     Protocol,
     QualifiedName,
     check_ip,
@@ -55,16 +56,9 @@ def endpoint_ip(value: str) -> str:
     return value
 
 
-def _port_name(value: str) -> str:
-    """A port name: empty, or a DNS-1123 label (kube's rule for endpoint ports)."""
-    why = dns_label_problem(value) if value else None
-    if why:
-        fail(f"{quote(value)} is not a valid DNS-1123 label: {why}")
-    return value
-
-
 EndpointIP = Annotated[str, AfterValidator(endpoint_ip)]
-EndpointPortName = Annotated[str, AfterValidator(_port_name)]
+# An ObjectReference: every field of it (kind, namespace, name, uid, ...) is a string.
+ObjectReference = dict[str, str]
 
 
 def port_name_problems(names: list[str], *, required: bool, unique: bool) -> list[Problem]:
@@ -81,25 +75,20 @@ def port_name_problems(names: list[str], *, required: bool, unique: bool) -> lis
     return problems
 
 
-class ObjectReference(Open):
-    apiVersion: str | None = None
-    kind: str | None = None
-    namespace: str | None = None
-    name: str | None = None
-    uid: str | None = None
-    resourceVersion: str | None = None
-    fieldPath: str | None = None
+class PodEndpoint(Open):
+    """What v1 Endpoints' addresses and slices' endpoints both say of their pod."""
 
-
-class EndpointAddress(Open):
-    ip: EndpointIP
     hostname: DnsLabel | None = None
     nodeName: DnsSubdomain | None = None
     targetRef: ObjectReference | None = None
 
 
+class EndpointAddress(PodEndpoint):
+    ip: EndpointIP
+
+
 class EndpointPort(Open):
-    name: EndpointPortName | None = None
+    name: OptionalDnsLabel | None = None
     port: PortNumber
     protocol: Protocol = "TCP"
     appProtocol: QualifiedName | None = None

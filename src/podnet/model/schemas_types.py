@@ -193,6 +193,9 @@ PortOrName = Annotated[int | str, PlainValidator(_port_or_name)]
 PortName = Annotated[str, AfterValidator(_name_check(iana_service_name_problem, "port name"))]
 Protocol = Annotated[str, AfterValidator(one_of("TCP", "UDP", "SCTP"))]
 DnsLabel = Annotated[str, AfterValidator(_name_check(dns_label_problem, "DNS-1123 label"))]
+OptionalDnsLabel = Annotated[  # empty, or a DNS-1123 label (an endpoint port's name)
+    str, AfterValidator(_or_empty(_name_check(dns_label_problem, "DNS-1123 label")))
+]
 DnsSubdomain = Annotated[
     str, AfterValidator(_name_check(dns_subdomain_problem, "DNS-1123 subdomain"))
 ]
