@@ -41,7 +41,7 @@ from podnet.controllers.endpointsdesired import (
     selects,
     spec_of,
 )
-from podnet.controllers.endpointsindex import PodIndex
+from podnet.controllers.endpointsindex import PodIndex, ServiceIndex, follow
 from podnet.controllers.endpointslicesdesired import (
     desired_slices,
     is_managed_slice,
@@ -68,11 +68,10 @@ class EndpointsController(Controller):
 
     def __init__(self, api: ControllerApi, resync_period: float | None = 300.0) -> None:
         super().__init__(api, WORKERS, resync_period)
-        self.services = ObjectCache(namespaced_key)
+        self.services = ServiceIndex()
         self.pods = PodIndex()
         self.endpoints = ObjectCache(namespaced_key)
         self.slices = ObjectCache(namespaced_key)
-        self._services_in: dict[str, set[str]] = {}  # namespace -> service keys
         self._slices_of: dict[str, set[str]] = {}  # service key -> slice keys
 
     def watches(self) -> list[Watch]:
@@ -90,45 +89,24 @@ class EndpointsController(Controller):
     # ---- events -------------------------------------------------------------------------
 
     def _on_service(self, change: str, obj: Obj) -> None:
-        if is_marker(self.services, change, obj):
-            return
-        key = namespaced_key(obj)
-        namespace = str(meta_of(obj).get("namespace") or "")
-        if change == DELETED:
-            self.services.remove(key, revision_of(obj))
-            self._services_in.get(namespace, set()).discard(key)
-        else:
-            self.services.put(obj)
-            self._services_in.setdefault(namespace, set()).add(key)
-        self.queue.add(key)
+        if not is_marker(self.services.cache, change, obj):
+            follow(self.services, change, obj)
+            self.queue.add(namespaced_key(obj))
 
     def _on_pod(self, change: str, obj: Obj) -> None:
         if is_marker(self.pods.cache, change, obj):
             return
-        key = namespaced_key(obj)
-        if change == DELETED:
-            old = self.pods.remove(key, revision_of(obj))
-            versions = [v for v in (old, obj) if v is not None]
-        else:
-            stored, old = self.pods.put(obj)
-            if not stored:
-                return
-            versions = [v for v in (old, obj) if v is not None]
-        namespace = str(meta_of(obj).get("namespace") or "")
-        for service_key in self._services_in.get(namespace, ()):
+        versions = follow(self.pods, change, obj) or []
+        candidates = set().union(*(self.services.candidates(v) for v in versions))
+        for service_key in candidates:
             service = self.services.get(service_key)
             if service is not None and any(selects(service, v) for v in versions):
                 self.queue.add(service_key)
 
     def _on_endpoints(self, change: str, obj: Obj) -> None:
-        if is_marker(self.endpoints, change, obj):
-            return
-        key = namespaced_key(obj)
-        if change == DELETED:
-            self.endpoints.remove(key, revision_of(obj))
-        else:
-            self.endpoints.put(obj)
-        self.queue.add(key)
+        if not is_marker(self.endpoints, change, obj):
+            follow(self.endpoints, change, obj)
+            self.queue.add(namespaced_key(obj))
 
     def _on_slice(self, change: str, obj: Obj) -> None:
         if is_marker(self.slices, change, obj):
