@@ -67,6 +67,7 @@ class FakeReader:
             "netnamespaces": [netns("default", 0), netns("a", 10), netns("b", 11)],
             "networkpolicies": policies or [],
             "hostsubnets": [{"hostIP": "192.168.100.11"}, {"hostIP": ""}],
+            "services": [],
         }
 
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:

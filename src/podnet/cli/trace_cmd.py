@@ -22,9 +22,11 @@ import click
 
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state
+from podnet.cli.trace_service import probe_service, service_trace
 from podnet.policy.evaluate import evaluate, reachability
 from podnet.policy.explain import render_matrix, render_verdict
 from podnet.policy.model import RuleSet
+from podnet.policy.servicetrace import render_service_trace
 from podnet.policy.trace import (
     Comparison,
     Target,
@@ -79,10 +81,12 @@ def trace(
     namespaces: tuple[str, ...],
     state_dir: Path,
 ) -> None:
-    """Explain whether SRC may reach DST (pods as namespace/name, or IPv4 addresses).
+    """Explain whether SRC may reach DST (pods as namespace/name, or IPv4 addresses;
+    DST may be a Service, svc/NAMESPACE/NAME, or its cluster IP: then each endpoint).
 
     \b
     podnet trace frontend/web backend/db --port 5432
+    podnet trace frontend/web svc/backend/db --port 5432 --probe
     podnet trace default/client 10.128.2.7 --port 53 --protocol udp --probe
     podnet trace --matrix -n frontend -n backend --port 8080 --probe
     """
@@ -135,6 +139,15 @@ def _trace_pair(
 ) -> int:
     """Print the verdict (and the probe's line); the exit code."""
     objects = fetch_objects(state.client())
+    routed = service_trace(state.client(), objects, ends, kind)
+    if routed is not None:
+        target, route, verdicts = routed
+        click.echo(render_service_trace(ends[0], route, verdicts))
+        if state_dir is None:
+            return 0
+        lines = probe_service(_probe_source(state_dir, target), route, verdicts)
+        click.echo("\n".join(lines))
+        return DISAGREEMENT_EXIT if any("DISAGREEMENT" in line for line in lines) else 0
     src, dst = (resolve(end, objects.pods) for end in ends)
     source = _probe_source(state_dir, src) if state_dir is not None else None
     verdict = evaluate(objects.ruleset(), src.ip, dst.ip, *kind)
