@@ -115,7 +115,7 @@ def claim_error(kind: Kind, name: str, claim: Claim, holder_key: str) -> errors.
         message = f'{kind.plural} "{name}": {claim.field} {claim.value} is already used by {owner}'
         return errors.ApiError(message, 409, "AlreadyExists", kind.plural, name)
     # As kube answers a taken unique value (a Service's clusterIP): 422, Duplicate.
-    why = f'Duplicate value: "{claim.value}": already used by {owner}'
+    why = f"Duplicate value: {claim.value} is already used by {owner}"
     return errors.invalid(kind.kind, name, [errors.FieldError(claim.field, why, DUPLICATE)])
 
 
