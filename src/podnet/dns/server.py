@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import socket
@@ -136,6 +137,20 @@ def _socket(listen: Listen, kind: socket.SocketKind, port: int) -> socket.socket
     return sock
 
 
+def bound_pair(listen: Listen, attempts: int = 20) -> tuple[socket.socket, socket.socket]:
+    """UDP and TCP sockets bound to one port; port 0 takes a free TCP port and tries
+    again when that port is taken for UDP."""
+    for _ in range(attempts if listen.port == 0 else 1):
+        tcp = _socket(listen, socket.SOCK_STREAM, listen.port)
+        try:
+            return _socket(listen, socket.SOCK_DGRAM, tcp.getsockname()[1]), tcp
+        except OSError as exc:
+            tcp.close()
+            if exc.errno != errno.EADDRINUSE or listen.port != 0:
+                raise
+    raise OSError(errno.EADDRINUSE, "no port free for both UDP and TCP")
+
+
 class DnsServer:
     """UDP and TCP listeners answering through ``handler``."""
 
@@ -153,13 +168,8 @@ class DnsServer:
 
     async def start(self) -> None:
         """Bind both listeners (OSError when the address or device is missing)."""
-        udp = _socket(self.listen, socket.SOCK_DGRAM, self.listen.port)
-        self.port = udp.getsockname()[1]
-        try:
-            tcp = _socket(self.listen, socket.SOCK_STREAM, self.port)
-        except BaseException:
-            udp.close()
-            raise
+        udp, tcp = bound_pair(self.listen)
+        self.port = tcp.getsockname()[1]
         loop = asyncio.get_running_loop()
         self._udp, _ = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
         self._tcp = await asyncio.start_server(self._serve_tcp, sock=tcp)

@@ -183,10 +183,10 @@ class ZoneIndex:
         else:
             self._sources.pop(source, None)
         changed: set[str] = set()
+        for record in records - old:  # adds first: a name kept throughout never flips
+            self._add(record, changed)
         for record in old - records:
             self._drop(record, changed)
-        for record in records - old:
-            self._add(record, changed)
         if changed and self.on_change is not None:
             self.on_change(changed)
 

@@ -1,0 +1,112 @@
+"""``ClusterDns``: watch events applied to the zone, SERVFAIL until every kind is listed,
+listings replacing what vanished, and the listeners kept bound (on 127.0.0.1 here: the
+node's "pod subnet" is 127.0.0.0/24, so no root is needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import AsyncIterator
+
+from dnslib import RCODE, DNSRecord
+
+from podnet.client import ADDED, DELETED, LISTED, MODIFIED, WatchEvent
+from podnet.dataplane.interface import NodeNetwork
+from podnet.dns.handler import QueryHandler
+from podnet.dns.sync import ClusterDns, DnsSettings
+from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE, Kind
+from podnet.testing.dns import addresses, ask, endpoint_slice, pod, query, service
+
+SVC = "web.default.svc.cluster.local"
+NODE = NodeNetwork(
+    node_name="node-1",
+    node_ip=ipaddress.IPv4Address("192.0.2.10"),
+    subnet=ipaddress.IPv4Network("127.0.0.0/24"),
+    cluster_networks=(ipaddress.IPv4Network("10.128.0.0/14"),),
+    service_network=ipaddress.IPv4Network("172.30.0.0/16"),
+    mtu=1450,
+)
+
+
+class Feed:
+    """A watch source fed by the test, one queue per kind."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[WatchEvent]] = {}
+
+    def queue(self, kind: Kind) -> asyncio.Queue[WatchEvent]:
+        return self.queues.setdefault(kind.plural, asyncio.Queue())
+
+    async def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
+        while True:
+            yield await self.queue(kind).get()
+
+
+def dns(feed: Feed | None = None) -> ClusterDns:
+    settings = DnsSettings(port=0, device=None, upstream_resolv_conf=None, retry=0.05)
+    return ClusterDns(feed or Feed(), NODE, settings)
+
+
+def listed(*items: dict[str, object]) -> WatchEvent:
+    return WatchEvent(LISTED, items=tuple(items))
+
+
+async def test_events_reach_answers_and_readiness_waits_for_every_listing() -> None:
+    cluster = dns()
+    h = cluster.handler
+    await cluster.take(SERVICE, listed(service("default", "web")))
+    await cluster.take(ENDPOINT_SLICE, listed())
+    assert not cluster.is_ready()
+    assert rcode(h, SVC) == RCODE.SERVFAIL
+    await cluster.take(POD, listed(pod("default", "p", "10.128.0.9")))
+    assert cluster.is_ready() and rcode(h, SVC) == RCODE.NOERROR
+    await cluster.take(SERVICE, WatchEvent(MODIFIED, service("default", "web", "172.30.0.11")))
+    assert [r.data for r in cluster.index.records(SVC)] == [("172.30.0.11",)]
+    await cluster.take(SERVICE, WatchEvent(DELETED, service("default", "web")))
+    assert rcode(h, SVC) == RCODE.NXDOMAIN
+
+
+def rcode(h: QueryHandler, name: str) -> int:
+    raw = h.answer(bytes(query(name).pack()))
+    assert isinstance(raw, bytes)
+    return int(DNSRecord.parse(raw).header.rcode)
+
+
+async def test_a_new_listing_removes_what_vanished() -> None:
+    cluster = dns()
+    await cluster.take(SERVICE, listed(service("default", "web"), service("default", "old")))
+    await cluster.take(
+        ENDPOINT_SLICE, listed(endpoint_slice("default", "s", "old", [("10.128.0.5", None, True)]))
+    )
+    await cluster.take(POD, listed(pod("default", "p", "10.128.0.9")))
+    await cluster.take(SERVICE, listed(service("default", "web")))
+    await cluster.take(ENDPOINT_SLICE, listed())
+    await cluster.take(POD, listed())
+    assert set(cluster.index.services) == {("default", "web")}
+    assert not cluster.index.slices and not cluster.index.pods
+
+
+async def test_serving_from_the_watches() -> None:
+    feed = Feed()
+    cluster = dns(feed)
+    tasks = [asyncio.create_task(body()) for _, body in cluster.tasks()]
+    try:
+        feed.queue(SERVICE).put_nowait(listed(service("default", "web")))
+        feed.queue(ENDPOINT_SLICE).put_nowait(listed())
+        feed.queue(POD).put_nowait(listed())
+        await asyncio.wait_for(cluster.bound.wait(), 10)
+        while not cluster.is_ready():
+            await asyncio.sleep(0.01)
+        where = ("127.0.0.1", cluster.server.port)
+        assert addresses(await asyncio.to_thread(ask, where, SVC)) == ["172.30.0.10"]
+        seen = cluster.changes
+        feed.queue(SERVICE).put_nowait(WatchEvent(ADDED, service("default", "new", "172.30.0.20")))
+        while cluster.changes == seen:
+            await asyncio.sleep(0.01)
+        new = "new.default.svc.cluster.local"
+        assert addresses(await asyncio.to_thread(ask, where, new)) == ["172.30.0.20"]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert not cluster.server.serving
