@@ -213,12 +213,12 @@ def test_tcp_readiness_follows_the_port_and_endpoints_follow(cluster: Cluster) -
     wait_condition(cluster, "tcpgate", "False")
     container = pod_object(cluster, "tcpgate")["spec"]["containers"][0]
     assert container["readinessProbe"]["tcpSocket"] == {"port": 9091}
-    not_ready = ([], [pod.ip])
+    not_ready: tuple[list[str], list[str]] = ([], [pod.ip])
     wait_for(lambda: endpoint_ips(cluster, "gate") == not_ready, 30, "a notReady address")
     with listener(pod, 9091):
         wait_condition(cluster, "tcpgate", "True")
         assert condition(cluster, "tcpgate", "ContainersReady") == "True"
-        ready = ([pod.ip], [])
+        ready: tuple[list[str], list[str]] = ([pod.ip], [])
         wait_for(lambda: endpoint_ips(cluster, "gate") == ready, 30, "a ready address")
     wait_condition(cluster, "tcpgate", "False")
     wait_for(lambda: endpoint_ips(cluster, "gate") == not_ready, 30, "notReady again")
@@ -284,3 +284,37 @@ def test_the_real_cni_result_carries_dns(cluster: Cluster) -> None:
     finally:
         pods.cni_call(cluster.state_dir, record, "DEL")
         netns.remove(name)
+
+
+def test_trace_and_describe_through_a_service(cluster: Cluster) -> None:
+    from podnet.testing.cli import run_podnet
+
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "echo", "namespace": NS},
+        "spec": {"selector": {"role": "echo"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    with pods.admin_api(cluster.state_dir) as api:
+        api.create(SERVICE, service, namespace=NS)
+    backends = [
+        pods.run_pod(cluster.state_dir, name, NS, "node1", {"role": "echo"})
+        for name in ("echo1", "echo2")
+    ]
+    cluster.run("tracer")
+    ips = sorted(b.ip for b in backends)
+    wait_for(lambda: sorted(endpoint_ips(cluster, "echo")[0]) == ips, 30, "two endpoints")
+    admin = cluster.state_dir / "master" / "admin.kubeconfig"
+    flags = ("--port", "80", "--probe", "--state-dir", str(cluster.state_dir))
+    traced = run_podnet(admin, "trace", f"{NS}/tracer", f"svc/{NS}/echo", *flags)
+    assert traced.returncode == 0, traced.stdout + traced.stderr
+    lines = traced.stdout.splitlines()
+    assert lines[0].startswith(f"service {NS}/echo: {NS}/tracer -> ")
+    assert "endpoints: 2 ready (picked at random), 0 not ready" in lines
+    assert "ALLOWED: every ready endpoint agrees" in lines
+    probed = [line for line in lines if "probe: connected (data plane agrees)" in line]
+    assert len(probed) == 3, traced.stdout  # each endpoint, then the cluster IP
+    described = run_podnet(admin, "describe", "svc", "echo", "-n", NS)
+    assert described.returncode == 0, described.stderr
+    shown = next(line for line in described.stdout.splitlines() if line.startswith("Endpoints:"))
+    assert sorted(shown.split()[1].split(",")) == sorted(f"{ip}:8080" for ip in ips)
