@@ -30,7 +30,7 @@ from podnet.api.cachedobjects import (
     KindObjects,
     WatchFilter,
 )
-from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher
+from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher, pinned_name
 from podnet.api.registry import Obj, Registry
 from podnet.model import errors
 from podnet.model.kinds import Kind
@@ -262,6 +262,11 @@ class WatchCache:
         if labels is None and not fields:
             return KeyedView(keys, items), self._latest_revision
         wf = WatchFilter(kind, namespace, labels, fields)
+        name = pinned_name(wf)
+        if name is not None and (namespace or not kind.namespaced):
+            # fieldSelector=metadata.name=<name> names one key: no scan of the kind.
+            key = f"{namespace}/{name}" if kind.namespaced else name
+            keys = [key] if key in items else []
         selected = [(key, items[key]) for key in keys if wf.selects(items[key].probe)]
         return selected, self._latest_revision
 
