@@ -318,3 +318,24 @@ def test_trace_and_describe_through_a_service(cluster: Cluster) -> None:
     assert described.returncode == 0, described.stderr
     shown = next(line for line in described.stdout.splitlines() if line.startswith("Endpoints:"))
     assert sorted(shown.split()[1].split(",")) == sorted(f"{ip}:8080" for ip in ips)
+
+
+def test_a_pod_resolves_a_service_by_its_short_name(cluster: Cluster) -> None:
+    """The pod's resolv.conf (search list, ndots) with the node's DNS server and glibc."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "named", "namespace": NS},
+        "spec": {"selector": {"role": "named"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    with pods.admin_api(cluster.state_dir) as api:
+        ip = api.create(SERVICE, service, namespace=NS)["spec"]["clusterIP"]
+    cluster.run("asker")
+
+    def answer(name: str) -> list[str]:
+        done = pods.exec_pod(cluster.state_dir, "asker", ["getent", "hosts", name], NS)
+        return done.stdout.split()[:1] if done.returncode == 0 else []
+
+    for name in ("named", f"named.{NS}", f"named.{NS}.svc.cluster.local"):
+        assert wait_for(lambda n=name: answer(n), 15, f"{name} resolved") == [ip]
+    assert answer("no-such-service") == []
