@@ -9,6 +9,7 @@ One 1-node cluster for the module, torn down in a finalizer even when a test fai
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -337,5 +338,5 @@ def test_a_pod_resolves_a_service_by_its_short_name(cluster: Cluster) -> None:
         return done.stdout.split()[:1] if done.returncode == 0 else []
 
     for name in ("named", f"named.{NS}", f"named.{NS}.svc.cluster.local"):
-        assert wait_for(lambda n=name: answer(n), 15, f"{name} resolved") == [ip]
+        assert wait_for(functools.partial(answer, name), 15, f"{name} resolved") == [ip]
     assert answer("no-such-service") == []
