@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from podnet.api.auth import ensure_node_token
+from podnet.controllers.endpointslicesdesired import MIRROR_CONTROLLER
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from podnet.testing.api import client_for, namespace
 from podnet.testing.cli import run_kubectl, run_podnet
@@ -179,7 +180,10 @@ def test_hand_written_endpoints_stay_and_tables_show_kubernetes_columns(
 
     kept = api.get(f"{CORE}/endpoints/external").json()
     assert kept["metadata"]["resourceVersion"] == written.json()["metadata"]["resourceVersion"]
-    assert slices_of(api, "external") == []
+    (mirrored,) = until(lambda: slices_of(api, "external"), "the mirrored slice")
+    assert mirrored["metadata"]["labels"][MANAGED_BY_LABEL] == MIRROR_CONTROLLER
+    assert mirrored["endpoints"][0]["addresses"] == ["192.0.2.10"]
+    assert mirrored["metadata"]["ownerReferences"][0]["kind"] == "Endpoints"
 
     ep = run_kubectl(master.kubeconfig, "get", "ep", "-n", NS)
     assert ep.returncode == 0, ep.stderr

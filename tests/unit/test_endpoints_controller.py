@@ -10,9 +10,10 @@ import pytest
 
 from podnet.api.registry import Registry
 from podnet.controllers.endpoints import EndpointsController
+from podnet.controllers.endpointslicesdesired import MIRROR_CONTROLLER
 from podnet.controllers.inprocess import InProcessApi
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, NAMESPACE, POD, SERVICE
-from podnet.model.schemas_discovery import SERVICE_NAME_LABEL
+from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -130,7 +131,7 @@ async def test_edited_or_deleted_slices_and_endpoints_are_repaired(
     await eventually(lambda: _equals(ready_ips(registry), ["10.1.0.5"]))
 
 
-async def test_selectorless_endpoints_are_left_alone_and_external_names_get_none(
+async def test_selectorless_endpoints_are_left_alone_but_mirrored_external_names_get_none(
     registry: Registry, controller: EndpointsController
 ) -> None:
     manual = {
@@ -148,8 +149,21 @@ async def test_selectorless_endpoints_are_left_alone_and_external_names_get_none
     await controller.queue.wait_idle()
     kept = await registry.get(ENDPOINTS, NS, "db")
     assert kept["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
-    assert await slices_of(registry, "db") == [] and await slices_of(registry, "ext") == []
+    assert await slices_of(registry, "ext") == []
+    (mirrored,) = await slices_of(registry, "db")
+    assert mirrored["metadata"]["labels"][MANAGED_BY_LABEL] == MIRROR_CONTROLLER
+    assert [e["addresses"] for e in mirrored["endpoints"]] == [["192.0.2.10"]]
+    assert mirrored["ports"] == [{"name": "", "port": 5432, "protocol": "TCP"}]
+    kept["subsets"][0]["addresses"].append({"ip": "192.0.2.11"})
+    await registry.update(ENDPOINTS, kept, NS, "db")
+    await eventually(lambda: _mirrored_count(registry, 2))
+    await registry.delete(ENDPOINTS, NS, "db")
+    await eventually(lambda: _equals(slices_of(registry, "db"), []))
     assert await ready_ips(registry, "ext") is None
+
+
+async def _mirrored_count(registry: Registry, count: int) -> bool:
+    return sum(len(s["endpoints"]) for s in await slices_of(registry, "db")) == count
 
 
 async def _equals(value: Any, expected: Any) -> bool:

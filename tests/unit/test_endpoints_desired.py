@@ -21,10 +21,12 @@ from podnet.controllers.endpointsdesired import (
 )
 from podnet.controllers.endpointslicesdesired import (
     MAX_ENDPOINTS_PER_SLICE,
+    MIRROR_CONTROLLER,
     SLICE_CONTROLLER,
     desired_slices,
     slice_differs,
 )
+from podnet.controllers.endpointsmirror import SKIP_MIRROR_LABEL, mirrored_slices, mirrors
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from podnet.model.validation import validate
@@ -230,6 +232,47 @@ def test_names_are_stable_and_differ_by_ports() -> None:
     other = service(ports=[{"name": "http", "port": 80, "targetPort": 9000, "protocol": "TCP"}])
     assert set(first).isdisjoint(desired_slices(other, [pod("a", "10.1.0.5")]))
     assert all(name.startswith("web-") for name in first)
+
+
+def test_hand_written_endpoints_are_mirrored_into_slices() -> None:
+    manual: Obj = {
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": "db", "namespace": "ns", "uid": "ep-uid", "labels": {"x": "y"}},
+        "subsets": [
+            {
+                "addresses": [{"ip": "192.0.2.10", "hostname": "db-0"}, {"ip": "2001:db8::1"}],
+                "notReadyAddresses": [{"ip": "192.0.2.11", "nodeName": "n1"}],
+                "ports": [{"name": "pg", "port": 5432}],
+            }
+        ],
+    }
+    selectorless = service("db", selector={})
+    assert mirrors(selectorless, manual)
+    assert not mirrors(service("db"), manual)
+    assert not mirrors(service("db", selector={}, type="ExternalName"), manual)
+    skipped = {**manual, "metadata": {**manual["metadata"], "labels": {SKIP_MIRROR_LABEL: "true"}}}
+    assert not mirrors(selectorless, skipped)
+    ours = desired_endpoints(service("db"), [])
+    assert not mirrors(selectorless, ours)
+
+    slices = {s["addressType"]: s for s in mirrored_slices(manual).values()}
+    assert sorted(slices) == ["IPv4", "IPv6"]
+    v4 = slices["IPv4"]
+    assert v4["endpoints"] == [
+        {"addresses": ["192.0.2.10"], "conditions": {"ready": True}, "hostname": "db-0"},
+        {"addresses": ["192.0.2.11"], "conditions": {"ready": False}, "nodeName": "n1"},
+    ]
+    assert v4["ports"] == [{"name": "pg", "port": 5432, "protocol": "TCP"}]
+    labels = v4["metadata"]["labels"]
+    assert labels == {"x": "y", SERVICE_NAME_LABEL: "db", MANAGED_BY_LABEL: MIRROR_CONTROLLER}
+    owner = v4["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Endpoints", "db", "ep-uid")
+    for one in slices.values():
+        validate(ENDPOINT_SLICE, one)
+    assert mirrored_slices({**manual, "subsets": []}) == {}
+    # the mirror and the controller never pick the same names
+    assert set(mirrored_slices(manual)).isdisjoint(desired_slices(service("db"), []))
 
 
 pod_specs = st.lists(

@@ -9,10 +9,10 @@ with what the caches hold and writes only what differs, each write a read-modify
 (``guaranteed_update``) so a concurrent edit is not lost or overwritten blindly.
 
 What it leaves alone: the Endpoints of a Service without a selector (its users write
-them) and of an ExternalName Service, and slices it did not write (another
-``managed-by``). A deleted Service loses the Endpoints and slices the controller wrote.
-Every resync period the listings run through the same handlers, so someone editing or
-deleting a managed object is repaired.
+them; it mirrors them into slices, ``endpointsmirror``) and of an ExternalName Service,
+and slices it did not write (another ``managed-by``). A deleted Service loses the
+Endpoints and slices the controller wrote. Every resync period the listings run through
+the same handlers, so someone editing or deleting a managed object is repaired.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from podnet.controllers.endpointslicesdesired import (
     service_name_of,
     slice_differs,
 )
+from podnet.controllers.endpointsmirror import mirrored_slices, mirrors
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, POD, SERVICE, Kind
 
 Obj = dict[str, Any]
@@ -177,6 +178,8 @@ class EndpointsController(Controller):
         desired: dict[str, Obj] = {}
         if service is not None and manages(service):
             desired = desired_slices(service, self._pods_for(service))
+        elif service is not None and mirrors(service, endpoints := self.endpoints.get(key)):
+            desired = mirrored_slices(endpoints or {})
         namespace, _ = _split(key)
         for name, want in desired.items():
             have = current.get(f"{namespace}/{name}")

@@ -43,7 +43,9 @@ from podnet.controllers.endpointsdesired import (
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 
 SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+MIRROR_CONTROLLER = "endpointslicemirroring-controller.k8s.io"
 MAX_ENDPOINTS_PER_SLICE = 100
+Groups = dict[tuple[str, str], list[dict[str, Any]]]  # (address type, ports key) -> endpoints
 _NAME_HASH = 10
 
 
@@ -75,10 +77,10 @@ def slice_endpoint(service: Obj, pod: Obj, addresses: list[str]) -> dict[str, An
     }
 
 
-def _groups(service: Obj, pods: Iterable[Obj]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _groups(service: Obj, pods: Iterable[Obj]) -> Groups:
     """Endpoints by (address type, ports key)."""
     types = address_types(service)
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: Groups = {}
     for pod in pods:
         if not selects(service, pod) or not pod_counts(pod, include_terminating=True):
             continue
@@ -91,18 +93,19 @@ def _groups(service: Obj, pods: Iterable[Obj]) -> dict[tuple[str, str], list[dic
     return groups
 
 
-def slice_name(service: Obj, address_type: str, key: str, index: int) -> str:
-    """``<service>-<hash>``: the same for the same address type, ports and chunk."""
-    text = json.dumps([address_type, key, index])
+def slice_name(service_name: str, managed_by: str, address_type: str, key: str, index: int) -> str:
+    """``<service>-<hash>``: the same for the same writer, address type, ports and chunk."""
+    text = json.dumps([managed_by, address_type, key, index])
     digest = hashlib.sha256(text.encode()).hexdigest()[:_NAME_HASH]
-    return f"{meta_of(service).get('name')}-{digest}"
+    return f"{service_name}-{digest}"
 
 
-def _owner(service: Obj) -> dict[str, Any]:
-    meta = meta_of(service)
+def owner_reference(owner: Obj) -> dict[str, Any]:
+    """A controller reference to ``owner`` (a Service, or mirrored Endpoints)."""
+    meta = meta_of(owner)
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        "apiVersion": str(owner.get("apiVersion") or "v1"),
+        "kind": str(owner.get("kind")),
         "name": str(meta.get("name")),
         "uid": str(meta.get("uid") or ""),
         "controller": True,
@@ -110,41 +113,47 @@ def _owner(service: Obj) -> dict[str, Any]:
     }
 
 
-def _slice(
-    service: Obj, name: str, address_type: str, ports: list[Any], endpoints: list[Any]
-) -> dict[str, Any]:
-    meta = meta_of(service)
-    labels = owned_labels(
-        service, {SERVICE_NAME_LABEL: str(meta.get("name")), MANAGED_BY_LABEL: SLICE_CONTROLLER}
-    )
-    metadata: dict[str, Any] = {"name": name, "namespace": meta.get("namespace"), "labels": labels}
+def build_slices(
+    owner: Obj, managed_by: str, labels: dict[str, str], groups: Groups, placeholder: str | None
+) -> dict[str, dict[str, Any]]:
+    """The slices holding ``groups``, at most ``MAX_ENDPOINTS_PER_SLICE`` endpoints each,
+    labelled with ``labels``, the service name and ``managed_by``, owned by ``owner``; one
+    empty slice of address type ``placeholder`` when there is no endpoint at all."""
+    meta, size = meta_of(owner), MAX_ENDPOINTS_PER_SLICE
+    service = str(meta.get("name"))
+    labels = {**labels, SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: managed_by}
+    metadata: dict[str, Any] = {"namespace": meta.get("namespace"), "labels": labels}
     if meta.get("uid"):
-        metadata["ownerReferences"] = [_owner(service)]
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": metadata,
-        "addressType": address_type,
-        "endpoints": endpoints,
-        "ports": ports,
-    }
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    chunks = [
+        (address_type, key, index, endpoints[index * size : (index + 1) * size])
+        for (address_type, key), endpoints in sorted(groups.items())
+        for index in range(-(-len(endpoints) // size))
+    ]
+    if not chunks and placeholder:
+        chunks = [(placeholder, "[]", -1, [])]
+    out = {}
+    for address_type, key, index, chunk in chunks:
+        name = slice_name(service, managed_by, address_type, key, index)
+        out[name] = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": name, **metadata},
+            "addressType": address_type,
+            "endpoints": chunk,
+            "ports": json.loads(key),
+        }
+    return out
 
 
 def desired_slices(service: Obj, pods: Iterable[Obj]) -> dict[str, dict[str, Any]]:
     """Every EndpointSlice the controller keeps for ``service``, by name."""
-    out: dict[str, dict[str, Any]] = {}
-    for (address_type, key), endpoints in sorted(_groups(service, pods).items()):
+    groups = _groups(service, pods)
+    for endpoints in groups.values():
         endpoints.sort(key=lambda e: (e["addresses"], e["targetRef"]["name"]))
-        ports = json.loads(key)
-        for index in range(0, len(endpoints), MAX_ENDPOINTS_PER_SLICE):
-            chunk = endpoints[index : index + MAX_ENDPOINTS_PER_SLICE]
-            name = slice_name(service, address_type, key, index // MAX_ENDPOINTS_PER_SLICE)
-            out[name] = _slice(service, name, address_type, ports, chunk)
-    if not out:
-        address_type = address_types(service)[0]
-        name = slice_name(service, address_type, "placeholder", 0)
-        out[name] = _slice(service, name, address_type, [], [])
-    return out
+    labels = owned_labels(service, {})
+    owner = {**service, "apiVersion": "v1", "kind": "Service"}
+    return build_slices(owner, SLICE_CONTROLLER, labels, groups, address_types(service)[0])
 
 
 _OWNED_FIELDS = ("addressType", "endpoints", "ports")
@@ -161,9 +170,10 @@ def slice_differs(current: Obj, desired: Obj) -> bool:
 
 
 def is_managed_slice(obj: Obj) -> bool:
-    """Whether the controller wrote this slice (and may change or delete it)."""
+    """Whether the controller wrote this slice, from pods or mirrored from hand-written
+    Endpoints (and may change or delete it)."""
     labels: Mapping[str, Any] = meta_of(obj).get("labels") or {}
-    return labels.get(MANAGED_BY_LABEL) == SLICE_CONTROLLER
+    return labels.get(MANAGED_BY_LABEL) in (SLICE_CONTROLLER, MIRROR_CONTROLLER)
 
 
 def service_name_of(obj: Obj) -> str | None:
