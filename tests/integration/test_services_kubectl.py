@@ -107,6 +107,21 @@ def test_kubectl_expose_pod(master: MasterProcess) -> None:
     ok(master, "expose", "pod", "echo", "--name=echo-np", "--port=80", "--type=NodePort")
     node_port = spec(master, "echo-np")["ports"]
     assert isinstance(node_port, list) and 30000 <= node_port[0]["nodePort"] <= 32767
+    ok(
+        master,
+        "expose",
+        "pod",
+        "echo",
+        "--name=echo-aff",
+        "--port=80",
+        "--session-affinity=ClientIP",
+    )
+    affinity = spec(master, "echo-aff")["sessionAffinityConfig"]
+    assert affinity == {"clientIP": {"timeoutSeconds": 10800}}
+    # This master allows no externalIPs (no --external-ip-cidrs): refused, flag named.
+    args = ("expose", "pod", "echo", "--name=echo-ext", "--port=80", "--external-ip=192.0.2.50")
+    err = fails(master, *args)
+    assert "spec.externalIPs[0]" in err and "--external-ip-cidrs" in err
 
 
 MANIFEST = """
