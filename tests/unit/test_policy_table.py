@@ -54,7 +54,8 @@ def test_each_node_holds_only_its_own_pods_rules() -> None:
     assert {"forward", "ingress", "ingress_gate"} <= set(on_1.chains)
     assert "egress" not in on_1.chains  # no egress isolation
     forward = on_1.chains["forward"].rules
-    assert forward[0] == "ct state established,related accept" and len(forward) == 3
+    assert forward[0] == "ct state established,related accept" and len(forward) == 4
+    assert forward[1] == "meta mark & 0x00008000 == 0x00008000 accept"  # hairpin
     isolated = [s for s in on_1.sets.values() if s.elements == (IPS["x/a"],)]
     assert isolated, "the ingress-isolated set holds x/a alone"
 
@@ -112,6 +113,7 @@ def test_egress_allows_go_on_to_the_ingress_check() -> None:
     table = PolicyRenderer("node-1").render(compile_cluster([DENY_X]))
     assert table.chains["forward"].rules == (
         "ct state established,related accept",
+        "meta mark & 0x00008000 == 0x00008000 accept",
         *(f"ip saddr @{s} {v}" for s in [_isolated(table)] for v in ("jump egress", "drop")),
         *(f"ip daddr @{s} {v}" for s in [_isolated(table)] for v in ("jump ingress", "drop")),
     )

@@ -100,7 +100,7 @@ def _new_veth(links: NetlinkBatch, host: str, pod: PodNetwork, bridge: int) -> N
         raise DataPlaneError(f"opening pod namespace {pod.netns}: {err}") from err
     try:
         peer = rtnl.PeerEnd(pod.ifname, fd, pod.mac)
-        links.run([rtnl.create_veth(host, bridge, pod.mtu, peer)])
+        links.run([rtnl.create_veth(host, bridge, pod.mtu, peer), rtnl.bridge_port_hairpin(host)])
     finally:
         os.close(fd)
 

@@ -18,7 +18,8 @@ script.
   connections, and every later packet of one), jumps to ``egress`` (or ``ingress``) for
   the isolated pods of this node, and drops them when nothing allowed. Traffic between
   a pod and its own node (input and output hooks) is never checked: Kubernetes always
-  allows it, and ``evaluate`` says so too. Each compiled rule is one rule (more
+  allows it, and ``evaluate`` says so too; nor is a pod's packet to itself through a
+  service (hairpin, marked ``HAIRPIN_MARK`` by ``servicetable``), loopback for ``evaluate``. Each compiled rule is one rule (more
   when it has both pod and ipBlock peers, or both port ranges and named ports) matching
   sets. A node checks egress only for its own source pods and ingress only for its own
   destination pods, so a packet between two nodes is checked once per direction and each
@@ -58,6 +59,8 @@ TABLE_KEY = f"inet {POLICY_TABLE}"
 BUCKETS = 32
 FORWARD_FILTER = "type filter hook forward priority filter; policy accept;"
 ESTABLISHED = "ct state established,related accept"
+HAIRPIN_MARK = "0x00008000"  # set by the service proxy on a pod's packet to itself
+HAIRPIN = f"meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} accept"  # loopback, as evaluate
 EGRESS_CHAIN, INGRESS_CHAIN, INGRESS_GATE = "egress", "ingress", "ingress_gate"
 IPV4 = "ipv4_addr"
 PORTS = "inet_proto . inet_service"
@@ -327,7 +330,7 @@ class _Gates:
         egress_check = self._check("ip saddr", self.egress, EGRESS_CHAIN)
         ingress_check = self._check("ip daddr", self.ingress, INGRESS_CHAIN)
         found = [
-            Chain("forward", FORWARD_FILTER, (ESTABLISHED, *egress_check, *ingress_check)),
+            Chain("forward", FORWARD_FILTER, (ESTABLISHED, HAIRPIN, *egress_check, *ingress_check)),
             Chain(INGRESS_GATE, None, (*ingress_check, "accept")),
         ]
         for direction, present in ((EGRESS_CHAIN, self.egress), (INGRESS_CHAIN, self.ingress)):

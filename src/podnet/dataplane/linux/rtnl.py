@@ -44,6 +44,7 @@ RTM_NEWADDR, RTM_NEWROUTE = 20, 24
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER = 1, 3, 4, 10
 IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD = 18, 20, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
+IFLA_INFO_SLAVE_KIND, IFLA_INFO_SLAVE_DATA, IFLA_BRPORT_MODE = 4, 5, 4
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 IFF_UP = 0x1
@@ -150,6 +151,16 @@ def create_veth(host: str, master: int, mtu: int, peer: PeerEnd) -> Request:
     body = ifinfo(up=True) + attr_str(IFLA_IFNAME, host) + attr_u32(IFLA_MTU, mtu)
     body += attr_u32(IFLA_MASTER, master) + info
     return Request(f"creating veth {host} with {peer.ifname}", RTM_NEWLINK, NEW, body)
+
+
+def bridge_port_hairpin(name: str) -> Request:
+    """Hairpin mode on bridge port ``name``: a frame may leave by the port it came in. A
+    pod's packet to itself through a service is DNATed while bridged (br_netfilter) and
+    must go back out of its own port."""
+    mode = nested(IFLA_INFO_SLAVE_DATA, attr(IFLA_BRPORT_MODE, b"\x01"))
+    info = nested(IFLA_LINKINFO, attr_str(IFLA_INFO_SLAVE_KIND, "bridge"), mode)
+    body = ifinfo() + attr_str(IFLA_IFNAME, name) + info
+    return Request(f"setting hairpin mode on {name}", RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, body)
 
 
 def set_link(name: str, *, up: bool = False, alias: str | None = None) -> Request:

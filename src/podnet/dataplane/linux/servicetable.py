@@ -22,7 +22,8 @@
   forward, output, just before the policy table) answer with a TCP reset or an ICMP
   port unreachable. Nothing is black-holed.
 - ``postrouting`` masquerades what was marked, hairpin traffic (a pod reaching itself
-  through a service: source == endpoint, ``@hairpin``) and, when bridged traffic skips
+  through a service: source == endpoint, ``@hairpin``; the forward filter marks it
+  first, so that the policy table lets it pass as loopback, as ``evaluate`` does) and, when bridged traffic skips
   netfilter (subnet mode: ``NodeNetwork.isolation`` off), DNATed traffic between two pods
   of this node, whose reply would otherwise be bridged around conntrack.
 
@@ -44,7 +45,7 @@ from ipaddress import IPv4Network
 
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.nftrules import collapse
-from podnet.dataplane.linux.policytable import Chain
+from podnet.dataplane.linux.policytable import HAIRPIN_MARK, Chain
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
 
 SERVICES_TABLE = "podnet_services"
@@ -161,9 +162,11 @@ def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
     nat = "type nat hook {} priority {}; policy accept;"
     filt = "type filter hook {} priority filter - 1; policy accept;"
     local = f"ip saddr {node.subnet} ip daddr {node.subnet} ct status dnat masquerade"
+    hairpin = f"ct status dnat ip saddr . ip daddr @{HAIRPIN}"
+    mark_hairpin = f"{hairpin} meta mark set meta mark | {HAIRPIN_MARK}"
     postrouting = [
         f"meta mark & {MASQUERADE_MARK} == {MASQUERADE_MARK} masquerade",
-        f"ct status dnat ip saddr . ip daddr @{HAIRPIN} masquerade",
+        f"{hairpin} masquerade",
         *([] if node.isolation else [local]),
     ]
     chains = [
@@ -171,7 +174,7 @@ def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
         Chain("output", nat.format("output", "-100"), (f"jump {SERVICES_CHAIN}",)),
         Chain("postrouting", nat.format("postrouting", "srcnat"), tuple(postrouting)),
         Chain("filter_input", filt.format("input"), (NEW_ONLY,)),
-        Chain("filter_forward", filt.format("forward"), (NEW_ONLY,)),
+        Chain("filter_forward", filt.format("forward"), (mark_hairpin, NEW_ONLY)),
         Chain("filter_output", filt.format("output"), (NEW_ONLY,)),
         Chain(
             SERVICES_CHAIN,
