@@ -17,6 +17,7 @@ from podnet.controllers.endpointsdesired import (
     desired_endpoints,
     endpoints_differ,
     manages,
+    slim_pod,
     target_port,
 )
 from podnet.controllers.endpointslicesdesired import (
@@ -273,6 +274,20 @@ def test_hand_written_endpoints_are_mirrored_into_slices() -> None:
     assert mirrored_slices({**manual, "subsets": []}) == {}
     # the mirror and the controller never pick the same names
     assert set(mirrored_slices(manual)).isdisjoint(desired_slices(service("db"), []))
+
+
+def test_slim_pods_give_the_same_endpoints() -> None:
+    svc = service(ports=[{"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP"}])
+    web = [{"name": "web", "containerPort": 8080, "protocol": "TCP"}]
+    pods = [pod("a", "10.1.0.5", ports=web), pod("b", "10.1.0.6", ready=False, ports=web)]
+    pods.append(pod("c", "10.1.0.7", ports=web, spec__hostname="c", spec__subdomain="web"))
+    pods[0]["status"]["conditions"].append({"type": "PodScheduled", "status": "True"})
+    pods[0]["metadata"]["annotations"] = {"big": "x" * 1000}
+    slim = [slim_pod(p) for p in pods]
+    assert desired_endpoints(svc, slim) == desired_endpoints(svc, pods)
+    assert desired_slices(svc, slim) == desired_slices(svc, pods)
+    assert "annotations" not in slim[0]["metadata"]
+    assert slim[0]["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
 
 
 pod_specs = st.lists(

@@ -39,6 +39,7 @@ from podnet.controllers.endpointsdesired import (
     meta_of,
     selector_of,
     selects,
+    slim_pod,
     spec_of,
 )
 from podnet.controllers.endpointsindex import PodIndex, ServiceIndex, follow
@@ -97,7 +98,7 @@ class EndpointsController(Controller):
     def _on_pod(self, change: str, obj: Obj) -> None:
         if is_marker(self.pods.cache, change, obj):
             return
-        versions = follow(self.pods, change, obj) or []
+        versions = follow(self.pods, change, slim_pod(obj)) or []
         candidates = set().union(*(self.services.candidates(v) for v in versions))
         for service_key in candidates:
             service = self.services.get(service_key)
