@@ -1,13 +1,14 @@
 """One simulated node agent: registers, heartbeats, waits for its subnet, watches.
 
 What it sends follows ``podnet.agent``: GET then POST of its Node (InternalIP and
-Hostname), the Lease ``kube-node-lease/<node>`` read and renewed every quarter of its
-duration (``podnet.agent.heartbeat``'s own helpers build it), its HostSubnet listed and watched
-alone until the master has allocated it (``podnet.agent.objectwait``; the older GET every
-``POLL_SECONDS`` is kept as an option), then the Node's Ready condition set
-through the status subresource. Requests share one keep-alive HTTPS connection; each
-watched kind has its own. Watches reconnect from the last resourceVersion when the server
-ends them and list again after 410 Gone, as the agent's reflector does.
+Hostname), the Lease ``kube-node-lease/<node>`` renewed every quarter of its duration by
+one PUT over the Lease written last (``podnet.agent.heartbeat``'s own helpers build it),
+its HostSubnet listed and watched alone until the master has allocated it
+(``podnet.agent.objectwait``; the older GET every ``POLL_SECONDS`` is kept as an option),
+then the Node's Ready condition set through the status subresource. Requests share one
+keep-alive HTTPS connection; each watched kind has its own. Watches reconnect from the
+last resourceVersion when the server ends them and list again after 410 Gone, as the
+agent's reflector does.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class SimAgent:
         self.versions: dict[str, int] = {}  # kind plural -> last resourceVersion seen
         self.subnet = ""
         self._session: aiohttp.ClientSession | None = None
+        self._lease: Obj | None = None  # the Lease as last written
         self._streams: set[WatchStream] = set()
 
     def session(self) -> aiohttp.ClientSession:
@@ -204,15 +206,28 @@ class SimAgent:
             await self.expect("POST", collection_path(NODE), body, 201, 409)
 
     async def renew_lease(self) -> None:
+        """As ``podnet.agent.heartbeat``: PUT over the Lease written last; read it first
+        only at start and after a conflict (then renew again at once, as the agent does)."""
         path = f"{collection_path(LEASE, NODE_LEASE_NAMESPACE)}/{self.spec.name}"
-        now = micro_time()
-        status, lease = await self.call("GET", path)
-        if status == 404:
-            body = lease_object(self.spec.name, self.lease_seconds, now)
-            await self.expect("POST", collection_path(LEASE, NODE_LEASE_NAMESPACE), body, 201)
-        else:
+        for _ in range(3):
+            now = micro_time()
+            lease, self._lease = self._lease, None
+            if lease is None:
+                status, lease = await self.call("GET", path)
+                if status == 404:
+                    lease = None
+            if lease is None:
+                body = lease_object(self.spec.name, self.lease_seconds, now)
+                collection = collection_path(LEASE, NODE_LEASE_NAMESPACE)
+                self._lease = await self.expect("POST", collection, body, 201)
+                break
             body = renewed(lease, self.spec.name, self.lease_seconds, now)
-            await self.expect("PUT", path, body, 200, 409)
+            status, written = await self.call("PUT", path, body)
+            if status == 200:
+                self._lease = written
+                break
+            if status != 409:
+                raise Failed(f"PUT {path}: {status} {written.get('message', '')}")
         self.tally.heartbeats += 1
 
     async def heartbeat(self) -> None:
