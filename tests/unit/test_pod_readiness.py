@@ -4,6 +4,7 @@ conditions as written, and the prober's loop on fakes."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -182,3 +183,39 @@ def test_the_ready_column_follows_the_reported_readiness() -> None:
     not_ready = {"status": {"phase": "Running", **readiness_status(False, True, "t")}}
     assert ready.read(not_ready) == "0/1"
     assert ready.read({"status": readiness_status(True, True, "t")}) == "1/1"
+
+
+class FakeStatusApi:
+    """GET and PATCH of one Pod's status; NotFound once ``deleted``."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {"phase": "Running"}
+        self.deleted = False
+        self.patches: list[dict[str, Any]] = []
+
+    def get(self, kind: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+        from podnet.client import NotFound
+
+        if self.deleted:
+            raise NotFound(404, "NotFound", "pods not found")
+        return {"metadata": {"name": name}, "status": self.status}
+
+    def patch(self, kind: Any, name: str, patch: dict[str, Any], namespace: str | None = None,
+              subresource: str = "") -> dict[str, Any]:  # fmt: skip
+        assert (kind.plural, subresource) == ("pods", "status")
+        self.patches.append(patch)
+        self.status = {**self.status, **patch["status"]}
+        return {}
+
+
+def test_reporter_writes_status_and_notices_a_deleted_pod() -> None:
+    from podnet.cluster.prober import PodStatusReporter
+
+    api = FakeStatusApi()
+    reporter = PodStatusReporter(api, "a", "web")
+    assert reporter.write(False, True) and reporter.write(True, True)
+    ready = {c["type"]: c["status"] for c in api.status["conditions"]}
+    assert ready == {"ContainersReady": "True", "Ready": "True"}
+    assert api.status["phase"] == "Running", "only the readiness part is patched"
+    api.deleted = True
+    assert reporter.write(False, True) is False and reporter.gone

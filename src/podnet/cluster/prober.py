@@ -12,8 +12,8 @@ that node (NodeRestriction). Every ``period`` it probes once, bounded by ``timeo
 
 Results go through ``ReadinessTracker``; the Pod's Ready/ContainersReady conditions are
 written at start (not ready), on each flip, and again after a failed write. When the
-pod's process is gone the pod is written not ready and the prober exits. It stops on
-SIGTERM (the pod's teardown) without writing.
+pod's process is gone the pod is written not ready and the prober exits; it exits too
+once the Pod object is deleted. It stops on SIGTERM (the pod's teardown) without writing.
 """
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ class PodStatusReporter:
 
     def __init__(self, api: Any, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
+        self.gone = False  # the Pod object was deleted: nothing left to report to
 
     def write(self, ready: bool, running: bool) -> bool:
         """PATCH pods/status; False (logged) when the API refused or did not answer."""
-        from podnet.client import ClientError
+        from podnet.client import ClientError, NotFound
         from podnet.model.kinds import POD
 
         try:
@@ -94,6 +95,10 @@ class PodStatusReporter:
             status = readiness_status(ready, running, rfc3339(datetime.now(UTC)), pod.get("status"))
             patch = {"status": status}
             self.api.patch(POD, self.name, patch, self.namespace, subresource="status")
+        except NotFound:
+            log.info("pod %s/%s: the Pod object is gone; stopping", self.namespace, self.name)
+            self.gone = True
+            return False
         except ClientError as exc:
             log.warning("pod %s/%s: readiness not written: %s", self.namespace, self.name, exc)
             return False
@@ -162,7 +167,7 @@ def main(args: Sequence[str] | None = None) -> int:
 
     with ApiClient(load_client_config(opts.kubeconfig)) as api:
         reporter = PodStatusReporter(api, opts.namespace, opts.name)
-        probe_loop(check, probe, pod.alive, reporter.write)
+        probe_loop(check, probe, lambda: pod.alive() and not reporter.gone, reporter.write)
     return 0
 
 
