@@ -23,6 +23,8 @@ def transaction(have: ServiceNft | None, want: ServiceNft) -> str:
     """The script taking the kernel's table from ``have`` (None: absent) to ``want``;
     empty when they are equal."""
     table = f"table {TABLE_KEY}"
+    if have is not None and not (have.chains or have.sets):
+        have = None  # nothing in it: as good as absent
     if not want.chains:
         return f"delete {table}\n" if have is not None else ""
     if have is not None and _definitions_differ(have, want):

@@ -1,0 +1,113 @@
+"""``ServiceSync`` against scripted watches and the fake data plane: nothing before both
+listings, every change reaches the data plane as the table a full compile gives, and a
+service the data plane refuses is left out while the rest is applied."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+import pytest
+
+from podnet.agent.services import ServiceSync
+from podnet.client import LISTED, WatchEvent
+from podnet.dataplane.fake import FakeDataPlane
+from podnet.dataplane.interface import NodeNetwork
+from podnet.model.kinds import ENDPOINT_SLICE, SERVICE, Kind
+from podnet.reconcile import APPLIED, PARTIAL
+from podnet.services.compile import compile_services
+from podnet.testing.e2e import eventually
+
+Obj = dict[str, Any]
+NODE = NodeNetwork(
+    "node-1",
+    IPv4Address("198.51.100.11"),
+    IPv4Network("10.128.0.0/23"),
+    (IPv4Network("10.128.0.0/14"),),
+    IPv4Network("172.30.0.0/16"),
+    1450,
+)
+
+
+class ScriptedWatches:
+    """Per kind: a listing released by ``list``, then the events ``send`` queues."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[WatchEvent]] = {
+            kind.plural: asyncio.Queue() for kind in (SERVICE, ENDPOINT_SLICE)
+        }
+
+    async def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
+        while True:
+            yield await self.queues[kind.plural].get()
+
+    def send(self, kind: Kind, event: WatchEvent) -> None:
+        self.queues[kind.plural].put_nowait(event)
+
+
+def service(name: str, host: int) -> Obj:
+    spec = {"clusterIP": f"172.30.0.{host}", "ports": [{"port": 80, "protocol": "TCP"}]}
+    return {"metadata": {"namespace": "default", "name": name}, "spec": spec}
+
+
+def endpoint_slice(name: str, *hosts: int) -> Obj:
+    return {
+        "metadata": {
+            "namespace": "default",
+            "name": f"{name}-1",
+            "labels": {"kubernetes.io/service-name": name},
+        },
+        "endpoints": [
+            {"addresses": [f"10.128.2.{h}"], "conditions": {"ready": True}} for h in hosts
+        ],
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+    }
+
+
+@pytest.fixture
+async def plane() -> FakeDataPlane:
+    fake = FakeDataPlane()
+    await fake.setup_node(NODE)
+    return fake
+
+
+async def test_applies_after_both_listings_then_follows_changes(plane: FakeDataPlane) -> None:
+    watches = ScriptedWatches()
+    sync = ServiceSync(watches, plane, NODE, resync_period=3600, coalesce=0.001)
+    tasks = [asyncio.create_task(body()) for _, body in sync.tasks()]
+    try:
+        services, slices = [service("a", 1), service("b", 2)], [endpoint_slice("a", 5, 6)]
+        watches.send(SERVICE, WatchEvent(LISTED, items=tuple(services)))
+        await asyncio.sleep(0.05)
+        assert plane.count("sync_services") == 0  # the slices have not listed yet
+        watches.send(ENDPOINT_SLICE, WatchEvent(LISTED, items=tuple(slices)))
+        want = compile_services(services, slices, "node-1")
+        await eventually(lambda: plane.state.services == want, what="the first table")
+        slices = [endpoint_slice("a", 7), endpoint_slice("b", 8)]
+        for changed in slices:
+            watches.send(ENDPOINT_SLICE, WatchEvent("MODIFIED", changed))
+        watches.send(SERVICE, WatchEvent("DELETED", services[0]))
+        want = compile_services(services[1:], slices, "node-1")
+        await eventually(lambda: plane.state.services == want, what="the changed table")
+        assert sync.loop.last is not None and sync.loop.last.result == APPLIED
+        assert [p.service for p in want.ports] == ["default/b"]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_refused_service_is_left_out_and_the_rest_applied(plane: FakeDataPlane) -> None:
+    plane.refuse.add("default/bad")
+    watches = ScriptedWatches()
+    sync = ServiceSync(watches, plane, NODE, resync_period=3600)
+    services = [service("bad", 1), service("good", 2)]
+    sync.queue(SERVICE, WatchEvent(LISTED, items=tuple(services)))
+    sync.queue(ENDPOINT_SLICE, WatchEvent(LISTED, items=(endpoint_slice("good", 5),)))
+    assert await sync.loop.reconcile_once()
+    assert sync.loop.last is not None and sync.loop.last.result == PARTIAL
+    assert sync.loop.left_out == frozenset({"default/bad"})
+    assert plane.state.services is not None
+    assert plane.state.services.services() == ["default/good"]
