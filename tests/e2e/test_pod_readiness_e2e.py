@@ -176,6 +176,8 @@ def test_the_pod_gets_its_namespace_service_variables(cluster: Cluster) -> None:
     assert env["WEB_FRONT_PORT_53_UDP"] == f"udp://{ip}:53"
     assert env["WEB_FRONT_PORT_53_UDP_ADDR"] == ip
     assert not any(k.startswith("KUBECONFIG") for k in env), "nothing of the caller's"
+    shown = pods.exec_pod(cluster.state_dir, "envpod", ["env"], NS).stdout.splitlines()
+    assert f"WEB_FRONT_SERVICE_HOST={ip}" in shown, "pod exec gets them too"
 
 
 @contextlib.contextmanager

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from podnet.cluster.podenv import (
+    load_environment,
     namespace_service_environment,
+    save_environment,
     service_environment,
     service_variables,
     visible_services,
@@ -98,3 +102,18 @@ def test_namespace_service_environment_reads_the_namespace_and_default() -> None
     api.asked.clear()
     assert "WEB_SERVICE_HOST" not in namespace_service_environment(api, "default")
     assert api.asked == ["default"]
+
+
+def test_kept_variables_round_trip_and_only_service_names_come_back(tmp_path: Path) -> None:
+    path = tmp_path / "pods" / "shop_web.env.json"
+    env = service_variables(svc("web", "10.0.0.10", {"name": "http", "port": 80}))
+    save_environment(path, env)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert load_environment(path) == env
+    path.write_text(json.dumps({**env, "LD_PRELOAD": "/tmp/x.so", "PATH": "/tmp", "A_PORT": 1}))
+    assert load_environment(path) == env, "no other names, no non-strings"
+    path.write_text("[1, 2]")
+    assert load_environment(path) == {}
+    path.write_text("{not json")
+    assert load_environment(path) == {}
+    assert load_environment(tmp_path / "missing") == {}

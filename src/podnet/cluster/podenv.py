@@ -19,11 +19,15 @@ created later is found through DNS, not here.
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 MASTER_NAMESPACE = "default"
 MASTER_SERVICES = frozenset({"kubernetes"})
+_VARIABLE = re.compile(r"[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT|PORT)(_[A-Z0-9_]+)?")
 
 Obj = Mapping[str, Any]
 
@@ -107,3 +111,24 @@ def namespace_service_environment(api: Any, namespace: str) -> dict[str, str]:
     if namespace != MASTER_NAMESPACE:
         master = api.list(SERVICE, MASTER_NAMESPACE).get("items") or []
     return service_environment(visible_services(namespace, own, master))
+
+
+def save_environment(path: Path, env: Mapping[str, str]) -> None:
+    """Keep the variables a pod started with (root-only, in the hidden state dir), so
+    ``pod exec`` gives its commands the same ones, as a container exec does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(env), sort_keys=True))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def load_environment(path: Path) -> dict[str, str]:
+    """The kept variables ({} when there are none); only names a Service can give."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str) and _VARIABLE.fullmatch(str(k))}

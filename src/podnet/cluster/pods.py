@@ -35,7 +35,11 @@ from podnet.cluster.podcni import PodError as PodError
 from podnet.cluster.podcni import cni_call, result_dns, result_ip
 from podnet.cluster.podcni import cni_env as cni_env
 from podnet.cluster.podcni import plugin_config as plugin_config
-from podnet.cluster.podenv import namespace_service_environment
+from podnet.cluster.podenv import (
+    load_environment,
+    namespace_service_environment,
+    save_environment,
+)
 from podnet.cluster.podprocess import (
     PodProcessError,
     pod_environment,
@@ -170,6 +174,10 @@ def pod_log(state_dir: Path, pod: PodRecord) -> Path:
     return state_dir / "pods" / f"{pod.namespace}_{pod.name}.log"
 
 
+def pod_env_file(state_dir: Path, pod: PodRecord) -> Path:
+    return state_dir / "pods" / f"{pod.namespace}_{pod.name}.env.json"
+
+
 def run_pod(
     state_dir: Path,
     name: str,
@@ -254,6 +262,7 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
         obj = pod_object(pod, launch.command, launch.ports, launch.readiness)
         api.create(POD, obj, namespace=pod.namespace)
         env = namespace_service_environment(api, pod.namespace)
+    save_environment(pod_env_file(state_dir, pod), env)
     state.record_netns(pod.netns, state_dir)
     netns.create(pod.netns)
     netns.run(pod.netns, ["sysctl", "-qw", *POD_SYSCTLS], check=True)
@@ -318,6 +327,7 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
         say(f"warning: {exc}")
     netns.remove(pod.netns)
     remove_resolv_conf(pod.netns)
+    pod_env_file(state_dir, pod).unlink(missing_ok=True)
     try:
         with admin_api(state_dir) as api:
             api.delete(POD, pod.name, namespace=pod.namespace)
@@ -355,7 +365,8 @@ def exec_pod(
     timeout: float | None = 60.0,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside the pod (its network namespace and sandbox, as the user its
-    process runs as; ``nobody`` when that process is gone) and wait for it."""
+    process runs as; ``nobody`` when that process is gone), with the service variables
+    it started with, and wait for it."""
     pod = find_pod(_loaded(state_dir), name, namespace)
     ids = process_ids(pod.process.pid) if pod.process and pod.process.alive() else None
     sandbox = pod_sandbox(state_dir, ids is not None and ids[0] == ROOT, pod.netns)
@@ -364,5 +375,5 @@ def exec_pod(
         capture_output=capture,
         text=True,
         timeout=timeout,
-        env=pod_environment(),
+        env={**load_environment(pod_env_file(state_dir, pod)), **pod_environment()},
     )
