@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from podnet.api.registry import Registry
+from podnet.client.errors import error_from_status
 from podnet.controllers.endpoints import EndpointsController
 from podnet.controllers.endpointslicesdesired import MIRROR_CONTROLLER
 from podnet.controllers.inprocess import InProcessApi
@@ -181,3 +182,32 @@ async def _versions(registry: Registry) -> dict[str, str]:
             for o in items
         }
     return out
+
+
+async def test_a_stale_cache_falls_back_to_read_modify_write(
+    registry: Registry,
+    api: InProcessApi,
+    controller: EndpointsController,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An update pinned to the cached version that conflicts (the cache was behind) is
+    redone at once as a fresh read-modify-write, not failed and retried later."""
+    await registry.create(SERVICE, service(), NS)
+    await registry.create(POD, pod("a", "10.1.0.5"), NS)
+    await eventually(lambda: _equals(ready_ips(registry), ["10.1.0.5"]))
+    real_update = api.update
+    refused: list[str] = []
+
+    async def stale_once(kind: Any, obj: Obj) -> Obj:
+        if not refused:
+            refused.append(obj["metadata"]["name"])
+            raise error_from_status(409, "Conflict", "the object has been modified")
+        return await real_update(kind, obj)
+
+    monkeypatch.setattr(api, "update", stale_once)
+    await registry.create(POD, pod("b", "10.1.0.6"), NS)
+    await eventually(lambda: _equals(ready_ips(registry), ["10.1.0.5", "10.1.0.6"]))
+    await eventually(lambda: _equals(slice_ips(registry), ["10.1.0.5", "10.1.0.6"]))
+    assert refused
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]

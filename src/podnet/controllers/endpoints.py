@@ -17,6 +17,7 @@ the same handlers, so someone editing or deleting a managed object is repaired.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -170,7 +171,9 @@ class EndpointsController(Controller):
             return  # selectorless: its users write its Endpoints
         desired = desired_endpoints(service, self._pods_for(service))
         if current is None or endpoints_differ(current, desired):
-            written = await self._write(ENDPOINTS, desired, endpoints_differ, _apply_endpoints)
+            written = await self._write(
+                ENDPOINTS, desired, current, endpoints_differ, _apply_endpoints
+            )
             if written is not None:
                 self.endpoints.put(written)
 
@@ -185,7 +188,7 @@ class EndpointsController(Controller):
         for name, want in desired.items():
             have = current.get(f"{namespace}/{name}")
             if have is None or slice_differs(have, want):
-                written = await self._write(ENDPOINT_SLICE, want, slice_differs, _apply_slice)
+                written = await self._write(ENDPOINT_SLICE, want, have, slice_differs, _apply_slice)
                 if written is not None:
                     self._remember_slice(written)
         for slice_key, have in current.items():
@@ -196,28 +199,35 @@ class EndpointsController(Controller):
     # ---- writes -------------------------------------------------------------------------
 
     async def _write(
-        self,
-        kind: Kind,
-        desired: Obj,
-        differs: Differs,
-        apply: Apply,
+        self, kind: Kind, desired: Obj, current: Obj | None, differs: Differs, apply: Apply
     ) -> Obj | None:
-        """Create ``desired``, or bring the stored object to it; the stored result."""
+        """Bring the stored object to ``desired``; the stored result (None: nothing to do).
+
+        With a cached ``current``, one update pinned to its version; after a conflict (the
+        cache was behind) a read-modify-write; if it is gone, a create. Without one, a
+        create, and after AlreadyExists the read-modify-write.
+        """
         namespace = str(desired["metadata"]["namespace"])
         name = str(desired["metadata"]["name"])
-        try:
-            created: Obj = await call(
-                lambda: self.api.create(kind, desired, namespace),
-                f"create {kind.singular} {namespace}/{name}",
-            )
-            return created
-        except Exception as exc:
-            if not has_reason(exc, "AlreadyExists"):
-                raise
+        what = f"{kind.singular} {namespace}/{name}"
 
         def mutate(stored: Obj) -> Obj | None:
             return apply(stored, desired) if differs(stored, desired) else None
 
+        try:
+            if current is None:
+                return await call(
+                    lambda: self.api.create(kind, desired, namespace), f"create {what}"
+                )
+            pinned = apply(copy.deepcopy(current), desired)
+            return await call(lambda: self.api.update(kind, pinned), f"update {what}")
+        except Exception as exc:
+            if has_reason(exc, "NotFound"):
+                return await call(
+                    lambda: self.api.create(kind, desired, namespace), f"create {what}"
+                )
+            if not has_reason(exc, "AlreadyExists", "Conflict"):
+                raise
         return await guaranteed_update(self.api, kind, namespace, name, mutate)
 
     async def _delete(self, kind: Kind, cache: ObjectCache, obj: Obj) -> None:
