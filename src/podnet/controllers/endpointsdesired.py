@@ -22,7 +22,6 @@ Kubernetes' endpoints controller is the reference, rule for rule:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,12 +39,12 @@ MAX_ENDPOINTS_ADDRESSES = 1000
 
 def spec_of(obj: Obj) -> Obj:
     spec = obj.get("spec")
-    return spec if isinstance(spec, Mapping) else {}
+    return spec if isinstance(spec, dict) else {}
 
 
 def meta_of(obj: Obj) -> Obj:
     meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def labels_of(obj: Obj) -> dict[str, str]:
@@ -72,7 +71,7 @@ def publishes_not_ready(service: Obj) -> bool:
 
 
 def service_ports(service: Obj) -> list[Obj]:
-    return [p for p in spec_of(service).get("ports") or [] if isinstance(p, Mapping)]
+    return [p for p in spec_of(service).get("ports") or [] if isinstance(p, dict)]
 
 
 def owned_labels(service: Obj, extra: Mapping[str, str]) -> dict[str, str]:
@@ -218,13 +217,22 @@ def target_ref(pod: Obj) -> dict[str, str]:
     return ref
 
 
-def ports_key(ports: Iterable[Mapping[str, Any]]) -> str:
-    """A canonical text of a set of ports, to group endpoints by."""
-    return json.dumps(sorted(ports, key=lambda p: (p["name"], p["protocol"], p["port"])))
+PortsKey = tuple[tuple[str, str, int, str], ...]  # (name, protocol, port, appProtocol)
 
 
-def sorted_ports(ports: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(p) for p in json.loads(ports_key(ports))]
+def ports_key(ports: Iterable[Mapping[str, Any]]) -> PortsKey:
+    """A canonical, hashable form of a set of ports, to group endpoints by."""
+    return tuple(
+        sorted((p["name"], p["protocol"], p["port"], p.get("appProtocol") or "") for p in ports)
+    )
+
+
+def ports_of(key: PortsKey) -> list[dict[str, Any]]:
+    """The ports of a ``ports_key``, as endpoints carry them."""
+    return [
+        {"name": name, "port": port, "protocol": protocol} | ({"appProtocol": app} if app else {})
+        for name, protocol, port, app in key
+    ]
 
 
 # --- Endpoints ---------------------------------------------------------------------------
@@ -240,7 +248,7 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
     tolerate = publishes_not_ready(service)
     ports_without = not service_ports(service)
     # ports key -> (ready, not ready) addresses by IP
-    groups: dict[str, tuple[dict[str, Obj], dict[str, Obj]]] = {}
+    groups: dict[PortsKey, tuple[dict[str, Obj], dict[str, Obj]]] = {}
     for pod in pods:
         if not selects(service, pod) or not pod_counts(pod, tolerate):
             continue
@@ -253,13 +261,15 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
             group[0 if ready else 1][ip] = _address(service, pod, ip)
     return _cap(
         [
-            _subset(json.loads(key), ready, not_ready)
+            _subset(ports_of(key), ready, not_ready)
             for key, (ready, not_ready) in sorted(groups.items())
         ]
     )
 
 
-def _subset(ports: list[Obj], ready: dict[str, Obj], not_ready: dict[str, Obj]) -> dict[str, Any]:
+def _subset(
+    ports: list[dict[str, Any]], ready: dict[str, Obj], not_ready: dict[str, Obj]
+) -> dict[str, Any]:
     subset: dict[str, Any] = {}
     if ready:
         subset["addresses"] = [ready[ip] for ip in sorted(ready)]

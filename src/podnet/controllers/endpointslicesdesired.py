@@ -27,6 +27,7 @@ from typing import Any
 
 from podnet.controllers.endpointsdesired import (
     Obj,
+    PortsKey,
     is_ready,
     is_terminating,
     meta_of,
@@ -35,6 +36,7 @@ from podnet.controllers.endpointsdesired import (
     pod_identity,
     pod_ips,
     ports_key,
+    ports_of,
     publishes_not_ready,
     resolved_ports,
     selects,
@@ -45,7 +47,7 @@ from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
 MIRROR_CONTROLLER = "endpointslicemirroring-controller.k8s.io"
 MAX_ENDPOINTS_PER_SLICE = 100
-Groups = dict[tuple[str, str], list[dict[str, Any]]]  # (address type, ports key) -> endpoints
+Groups = dict[tuple[str, PortsKey], list[dict[str, Any]]]  # (address type, ports) -> endpoints
 _NAME_HASH = 10
 
 
@@ -93,7 +95,9 @@ def _groups(service: Obj, pods: Iterable[Obj]) -> Groups:
     return groups
 
 
-def slice_name(service_name: str, managed_by: str, address_type: str, key: str, index: int) -> str:
+def slice_name(
+    service_name: str, managed_by: str, address_type: str, key: PortsKey, index: int
+) -> str:
     """``<service>-<hash>``: the same for the same writer, address type, ports and chunk."""
     text = json.dumps([managed_by, address_type, key, index])
     digest = hashlib.sha256(text.encode()).hexdigest()[:_NAME_HASH]
@@ -131,17 +135,18 @@ def build_slices(
         for index in range(-(-len(endpoints) // size))
     ]
     if not chunks and placeholder:
-        chunks = [(placeholder, "[]", -1, [])]
-    out = {}
+        chunks = [(placeholder, (), -1, [])]
+    out: dict[str, dict[str, Any]] = {}
     for address_type, key, index, chunk in chunks:
         name = slice_name(service, managed_by, address_type, key, index)
+        slice_meta: dict[str, Any] = {"name": name, **metadata}
         out[name] = {
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {"name": name, **metadata},
+            "metadata": slice_meta,
             "addressType": address_type,
             "endpoints": chunk,
-            "ports": json.loads(key),
+            "ports": ports_of(key),
         }
     return out
 
