@@ -219,3 +219,37 @@ def test_reporter_writes_status_and_notices_a_deleted_pod() -> None:
     assert api.status["phase"] == "Running", "only the readiness part is patched"
     api.deleted = True
     assert reporter.write(False, True) is False and reporter.gone
+
+
+def test_describe_pod_shows_its_conditions_as_kubectl() -> None:
+    from podnet.cli import output
+    from podnet.model.kinds import POD
+
+    status = {"phase": "Running", **readiness_status(False, True, "2026-01-01T00:00:00Z")}
+    lines = output.describe(POD, {"metadata": {"name": "web"}, "status": status}).splitlines()
+    at = lines.index("Conditions:")
+    assert [line.split() for line in lines[at + 1 : at + 5]] == [
+        ["Type", "Status"],
+        ["----", "------"],
+        ["ContainersReady", "False"],
+        ["Ready", "False"],
+    ]
+    assert not any(line.strip().startswith("- Type:") for line in lines)
+
+
+def test_pod_run_passes_the_check_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    def fake_run_pod(*args: Any, privileged: bool = False, readiness: Any = None) -> PodRecord:
+        seen.append(readiness)
+        return PodRecord(args[1], args[2], "node1", "pn-x-p-web", "c", ip="10.128.0.5")
+
+    monkeypatch.setattr(pods, "run_pod", fake_run_pod)
+    runner = CliRunner()
+    args = ["pod", "run", "web", "--ready-cmd", "test -f /x", "--ready-period", "0.5"]
+    done = runner.invoke(cli, [*args, "--ready-failures", "2"])
+    assert done.exit_code == 0, done.output
+    assert seen[0] == ReadinessCheck(command="test -f /x", period=0.5, timeout=0.5, failures=2)
+    assert "ready check exec 'test -f /x' every 0.5s" in done.output
+    plain = runner.invoke(cli, ["pod", "run", "web"])
+    assert plain.exit_code == 0 and seen[1] is None and "ready check" not in plain.output

@@ -17,7 +17,7 @@ from typing import Any
 import click
 import yaml
 
-from podnet.model.kinds import NODE, Column, Kind
+from podnet.model.kinds import NODE, POD, Column, Kind
 
 NONE = "<none>"
 GAP = "   "
@@ -281,23 +281,30 @@ def _pairs(mapping: Any, sep: str) -> list[str]:
     return [f"{k}{sep}{v}" for k, v in sorted(mapping.items())]
 
 
+# The condition columns kubectl describe shows: all of them for a Node, two for a Pod.
+_CONDITION_KEYS = {
+    NODE.plural: ["type", "status", "lastHeartbeatTime", "lastTransitionTime", "reason", "message"],
+    POD.plural: ["type", "status"],
+}
+
+
 def _describe_body(kind: Kind, body: dict[str, Any], width: int) -> list[str]:
     conditions: list[Any] = []
-    if kind is NODE and isinstance(body.get("status"), Mapping):
+    keys = _CONDITION_KEYS.get(kind.plural) if kind in (NODE, POD) else None
+    if keys and isinstance(body.get("status"), Mapping):
         status = dict(body["status"])
         conditions = status.pop("conditions", None) or []
         body = {**body, "status": status}
     lines = render_mapping(body, 0, width)
-    if kind is NODE:
+    if keys and (kind is NODE or conditions):  # kubectl: a Pod's only when it has some
         lines.append("Conditions:")
-        lines.extend(_conditions(conditions))
+        lines.extend(_conditions(conditions, keys))
     return lines
 
 
-def _conditions(conditions: Sequence[Any]) -> list[str]:
+def _conditions(conditions: Sequence[Any], keys: list[str]) -> list[str]:
     if not conditions:
         return [f"  {NONE}"]
-    keys = ["type", "status", "lastHeartbeatTime", "lastTransitionTime", "reason", "message"]
     headers = [k[:1].upper() + k[1:] for k in keys]
     rows = [[cell(c.get(k)) for k in keys] for c in conditions if isinstance(c, Mapping)]
     rules = ["-" * len(h) for h in headers]

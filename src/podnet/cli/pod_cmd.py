@@ -147,8 +147,10 @@ def run(
     except PodError as exc:
         raise click.ClickException(str(exc)) from exc
     pid = record.process.pid if record.process else 0
+    ready = f"; ready check {check.describe()}" if check else ""
     click.echo(
-        f"pod/{name} running on {record.node} with IP {record.ip} (netns {record.netns}, pid {pid})"
+        f"pod/{name} running on {record.node} with IP {record.ip} "
+        f"(netns {record.netns}, pid {pid}{ready})"
     )
 
 
