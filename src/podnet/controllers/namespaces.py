@@ -2,9 +2,9 @@
 
 Deleting a Namespace through the API only marks it ``Terminating`` (deletionTimestamp
 set; new content is refused). This controller deletes the pods, services, endpoints,
-policies and events left inside it, then removes the Namespace itself. Once synced, and
-every resync period, it also finds namespaced objects whose Namespace is gone entirely
-and removes those.
+endpoint slices, policies and events left inside it, then removes the Namespace itself.
+Once synced, and every resync period, it also finds namespaced objects whose Namespace
+is gone entirely and removes those.
 """
 
 from __future__ import annotations
