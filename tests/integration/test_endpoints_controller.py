@@ -257,3 +257,15 @@ def test_a_node_reads_slices_and_services_everywhere_but_writes_none(
         assert node.delete(f"{CORE}/services/web").status_code == 403
     assert api.get(f"{SLICES}/forged").status_code == 404
     assert api.get(f"{SLICES}/{name}").json()["endpoints"] in (None, [])
+
+
+def test_deleting_the_namespace_deletes_its_slices(api: httpx.Client) -> None:
+    """A slice nobody manages (written by hand) goes with its Namespace."""
+    mine = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice"}
+    mine |= {"metadata": {"name": "by-hand"}, "addressType": "IPv4"}
+    mine["endpoints"] = [{"addresses": ["192.0.2.20"]}]
+    assert api.post(SLICES, json=mine).status_code == 201
+    assert api.delete(f"/api/v1/namespaces/{NS}").status_code == 200
+    until(lambda: api.get(f"/api/v1/namespaces/{NS}").status_code == 404, "the namespace gone")
+    listed = api.get(ALL_SLICES).json()["items"]
+    assert [s for s in listed if s["metadata"]["namespace"] == NS] == []
