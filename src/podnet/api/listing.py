@@ -25,7 +25,9 @@ means here:
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,7 +39,7 @@ from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
 from podnet.model.kinds import Kind
-from podnet.store.base import Compacted
+from podnet.store.base import Compacted, Store
 
 CONSISTENT_WAIT = 0.5
 FRESH_WAIT = 3.0
@@ -59,9 +61,55 @@ class Page(Generic[T]):
 CachedPage = Page[CachedObject]  # served from the cache: objects as bytes, not decoded
 
 
+class RevisionReads:
+    """etcd's current revision for many callers with one read in flight.
+
+    A caller joins the next read, which is sent after it arrived (never one already on
+    its way): the answer is at least the revision current when the caller asked, as its
+    own read would be. Thousands of lists and watches arriving together (a registration
+    storm) cost one etcd round trip per round instead of one each.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reads = 0  # round trips made (tests count them)
+        self._next: asyncio.Future[int] | None = None  # callers waiting for the next read
+        self._reader: asyncio.Task[None] | None = None
+
+    async def current(self) -> int:
+        loop = asyncio.get_running_loop()
+        waiting = self._next
+        if waiting is None or waiting.get_loop() is not loop:
+            waiting = self._next = loop.create_future()
+        if self._reader is None or self._reader.done():
+            self._reader = loop.create_task(self._read())
+        return await asyncio.shield(waiting)
+
+    async def _read(self) -> None:
+        while self._next is not None:
+            waiting, self._next = self._next, None
+            self.reads += 1
+            try:
+                waiting.set_result(await self.store.revision())
+            except Exception as exc:
+                waiting.set_exception(exc)
+                waiting.exception()  # retrieved: its callers may all have gone away
+
+
+_reads: weakref.WeakKeyDictionary[Store, RevisionReads] = weakref.WeakKeyDictionary()
+
+
+def revision_reads(store: Store) -> RevisionReads:
+    """The one ``RevisionReads`` of ``store``."""
+    reads = _reads.get(store)
+    if reads is None:
+        reads = _reads[store] = RevisionReads(store)
+    return reads
+
+
 async def check_not_future(registry: Registry, revision: int | None) -> int:
     """etcd's current revision; 504 if ``revision`` is newer than it."""
-    current = await registry.store.revision()
+    current = await revision_reads(registry.store).current()
     if revision is not None and revision > current:
         raise errors.resource_version_too_large(revision, current)
     return current

@@ -56,7 +56,8 @@ class WatchServer:
             selected, revision = self.cache.objects(wf.kind, wf.namespace, wf.labels, wf.fields)
             initial = [obj for _, obj in selected]
         else:
-            await listing.check_not_future(self.registry, revision)  # 504, never a hang
+            if revision > self.cache.latest_revision:  # the cache never runs ahead of etcd
+                await listing.check_not_future(self.registry, revision)  # 504, never a hang
             await listing.check_not_compacted(self.registry, revision, "watch")
             await self.cache.wait_for(revision, listing.FRESH_WAIT)
             if not self.cache.covers(revision):
