@@ -16,7 +16,10 @@ from podnet.dataplane.linux.servicetable import (
     NO_ENDPOINT_NODE_PORTS,
     NODE_PORTS,
     SERVICE_IPS,
+    Chain,
+    ServiceNft,
     ServiceRenderer,
+    digest,
     duration,
 )
 from podnet.services.compile import ServiceCompiler, compile_services
@@ -206,11 +209,21 @@ def test_each_service_costs_map_elements_not_rules() -> None:
         c.rules for c in small.chains.values() if c.hook is not None
     ]  # the hooks' rules do not grow: one vmap lookup per packet
     assert len(many.sets[SERVICE_IPS].elements or ()) == 199
-    svc = many.chains["svc/default/s7/tcp/80"].rules
-    assert svc[-1] == (
-        "meta l4proto tcp dnat ip to numgen random mod 2 map "
-        "{ 0 : 10.128.0.5 . 8080, 1 : 10.128.2.6 . 8080 }"
+    svc = chain_of(many, "svc/default/s7/tcp/80/").rules
+    assert svc[1:] == (  # after the masquerade mark: a pick, then one rule per endpoint
+        "ct mark set numgen random mod 2",
+        "ct mark 0x00000000 meta l4proto tcp dnat to 10.128.0.5:8080",
+        "ct mark 0x00000001 meta l4proto tcp dnat to 10.128.2.6:8080",
     )
+    assert not any("{" in rule for c in many.chains.values() for rule in c.rules)  # no
+    # anonymous set: each would be read by every later nft run
+
+
+def chain_of(rendered: ServiceNft, prefix: str) -> Chain:
+    """The one chain whose name starts with ``prefix`` (its tail is a content digest)."""
+    (found,) = [c for name, c in rendered.chains.items() if name.startswith(prefix)]
+    assert found.name == prefix + digest(found.rules)
+    return found
 
 
 def test_no_endpoints_reject_and_external_local_without_local_endpoint_drops() -> None:
@@ -221,43 +234,58 @@ def test_no_endpoints_reject_and_external_local_without_local_endpoint_drops() -
         "172.30.0.1 . tcp . 80 : goto reject_service"
     }
     assert rendered.sets[NO_ENDPOINT_NODE_PORTS].elements == {"tcp . 30001 : goto reject_service"}
-    assert rendered.sets[NODE_PORTS].elements == {"tcp . 30002 : goto ext/default/far/tcp/80"}
-    assert rendered.chains["ext/default/far/tcp/80"].rules == (
-        f"ip saddr {NODE.subnet} goto svc/default/far/tcp/80",
-        "drop",
+    ext, svc = (
+        chain_of(rendered, "ext/default/far/tcp/80/"),
+        chain_of(rendered, "svc/default/far/tcp/80/"),
     )
-    assert "svc/default/empty/tcp/80" not in rendered.chains
+    assert rendered.sets[NODE_PORTS].elements == {f"tcp . 30002 : goto {ext.name}"}
+    assert ext.rules == (f"ip saddr {NODE.subnet} goto {svc.name}", "drop")
+    assert not any(name.startswith("svc/default/empty/") for name in rendered.chains)
 
 
 def test_affinity_remembers_the_client_per_endpoint() -> None:
     sticky = port("sticky", 3, (5, True), (6, False), affinity_seconds=600)
     rendered = ServiceRenderer(NODE).render(table(sticky))
-    chain = "ep/svc/default/sticky/tcp/80/10.128.0.5-8080"
+    chain = "ep/svc/default/sticky/tcp/80/10.128.0.5-8080/600"
     assert rendered.chains[chain].rules == (
-        "update @aff/svc/default/sticky/tcp/80/10.128.0.5-8080 { ip saddr }",
+        "update @aff/svc/default/sticky/tcp/80/10.128.0.5-8080/600 { ip saddr }",
         "meta l4proto tcp dnat to 10.128.0.5:8080",
     )
-    aff = rendered.sets["aff/svc/default/sticky/tcp/80/10.128.0.5-8080"]
+    assert chain_of(rendered, "svc/default/sticky/tcp/80/").rules[1:] == (
+        "ip saddr @aff/svc/default/sticky/tcp/80/10.128.0.5-8080/600 goto " + chain,
+        "ip saddr @aff/svc/default/sticky/tcp/80/10.128.2.6-8080/600 goto "
+        "ep/svc/default/sticky/tcp/80/10.128.2.6-8080/600",
+        "ct mark set numgen random mod 2",
+        "ct mark 0x00000000 goto " + chain,
+        "ct mark 0x00000001 goto ep/svc/default/sticky/tcp/80/10.128.2.6-8080/600",
+    )
+    aff = rendered.sets["aff/svc/default/sticky/tcp/80/10.128.0.5-8080/600"]
     assert (aff.timeout, aff.elements, aff.flags) == (600, None, "dynamic,timeout")
     assert duration(600) == "10m" and parse_duration("10m") == 600
     assert parse_duration(duration(93784)) == 93784 and duration(10800) == "3h"
 
 
-def test_an_endpoint_change_rewrites_one_chain_and_nothing_else() -> None:
+def test_an_endpoint_change_adds_one_chain_and_repoints_one_element() -> None:
     renderer = ServiceRenderer(NODE)
     ports = [port(f"s{i}", i, (5, True), (6, False)) for i in range(1, 50)]
     before = renderer.render(table(*ports))
+    old = chain_of(before, "svc/default/s8/tcp/80/").name
     ports[7] = port("s8", 8, (5, True))
     after = renderer.render(table(*ports))
-    script = transaction(before, after).splitlines()
-    assert script == [
-        "flush chain ip podnet_services svc/default/s8/tcp/80",
-        "add rule ip podnet_services svc/default/s8/tcp/80 "
-        "ip saddr != @cluster_networks meta mark set meta mark | 0x00004000",
-        "add rule ip podnet_services svc/default/s8/tcp/80 "
-        "meta l4proto tcp dnat to 10.128.0.5:8080",
+    new = chain_of(after, "svc/default/s8/tcp/80/").name
+    target = "ip podnet_services"
+    assert transaction(before, after).splitlines() == [
+        f"add chain {target} {new}",
+        f"delete element {target} service_ips {{ 172.30.0.8 . tcp . 80 : goto {old} }}",
+        f"add rule {target} {new} ip saddr != @cluster_networks meta mark set meta mark | "
+        "0x00004000",
+        f"add rule {target} {new} meta l4proto tcp dnat to 10.128.0.5:8080",
+        f"add element {target} service_ips {{ 172.30.0.8 . tcp . 80 : goto {new} }}",
+        f"flush chain {target} {old}",
+        f"delete chain {target} {old}",
     ]
     assert transaction(after, after) == ""
+    assert after.chains.keys() - before.chains.keys() == {new}
 
 
 def test_a_removed_service_leaves_its_map_element_before_its_chain() -> None:
@@ -294,6 +322,10 @@ LISTING = """table ip podnet_services {
 \tchain prerouting {
 \t\ttype nat hook prerouting priority dstnat; policy accept;
 \t\tjump services
+\t}
+
+\tchain services {
+\t\tcomment "e084ea95de97"
 \t}
 
 \tchain svc/default/b/udp/53 {

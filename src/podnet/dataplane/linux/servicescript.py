@@ -1,19 +1,19 @@
 """The one ``nft -f`` transaction between two service tables, and reading the table back
-from ``nft list table ip podnet_services`` (pure; ``servicetable`` says what it holds).
+from ``nft list`` output (pure; ``servicetable`` says what the table holds).
 
-A change touches only what differs: map and set elements are added and deleted, a chain
-whose rules changed is flushed and refilled, new chains and sets are added and stale ones
-deleted. Chains and sets never change definition under the same name (an affinity
-set's timeout is part of its port; the base chains' hooks are fixed), so a definition
-that differs replaces the whole table, which only a new podnet version would cause.
+A change touches only what differs: map and set elements are added and deleted, new
+chains and sets are added and stale ones deleted (a service port's chain is named by its
+content, so a changed port is a new chain; see ``servicetable``). Chains and sets never
+change definition under the same name (the shared chains' comments are digests of their
+rules, an affinity set's name holds its timeout), so a definition that differs replaces
+the whole table, which only a new podnet version or a changed node set-up would cause.
 """
 
 from __future__ import annotations
 
 import re
 
-from podnet.dataplane.linux.policytable import Chain
-from podnet.dataplane.linux.servicetable import TABLE_KEY, NftSet, ServiceNft
+from podnet.dataplane.linux.servicetable import TABLE_KEY, Chain, NftSet, ServiceNft
 
 _DURATION = re.compile(r"(\d+)([dhms])")
 _UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -35,12 +35,8 @@ def transaction(have: ServiceNft | None, want: ServiceNft) -> str:
     lines += [_add_set(s) for name, s in sorted(want.sets.items()) if name not in old.sets]
     lines += _element_changes(old, want, deleting=True)
     for name, chain in want.chains.items():
-        before = old.chains.get(name)
-        if before is not None and before.rules == chain.rules:
-            continue
-        if before is not None:
-            lines.append(f"flush chain {TABLE_KEY} {name}")
-        lines += [f"add rule {TABLE_KEY} {name} {rule}" for rule in chain.rules]
+        if name not in old.chains:  # one that is there is the same (name or comment)
+            lines += [f"add rule {TABLE_KEY} {name} {rule}" for rule in chain.rules]
     lines += _element_changes(old, want, deleting=False)
     stale = sorted(name for name in old.chains if name not in want.chains)
     lines += [f"flush chain {TABLE_KEY} {name}" for name in stale]
@@ -79,14 +75,19 @@ def _add_set(s: NftSet) -> str:
 
 
 def _add_chain(chain: Chain) -> str:
-    if chain.hook is None:
-        return f"add chain {TABLE_KEY} {chain.name}"
-    return f"add chain {TABLE_KEY} {chain.name} {{ {chain.hook} }}"
+    body = " ".join(
+        ([chain.hook] if chain.hook else [])
+        + ([f'comment "{chain.comment}";'] if chain.comment else [])
+    )
+    return f"add chain {TABLE_KEY} {chain.name}" + (f" {{ {body} }}" if body else "")
 
 
 def _definitions_differ(have: ServiceNft, want: ServiceNft) -> bool:
+    """A chain or set under the same name but another definition (hook, comment, type,
+    flags, timeout): only a new podnet version, or the node's set-up changing, does it."""
     chains = any(
-        name in have.chains and have.chains[name].hook != chain.hook
+        name in have.chains
+        and (have.chains[name].hook, have.chains[name].comment) != (chain.hook, chain.comment)
         for name, chain in want.chains.items()
     )
     return chains or any(
@@ -128,7 +129,9 @@ def parse_listing(text: str) -> ServiceNft | None:
             if kind in ("set", "map"):
                 sets[name] = _listed_set(name, attrs, elements)
             elif kind == "chain":
-                chains[name] = Chain(name, attrs.get("hook"), tuple(rules))
+                chains[name] = Chain(
+                    name, attrs.get("hook"), tuple(rules), attrs.get("comment", "")
+                )
             kind = ""
             continue
         if kind in ("set", "map"):
@@ -140,6 +143,8 @@ def parse_listing(text: str) -> ServiceNft | None:
         elif kind == "chain":
             if line.startswith("type ") and " hook " in line:
                 attrs["hook"] = line
+            elif line.startswith('comment "'):
+                attrs["comment"] = line[len('comment "') : -1]
             else:
                 rules.append(line)
     return ServiceNft(sets, chains) if (sets or chains) else None

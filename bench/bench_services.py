@@ -1,0 +1,211 @@
+"""The service proxy at scale on the linux data plane: per-packet cost, change and resync.
+
+Run: sudo .venv/bin/python bench/bench_services.py [--services 5000] [--endpoints 10]
+     [--rounds 5] [--connections 300] [--changes 50]
+
+A two-node lab (``podnet.testing.servicelab``: VXLAN, pods a and b on node-1, c on
+node-2, each answering on TCP 8080). The measured service has pod c (the other node) as
+its endpoint; the others get ``--endpoints`` made-up endpoints each, so they cost what
+they cost in the kernel (map elements, chains) without needing processes.
+
+- connect latency through the measured cluster IP from pod b, with a table of 10
+  services and with one of ``--services``, interleaved over ``--rounds`` rounds of
+  ``--connections`` sequential connects (connect, read the answer, close); the medians
+  of the rounds' medians, and their ratio (goal: 10-service latency / big-table latency
+  >= 0.95: the per-packet cost does not grow with services). The same run measures
+  connects to pod c's IP directly, the floor.
+- endpoint change -> kernel at ``--services``: one service's endpoints change and
+  ``sync_services`` runs (render, diff, one nft transaction); p50/p99 over
+  ``--changes`` changes, and the compile of one change in ``ServiceCompiler``.
+- full resync at ``--services``: a restarted data plane (a new ``LinuxDataPlane`` in the
+  node) syncing the same table, which reads the kernel's table back and finds nothing to
+  do (the agent restart); and a full build into an empty table.
+
+Everything runs inside namespaces this script creates, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from ipaddress import IPv4Address
+
+from podnet import netns
+from podnet.services.compile import ServiceCompiler
+from podnet.services.model import Endpoint, ServicePort, ServiceTable
+from podnet.testing.lab import SERVICES, sh
+from podnet.testing.servicelab import PORT, Cluster, service_cluster
+
+LATENCY = """
+import json, socket, sys, time
+ip, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+found = []
+for _ in range(count):
+    start = time.perf_counter()
+    with socket.create_connection((ip, port), timeout=2) as c:
+        c.makefile().readline()
+    found.append((time.perf_counter() - start) * 1e6)
+print(json.dumps(found))
+"""
+
+
+def filler(count: int, endpoints: int, offset: int = 0) -> list[ServicePort]:
+    """``count`` services with ``endpoints`` made-up endpoints each (in 10.130.0.0/16:
+    cluster network, no pod behind them), on cluster IPs from 172.30.1.0 up."""
+    ports = []
+    for i in range(count):
+        vip = SERVICES.network_address + 256 + i
+        base = int(IPv4Address("10.130.0.0")) + (i + offset) * endpoints
+        eps = tuple(Endpoint(IPv4Address(base + k), 8080) for k in range(endpoints))
+        ports.append(ServicePort("bench", f"s{i:05d}", "", "tcp", 80, vip, endpoints=eps))
+    return ports
+
+
+def table(cluster: Cluster, measured: ServicePort, others: list[ServicePort]) -> ServiceTable:
+    ports = [cluster.for_node(measured, 1), *others]
+    return ServiceTable(tuple(sorted(ports, key=lambda p: p.key)))
+
+
+def connects(cluster: Cluster, ip: object, count: int) -> list[float]:
+    argv = [sys.executable, "-c", LATENCY, str(ip), str(PORT if ip != VIP else 80), str(count)]
+    done = netns.run(cluster.netns_of["b"], argv, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+VIP = SERVICES.network_address + 10
+
+
+async def sync(cluster: Cluster, node: int, services: ServiceTable) -> float:
+    started = time.perf_counter()
+    await cluster.planes[node].sync_services(cluster.lab.network(node), services)
+    return time.perf_counter() - started
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latency(cluster: Cluster, args: argparse.Namespace) -> None:
+    measured = cluster.service("measured", 10, "c")
+    small = table(cluster, measured, filler(9, args.endpoints))
+    big = table(cluster, measured, filler(args.services - 1, args.endpoints))
+    build = await sync(cluster, 1, big)
+    print(f"full build of {args.services} services x {args.endpoints} endpoints: {build:.2f} s")
+    results: dict[str, list[float]] = {"small": [], "big": [], "pod": []}
+    for _ in range(args.rounds):
+        for name, services in (("small", small), ("big", big)):
+            await sync(cluster, 1, services)
+            results[name].append(statistics.median(connects(cluster, VIP, args.connections)))
+        results["pod"].append(
+            statistics.median(connects(cluster, cluster.ip_of["c"], args.connections))
+        )
+    small_us, big_us, pod_us = (statistics.median(results[k]) for k in ("small", "big", "pod"))
+    print(
+        f"connect latency via cluster IP, medians of {args.rounds} rounds x "
+        f"{args.connections}: 10 services {small_us:.0f} us, {args.services} services "
+        f"{big_us:.0f} us, pod IP directly {pod_us:.0f} us"
+    )
+    print(f"  ratio 10/{args.services} services: {small_us / big_us:.3f} (goal >= 0.95)")
+    print(f"  ratio pod IP / cluster IP (10 services): {pod_us / small_us:.3f}")
+
+
+async def changes(cluster: Cluster, args: argparse.Namespace) -> None:
+    measured = cluster.service("measured", 10, "c")
+    others = filler(args.services - 1, args.endpoints)
+    await sync(cluster, 1, table(cluster, measured, others))
+    timings = []
+    for n in range(args.changes):
+        k = n % len(others)
+        moved = dataclasses.replace(
+            others[k], endpoints=filler(1, args.endpoints, 10**4 + n)[0].endpoints
+        )
+        others[k] = moved
+        timings.append(await sync(cluster, 1, table(cluster, measured, others)))
+    print(
+        f"endpoint change -> kernel at {args.services} services (render, diff, nft): "
+        f"p50 {pct(timings, 0.5) * 1000:.1f} ms, p99 {pct(timings, 0.99) * 1000:.1f} ms "
+        f"over {args.changes} (goal p99 < 100 ms)"
+    )
+    compile_times = compile_changes(args)
+    print(
+        f"compile of one EndpointSlice change at {args.services} services: "
+        f"p50 {pct(compile_times, 0.5) * 1000:.2f} ms, p99 {pct(compile_times, 0.99) * 1000:.2f} ms"
+    )
+    restarted = cluster.lab.plane(1)
+    services = table(cluster, measured, others)
+    started = time.perf_counter()
+    await restarted.sync_services(cluster.lab.network(1), services)
+    resync = time.perf_counter() - started
+    assert restarted.services.transactions == 0, "a restart found something to change"
+    print(
+        f"full resync after a restart at {args.services} services (read back, no change): "
+        f"{resync:.2f} s (goal < 2 s)"
+    )
+    sh(cluster.lab.node_ns(1), "nft", "delete", "table", "ip", "podnet_services")
+    rebuilt = cluster.lab.plane(1)
+    started = time.perf_counter()
+    await rebuilt.sync_services(cluster.lab.network(1), services)
+    print(f"full build after the table was lost: {time.perf_counter() - started:.2f} s")
+
+
+def compile_changes(args: argparse.Namespace) -> list[float]:
+    compiler = ServiceCompiler("node-1")
+    services, slices = [], []
+    for i in range(args.services):
+        name = f"s{i:05d}"
+        spec = {"clusterIP": str(SERVICES.network_address + 256 + i), "ports": [{"port": 80}]}
+        services.append({"metadata": {"namespace": "bench", "name": name}, "spec": spec})
+        slices.append(endpoint_slice(name, i * args.endpoints, args.endpoints))
+    compiler.replace_services(services)
+    compiler.replace_slices(slices)
+    compiler.table()
+    timings = []
+    for n in range(args.changes):
+        changed = endpoint_slice(f"s{n:05d}", 10**6 + n * args.endpoints, args.endpoints)
+        started = time.perf_counter()
+        compiler.put_slice(changed)
+        compiler.table()
+        timings.append(time.perf_counter() - started)
+    return timings
+
+
+def endpoint_slice(name: str, first: int, count: int) -> dict[str, object]:
+    base = int(IPv4Address("10.130.0.0")) + first
+    return {
+        "metadata": {
+            "namespace": "bench",
+            "name": f"{name}-1",
+            "labels": {"kubernetes.io/service-name": name},
+        },
+        "endpoints": [{"addresses": [str(IPv4Address(base + k))]} for k in range(count)],
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+    }
+
+
+async def run(args: argparse.Namespace) -> None:
+    async with service_cluster("bsvc") as cluster:
+        for node in (1, 2):  # node-2 forwards the measured service too (not measured)
+            await cluster.apply(cluster.service("measured", 10, "c"))
+        await latency(cluster, args)
+        await changes(cluster, args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--services", type=int, default=5000)
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=300)
+    parser.add_argument("--changes", type=int, default=50)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
