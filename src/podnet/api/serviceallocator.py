@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import ipaddress
 import random
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from podnet.api.claims import NODE_PORT, Claim, cluster_ip_path, node_port_path
 from podnet.api.servicealloc import (
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from podnet.api.registry import Registry
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 RANDOM_PROBES = 8
 
 
@@ -121,39 +123,53 @@ class ServiceAllocator:
         kvs, _ = await self.registry.store.list(prefix)
         return [kv.key[len(prefix) :] for kv in kvs]
 
-    async def _choose_ip(self, network: Network) -> str:
+    async def _choose(
+        self,
+        guess: Callable[[], T | None],
+        path: Callable[[T], str],
+        listed: str,
+        pick_free: Callable[[list[str]], T | None],
+        full: str,
+    ) -> T:
+        """A few random ``guess``es checked against their claims, then a free value
+        picked from one listing of the claims under ``listed``; 500 when none is left."""
         for _ in range(RANDOM_PROBES):
-            ip = random_ip(network, self.rng)
-            if await self._free(cluster_ip_path(ip)):
-                return ip
-        taken = [ip for ip in await self._claimed(cluster_ip_path("")) if _is_ip(ip)]
-        found = free_ip(network, taken, self.rng)
+            value = guess()
+            if value is not None and await self._free(path(value)):
+                return value
+        found = pick_free(await self._claimed(listed))
         if found is None:
-            raise errors.ApiError(
-                f"failed to allocate a serviceIP: range is full (the service network "
-                f"{network} has no free address)",
-                500,
-                "InternalError",
-            )
+            raise errors.ApiError(f"failed to allocate {full}", 500, "InternalError")
         return found
+
+    async def _choose_ip(self, network: Network) -> str:
+        return await self._choose(
+            lambda: random_ip(network, self.rng),
+            cluster_ip_path,
+            cluster_ip_path(""),
+            lambda claimed: free_ip(network, [ip for ip in claimed if _is_ip(ip)], self.rng),
+            f"a serviceIP: range is full (the service network {network} has no free address)",
+        )
 
     async def _choose_port(self, protocol: str, mine: set[int]) -> int:
         ports = self.ranges.node_ports
-        for _ in range(RANDOM_PROBES):
+
+        def guess() -> int | None:
             number = self.rng.randint(ports.low, ports.high)
-            if number not in mine and await self._free(node_port_path(protocol, number)):
-                return number
-        claimed = await self._claimed(f"{NODE_PORT}{protocol}/")
-        taken = {int(p) for p in claimed if p.isdigit()} | mine
-        found = free_port(ports, taken, self.rng)
-        if found is None:
-            raise errors.ApiError(
-                f"failed to allocate a nodePort: range is full (no free {protocol} port "
-                f"in {ports}, set by --service-node-port-range)",
-                500,
-                "InternalError",
-            )
-        return found
+            return None if number in mine else number
+
+        def pick_free(claimed: list[str]) -> int | None:
+            taken = {int(p) for p in claimed if p.isdigit()} | mine
+            return free_port(ports, taken, self.rng)
+
+        return await self._choose(
+            guess,
+            lambda number: node_port_path(protocol, number),
+            f"{NODE_PORT}{protocol}/",
+            pick_free,
+            f"a nodePort: range is full (no free {protocol} port in {ports}, "
+            "set by --service-node-port-range)",
+        )
 
 
 def _is_ip(text: str) -> bool:

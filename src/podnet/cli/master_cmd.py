@@ -27,6 +27,10 @@ PLUGIN_ALIASES = {
 }
 
 
+NODE_PORTS_HELP = "node ports of NodePort/LoadBalancer Services  [default: 30000-32767]"
+EXTERNAL_IPS_HELP = "CIDRs a Service's externalIPs may come from, comma-separated (default: none)"
+
+
 def _plugin(value: str) -> str:
     return PLUGIN_ALIASES.get(value, value)
 
@@ -143,17 +147,8 @@ def _listen(value: str) -> tuple[str, int]:
     type=float,
     help="seconds of etcd history to keep before compacting",
 )
-@click.option(
-    "--service-node-port-range",
-    default="30000-32767",
-    show_default=True,
-    help="node ports of NodePort and LoadBalancer Services come from this range (A-B)",
-)
-@click.option(
-    "--external-ip-cidrs",
-    default="",
-    help="CIDRs a Service's externalIPs may come from, comma-separated (default: none)",
-)
+@click.option("--service-node-port-range", default="30000-32767", help=NODE_PORTS_HELP)
+@click.option("--external-ip-cidrs", default="", help=EXTERNAL_IPS_HELP)
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
 @click.option(
     "--controllers/--no-controllers",
