@@ -121,21 +121,23 @@ class SessionAffinityConfig(Open):
 
 
 class ServiceSpec(Open):
+    # Single-stack: one family, the service network's (see podnet.api.serviceallocator).
+    ipFamilyPolicy: FamilyPolicy | None = None
+    ipFamilies: list[IPFamily] | None = None
+    allocateLoadBalancerNodePorts: bool | None = None
     type: ServiceType = "ClusterIP"
     ports: list[ServicePort] | None = None
     selector: LabelMap | None = None
     clusterIP: ClusterIP | None = None
     clusterIPs: list[ClusterIP] | None = None
     externalIPs: list[ExternalIP] | None = None
-    externalName: str | None = None
+    # What the service proxy, the endpoints controller and DNS read besides:
     sessionAffinity: Affinity = "None"
     sessionAffinityConfig: SessionAffinityConfig | None = None
+    externalName: str | None = None
     externalTrafficPolicy: TrafficPolicy | None = None
     internalTrafficPolicy: TrafficPolicy | None = None
     publishNotReadyAddresses: bool | None = None
-    ipFamilyPolicy: FamilyPolicy | None = None
-    ipFamilies: list[IPFamily] | None = None
-    allocateLoadBalancerNodePorts: bool | None = None
 
     @model_validator(mode="after")
     def _port_names(self) -> ServiceSpec:
