@@ -6,6 +6,7 @@ Kubernetes' columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -269,3 +270,32 @@ def test_deleting_the_namespace_deletes_its_slices(api: httpx.Client) -> None:
     until(lambda: api.get(f"/api/v1/namespaces/{NS}").status_code == 404, "the namespace gone")
     listed = api.get(ALL_SLICES).json()["items"]
     assert [s for s in listed if s["metadata"]["namespace"] == NS] == []
+
+
+SLICE_MANIFEST = """
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: by-hand
+  namespace: shop
+  labels: {kubernetes.io/service-name: external}
+addressType: IPv4
+endpoints:
+- addresses: [192.0.2.30]
+ports:
+- {name: pg, port: PORT}
+"""
+
+
+def test_kubectl_apply_replaces_a_slices_ports(
+    api: httpx.Client, master: MasterProcess, kubectl: str, tmp_path: Path
+) -> None:
+    """An EndpointSlice's ports are atomic (kube's listType): applying a new port
+    replaces the old one, where a Service's ports would be merged by port number."""
+    manifest = tmp_path / "slice.yaml"
+    for port in (5432, 6432):
+        manifest.write_text(SLICE_MANIFEST.replace("PORT", str(port)))
+        applied = run_kubectl(master.kubeconfig, "apply", "-f", str(manifest))
+        assert applied.returncode == 0, applied.stderr
+    ports = api.get(f"{SLICES}/by-hand").json()["ports"]
+    assert ports == [{"name": "pg", "port": 6432, "protocol": "TCP"}]

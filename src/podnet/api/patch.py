@@ -46,7 +46,7 @@ def patcher(content_type: str, patch: Any) -> Callable[[Obj], Obj]:
     if not isinstance(patch, dict):
         raise errors.bad_request("a merge patch must be a JSON object")
     if content_type == STRATEGIC:
-        return lambda old: _checked(apply_strategic(old, patch))
+        return lambda old: _checked(apply_strategic(old, patch, ATOMIC.get(old.get("kind"), ())))
     return lambda old: _checked(merge_patch(old, patch))
 
 
@@ -101,6 +101,11 @@ MERGE_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Kind -> its top-level lists that are atomic (replaced whole) though their field name is
+# in MERGE_KEYS: an EndpointSlice's ports are ``+listType=atomic`` in k8s.io/api.
+ATOMIC: dict[Any, tuple[str, ...]] = {"EndpointSlice": ("ports",)}
+
+
 def _item_key(item: Any, names: tuple[str, ...]) -> Any:
     if not isinstance(item, dict):
         return None
@@ -129,8 +134,9 @@ def _merge_list(old: Any, patch: list[Any], names: tuple[str, ...], order: Any) 
     return result
 
 
-def apply_strategic(old: Any, patch: Any) -> Any:
-    """Strategic merge patch with map semantics: directives honoured, lists replaced."""
+def apply_strategic(old: Any, patch: Any, atomic: tuple[str, ...] = ()) -> Any:
+    """Strategic merge patch with map semantics: directives honoured, lists replaced
+    (but those of ``MERGE_KEYS`` merged, unless named in ``atomic`` for this object)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     directive = patch.get("$patch")
@@ -144,7 +150,7 @@ def apply_strategic(old: Any, patch: Any) -> Any:
             continue  # $setElementOrder/..., $retainKeys: list bookkeeping we do not need
         if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
-        elif isinstance(value, list) and key in MERGE_KEYS:
+        elif isinstance(value, list) and key in MERGE_KEYS and key not in atomic:
             order = patch.get(f"$setElementOrder/{key}")
             result[key] = _merge_list(result.get(key), value, MERGE_KEYS[key], order)
         else:
