@@ -72,7 +72,7 @@ async def test_two_masters_racing_never_hand_out_one_value_twice(
     for s in items:
         key = f"{prefix}core/services/default/{s['metadata']['name']}"
         expected[f"clusterIP/{s['spec']['clusterIP']}"] = key
-        expected[f"nodePort/TCP/{s['spec']['ports'][0]['nodePort']}"] = key
+        expected[f"nodePort/{s['spec']['ports'][0]['nodePort']}"] = key
     assert holders == expected
     # Deleting from either master releases; the other then hands the values out again.
     await asyncio.gather(*(masters[i % 2].delete(SERVICE, "default", f"s{i}") for i in range(160)))
@@ -127,7 +127,7 @@ def test_a_real_master_allocates_refuses_and_releases(
         assert set(before) == {
             f"{prefix}core/services/default/web",
             f"{prefix}claims/core/services/clusterIP/{ip}",
-            f"{prefix}claims/core/services/nodePort/TCP/{node_port}",
+            f"{prefix}claims/core/services/nodePort/{node_port}",
         }
 
         message = refused(api, svc("b", clusterIP=ip), "spec.clusterIP")

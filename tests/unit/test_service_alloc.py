@@ -143,7 +143,7 @@ async def test_each_type_gets_what_it_needs(registry: Registry) -> None:
     ips = {s["clusterIP"] for s in (plain, node_port, balancer, bare["spec"])}
     assert len(ips) == 4
     expected = [f"clusterIP/{ip}" for ip in ips]
-    expected += [f"nodePort/TCP/{s['ports'][0]['nodePort']}" for s in (node_port, balancer)]
+    expected += [f"nodePort/{s['ports'][0]['nodePort']}" for s in (node_port, balancer)]
     assert await claim_keys(registry) == sorted(expected)
 
 
@@ -155,9 +155,15 @@ async def test_requested_values_are_honoured_or_refused(registry: Registry) -> N
     assert (
         made["spec"]["clusterIP"] == "172.30.9.9" and made["spec"]["ports"][0]["nodePort"] == 30080
     )
-    # The same number over UDP is another claim, as in Kubernetes.
+    # As in Kubernetes, a node port is one Service's whatever the protocol; inside it,
+    # TCP 53 and UDP 53 share one (given, or chosen once).
     udp = svc("udp", type="NodePort", ports=[{"port": 53, "protocol": "UDP", "nodePort": 30080}])
-    assert (await create(registry, udp))["spec"]["ports"][0]["nodePort"] == 30080
+    err = await refused(registry, udp)
+    assert err.causes[0].reason == "FieldValueDuplicate" and "default/a" in err.message
+    dns = [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53}]
+    shared = (await create(registry, svc("dns", type="NodePort", ports=dns)))["spec"]["ports"]
+    assert shared[0]["nodePort"] == shared[1]["nodePort"]
+    assert f"nodePort/{shared[0]['nodePort']}" in await claim_keys(registry)
 
     err = await refused(registry, svc("b", clusterIP="172.30.9.9"))
     assert err.causes[0].field == "spec.clusterIP" and err.causes[0].reason == "FieldValueDuplicate"
@@ -219,7 +225,7 @@ async def test_a_value_another_writer_took_first_is_chosen_again(registry: Regis
     made = await create(registry, svc("a", type="NodePort"))
     spec = made["spec"]
     assert len(store.stolen) == 3
-    mine = [f"clusterIP/{spec['clusterIP']}", f"nodePort/TCP/{spec['ports'][0]['nodePort']}"]
+    mine = [f"clusterIP/{spec['clusterIP']}", f"nodePort/{spec['ports'][0]['nodePort']}"]
     theirs = [k.removeprefix("/t/claims/core/services/") for k in store.stolen]
     assert not set(mine) & set(theirs)
     assert await claim_keys(registry) == sorted(mine + theirs)
@@ -286,7 +292,7 @@ async def test_updates_allocate_and_release(registry: Registry) -> None:
     to_node_port = await registry.patch(SERVICE, "default", "a", {"spec": {"type": "NodePort"}})
     node_port = to_node_port["spec"]["ports"][0]["nodePort"]
     assert to_node_port["spec"]["clusterIP"] == ip
-    assert await claim_keys(registry) == [f"clusterIP/{ip}", f"nodePort/TCP/{node_port}"]
+    assert await claim_keys(registry) == [f"clusterIP/{ip}", f"nodePort/{node_port}"]
     # kubectl replace sends the object without the allocated values: they are kept.
     replaced = dict(to_node_port, spec={"type": "NodePort", "ports": [{"port": 80}]})
     kept = await registry.update(SERVICE, replaced, "default", "a")
@@ -307,3 +313,24 @@ async def test_updates_allocate_and_release(registry: Registry) -> None:
     assert await claim_keys(registry) == [f"clusterIP/{again['spec']['clusterIP']}"]
     await registry.delete(SERVICE, "default", "a")
     assert await claim_keys(registry) == []
+
+
+async def test_health_check_node_port_for_local_load_balancers(registry: Registry) -> None:
+    local = svc("lb", type="LoadBalancer", externalTrafficPolicy="Local")
+    made = (await create(registry, local))["spec"]
+    check, node_port = made["healthCheckNodePort"], made["ports"][0]["nodePort"]
+    assert check in PortRange(30000, 32767) and check != node_port
+    assert f"nodePort/{check}" in await claim_keys(registry)
+    err = await refused(
+        registry, svc("b", type="NodePort", ports=[{"port": 80, "nodePort": check}])
+    )
+    assert err.causes[0].reason == "FieldValueDuplicate"
+    err = await refused(registry, svc("b", healthCheckNodePort=31000))
+    assert "externalTrafficPolicy" in err.causes[0].message
+    # Cluster policy: the health check port goes, and its claim with it.
+    kept = await registry.patch(
+        SERVICE, "default", "lb", {"spec": {"externalTrafficPolicy": "Cluster"}}
+    )
+    assert "healthCheckNodePort" not in kept["spec"]
+    assert f"nodePort/{check}" not in await claim_keys(registry)
+    assert f"nodePort/{node_port}" in await claim_keys(registry)

@@ -149,11 +149,14 @@ def test_ports_and_node_ports() -> None:
         {"name": "b", "port": 80},
         {"name": "c", "port": 81, "nodePort": 30080},
         {"name": "d", "port": 82, "nodePort": 30080, "protocol": "UDP"},
+        {"name": "e", "port": 80, "nodePort": 30080, "protocol": "UDP"},
     ]
     found = causes({"type": "NodePort", "ports": ports})
     assert found["spec.ports[1]"].startswith("FieldValueDuplicate")
     assert found["spec.ports[2].nodePort"].startswith("FieldValueDuplicate")
-    assert "spec.ports[3].nodePort" not in found  # UDP 30080 beside TCP 30080 is fine
+    assert found["spec.ports[3].nodePort"].startswith("FieldValueDuplicate")
+    # UDP 80 shares TCP 80's node port, as kube allocates one per port number.
+    assert "spec.ports[4].nodePort" not in found
     found = causes({"ports": PORT, "allocateLoadBalancerNodePorts": False})
     assert found["spec.allocateLoadBalancerNodePorts"].startswith("FieldValueForbidden")
 

@@ -8,9 +8,10 @@ never both win. Claimed today:
   host, one HostSubnet per host address;
 - Node ``InternalIP`` addresses (``status.addresses``): a node cannot register with
   another node's address, which would make the master give one IP a second HostSubnet;
-- Service ``spec.clusterIP`` (not "None", the headless form) and each ``nodePort`` per
-  protocol (TCP 30080 and UDP 30080 are two claims, as in Kubernetes): the master
-  allocates them (``podnet.api.serviceallocator``) and a second holder is refused.
+- Service ``spec.clusterIP`` (not "None", the headless form), each ``nodePort`` and
+  ``healthCheckNodePort``: the master allocates them (``podnet.api.serviceallocator``)
+  and a second holder is refused. As in Kubernetes, a node port number belongs to one
+  Service whatever the protocol; inside it, TCP 53 and UDP 53 share one (one claim).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def cluster_ip_path(ip: str) -> str:
     return f"{CLUSTER_IP}{ip}"
 
 
-def node_port_path(protocol: str, port: int) -> str:
-    return f"{NODE_PORT}{protocol}/{port}"
+def node_port_path(port: int) -> str:
+    return f"{NODE_PORT}{port}"
 
 
 def _service_claims(obj: Mapping[str, Any]) -> list[Claim]:
@@ -64,12 +65,16 @@ def _service_claims(obj: Mapping[str, Any]) -> list[Claim]:
     ip = spec.get("clusterIP")
     if ip and ip != "None":
         out.append(Claim("spec.clusterIP", str(ip), cluster_ip_path(str(ip))))
-    for i, port in enumerate(spec.get("ports") or []):
-        if isinstance(port, Mapping) and port.get("nodePort"):
-            number, protocol = int(port["nodePort"]), str(port.get("protocol") or "TCP")
-            field = f"spec.ports[{i}].nodePort"
-            out.append(Claim(field, f"{number}/{protocol}", node_port_path(protocol, number)))
+    numbers = [(f"spec.ports[{i}].nodePort", p.get("nodePort")) for i, p in _ports(spec)]
+    numbers.append(("spec.healthCheckNodePort", spec.get("healthCheckNodePort")))
+    for field, number in numbers:
+        if isinstance(number, int) and number:
+            out.append(Claim(field, str(number), node_port_path(number)))
     return out
+
+
+def _ports(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    return [(i, p) for i, p in enumerate(spec.get("ports") or []) if isinstance(p, Mapping)]
 
 
 def claims(kind: Kind, obj: Mapping[str, Any]) -> list[Claim]:

@@ -24,7 +24,7 @@ from typing import Any
 from podnet.model.errors import FieldError
 from podnet.model.network import DEFAULT_SERVICE_NETWORK
 from podnet.model.schemas_names import quote
-from podnet.model.servicerules import needs_cluster_ip, needs_node_ports
+from podnet.model.servicerules import needs_cluster_ip, needs_health_check_port, needs_node_ports
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_NODE_PORTS = "30000-32767"
@@ -173,6 +173,20 @@ def ports_wanting_node_port(spec: Mapping[str, Any]) -> list[int]:
     return [i for i, p in enumerate(spec.get("ports") or []) if not p.get("nodePort")]
 
 
+def wants_health_check_port(spec: Mapping[str, Any]) -> bool:
+    """Whether the master must choose a healthCheckNodePort for this spec."""
+    policy = spec.get("externalTrafficPolicy")
+    return needs_health_check_port(spec.get("type"), policy) and not spec.get("healthCheckNodePort")
+
+
+def node_ports_held(spec: Mapping[str, Any]) -> dict[int, int]:
+    """Node port -> the service port number using it (the health check port: 0)."""
+    held = {p["nodePort"]: p.get("port", 0) for p in _ports(spec) if p.get("nodePort")}
+    if spec.get("healthCheckNodePort"):
+        held[spec["healthCheckNodePort"]] = 0
+    return held
+
+
 def _ports(spec: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     return [p for p in (spec or {}).get("ports") or [] if isinstance(p, Mapping)]
 
@@ -188,16 +202,16 @@ def requested_problems(
         why = ip_problem(str(ip), network)
         if why:
             out.append(FieldError("spec.clusterIP", f"Invalid value: {quote(ip)}: {why}"))
-    old_ports = {(p.get("nodePort"), p.get("protocol")) for p in _ports(old)}
-    for i, port in enumerate(_ports(spec)):
-        number = port.get("nodePort")
-        new = number and (number, port.get("protocol")) not in old_ports
-        if new and number not in ranges.node_ports:
+    old_ports = node_ports_held(old or {})
+    numbers = [(f"spec.ports[{i}].nodePort", p.get("nodePort")) for i, p in enumerate(_ports(spec))]
+    numbers.append(("spec.healthCheckNodePort", spec.get("healthCheckNodePort")))
+    for field_path, number in numbers:
+        if number and number not in old_ports and number not in ranges.node_ports:
             why = (
                 f"Invalid value: {number}: provided port is not in the valid range. "
                 f"The range of valid ports is {ranges.node_ports} (set by {NODE_PORT_FLAG})"
             )
-            out.append(FieldError(f"spec.ports[{i}].nodePort", why))
+            out.append(FieldError(field_path, why))
     old_ips = (old or {}).get("externalIPs")
     out += external_ip_problems(spec.get("externalIPs") or [], old_ips, ranges)
     return out

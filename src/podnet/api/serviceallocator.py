@@ -28,10 +28,12 @@ from podnet.api.servicealloc import (
     ServiceRanges,
     free_ip,
     free_port,
+    node_ports_held,
     ports_wanting_node_port,
     random_ip,
     requested_problems,
     wants_cluster_ip,
+    wants_health_check_port,
 )
 from podnet.model import errors
 from podnet.model.kinds import CLUSTER_NETWORK, SERVICE
@@ -93,11 +95,14 @@ class ServiceAllocator:
         if needs_cluster_ip(spec.get("type")) and not spec.get("ipFamilies"):
             spec["ipFamilies"] = [_family(network)]
         for i in ports_wanting_node_port(spec):
-            protocol = str(spec["ports"][i].get("protocol") or "TCP")
-            mine = {p.get("nodePort") for p in spec["ports"] if p.get("protocol") == protocol}
-            number = await self._choose_port(protocol, {n for n in mine if n})
-            spec["ports"][i]["nodePort"] = number
-            chosen.add(node_port_path(protocol, number))
+            port = spec["ports"][i]
+            # TCP 53 and UDP 53 share one node port, as kube allocates them.
+            number = _node_port_of(spec, port.get("port")) or await self._choose_port(spec)
+            port["nodePort"] = number
+            chosen.add(node_port_path(number))
+        if wants_health_check_port(spec):
+            spec["healthCheckNodePort"] = await self._choose_port(spec)
+            chosen.add(node_port_path(spec["healthCheckNodePort"]))
         return {**new, "spec": spec}, chosen
 
     @staticmethod
@@ -151,8 +156,9 @@ class ServiceAllocator:
             f"a serviceIP: range is full (the service network {network} has no free address)",
         )
 
-    async def _choose_port(self, protocol: str, mine: set[int]) -> int:
+    async def _choose_port(self, spec: dict[str, Any]) -> int:
         ports = self.ranges.node_ports
+        mine = set(node_ports_held(spec))
 
         def guess() -> int | None:
             number = self.rng.randint(ports.low, ports.high)
@@ -164,12 +170,20 @@ class ServiceAllocator:
 
         return await self._choose(
             guess,
-            lambda number: node_port_path(protocol, number),
-            f"{NODE_PORT}{protocol}/",
+            node_port_path,
+            NODE_PORT,
             pick_free,
-            f"a nodePort: range is full (no free {protocol} port in {ports}, "
+            f"a nodePort: range is full (no free port in {ports}, "
             "set by --service-node-port-range)",
         )
+
+
+def _node_port_of(spec: dict[str, Any], port: int | None) -> int | None:
+    """The node port another port with this number (another protocol) already has."""
+    for other in spec.get("ports") or []:
+        if other.get("port") == port and other.get("nodePort"):
+            return int(other["nodePort"])
+    return None
 
 
 def _is_ip(text: str) -> bool:

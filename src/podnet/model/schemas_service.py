@@ -126,6 +126,7 @@ class ServiceSpec(Open):
     ipFamilies: list[IPFamily] | None = None
     allocateLoadBalancerNodePorts: bool | None = None
     type: ServiceType = "ClusterIP"
+    healthCheckNodePort: PortOrZero | None = None
     ports: list[ServicePort] | None = None
     selector: LabelMap | None = None
     clusterIP: ClusterIP | None = None

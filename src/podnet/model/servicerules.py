@@ -37,6 +37,11 @@ def _has_node_ports(service_type: str | None) -> bool:
     return service_type in ("NodePort", "LoadBalancer")
 
 
+def needs_health_check_port(service_type: str | None, external_policy: str | None) -> bool:
+    """A LoadBalancer with externalTrafficPolicy Local has a healthCheckNodePort."""
+    return service_type == "LoadBalancer" and external_policy == "Local"
+
+
 def externally_accessible(service_type: str | None, external_ips: Sequence[str] | None) -> bool:
     """kube's rule for where externalTrafficPolicy applies."""
     if service_type in ("NodePort", "LoadBalancer"):
@@ -54,6 +59,13 @@ def prepare_for_update(spec: ServiceSpec, old: Mapping[str, Any]) -> None:
         _keep_cluster_ip(spec, old)
     if _has_node_ports(old_type) and _has_node_ports(spec.type):
         _keep_node_ports(spec, old)
+    had_check = needs_health_check_port(old_type, old.get("externalTrafficPolicy"))
+    has_check = needs_health_check_port(spec.type, spec.externalTrafficPolicy)
+    if had_check and has_check and not spec.healthCheckNodePort:
+        spec.healthCheckNodePort = old.get("healthCheckNodePort")
+    same_check = spec.healthCheckNodePort == old.get("healthCheckNodePort")
+    if had_check and not has_check and same_check:
+        spec.healthCheckNodePort = None
     if needs_cluster_ip(old_type) and not needs_cluster_ip(spec.type):
         _drop_cluster_ip(spec, old)
     same_node_ports = _node_ports(spec) == [p.get("nodePort") for p in old.get("ports") or []]
@@ -167,21 +179,42 @@ def _cluster_ip_problems(spec: ServiceSpec) -> Iterator[Problem]:
 
 
 def _port_problems(spec: ServiceSpec) -> Iterator[Problem]:
+    """Ports are unique per protocol. A node port is one port's, or shared only by the
+    same port number over other protocols (TCP 53 and UDP 53: kube allocates it once)."""
     seen: set[tuple[int, str]] = set()
-    node_ports: set[tuple[int, str]] = set()
+    node_ports: dict[int, tuple[int, set[str]]] = {}  # nodePort -> (port, protocols)
     for i, port in enumerate(spec.ports or []):
         if (port.port, port.protocol) in seen:
             yield Problem(("ports", i), f"Duplicate value: {port.port}/{port.protocol}", DUPLICATE)
         seen.add((port.port, port.protocol))
         if not port.nodePort:
             continue
+        owner, protocols = node_ports.setdefault(port.nodePort, (port.port, set()))
         if not _has_node_ports(spec.type):
             why = f"Forbidden: may not be used when `type` is {quote(spec.type)}"
             yield Problem(("ports", i, "nodePort"), why, FORBIDDEN)
-        elif (port.nodePort, port.protocol) in node_ports:
-            why = f"Duplicate value: {port.nodePort}/{port.protocol}"
+        elif owner != port.port or port.protocol in protocols:
+            why = f"Duplicate value: {port.nodePort} (port {owner} uses it)"
             yield Problem(("ports", i, "nodePort"), why, DUPLICATE)
-        node_ports.add((port.nodePort, port.protocol))
+        else:
+            protocols.add(port.protocol)
+    yield from _health_check_problems(spec, set(node_ports))
+
+
+def _health_check_problems(spec: ServiceSpec, node_ports: set[int]) -> Iterator[Problem]:
+    number = spec.healthCheckNodePort
+    if not number:
+        return
+    if not needs_health_check_port(spec.type, spec.externalTrafficPolicy):
+        why = (
+            f"{number}: may only be set when `type` is 'LoadBalancer' and "
+            "`externalTrafficPolicy` is 'Local'"
+        )
+        yield Problem(("healthCheckNodePort",), why)
+    elif number in node_ports:
+        yield Problem(
+            ("healthCheckNodePort",), f"Duplicate value: {number} is a nodePort", DUPLICATE
+        )
 
 
 def _policy_problems(spec: ServiceSpec) -> Iterator[Problem]:
