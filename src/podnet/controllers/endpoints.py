@@ -107,8 +107,8 @@ class EndpointsController(Controller):
                 self.queue.add(service_key)
 
     def _on_endpoints(self, change: str, obj: Obj) -> None:
-        if not is_marker(self.endpoints, change, obj):
-            follow(self.endpoints, change, obj)
+        # The controller's own writes are cached already: their events change nothing.
+        if not is_marker(self.endpoints, change, obj) and follow(self.endpoints, change, obj):
             self.queue.add(namespaced_key(obj))
 
     def _on_slice(self, change: str, obj: Obj) -> None:
@@ -116,12 +116,10 @@ class EndpointsController(Controller):
             return
         key = namespaced_key(obj)
         old = self.slices.get(key)
-        if change == DELETED:
+        if change == DELETED or not is_managed_slice(obj):  # gone, or taken over
             self._forget_slice(key, revision_of(obj))
-        elif is_managed_slice(obj):
-            self._remember_slice(obj)
-        elif old is not None:  # someone took it over: no longer ours to track
-            self._forget_slice(key, revision_of(obj))
+        elif not self._remember_slice(obj):
+            return  # stale, or the controller's own write (cached already)
         for version in (old, obj):
             if version is not None and (owner := self._service_key_of(version)):
                 self.queue.add(owner)
@@ -132,15 +130,17 @@ class EndpointsController(Controller):
         namespace = meta_of(slice_obj).get("namespace") or ""
         return f"{namespace}/{service}" if service else None
 
-    def _remember_slice(self, obj: Obj) -> None:
+    def _remember_slice(self, obj: Obj) -> bool:
+        """Cache a managed slice version; False when it is not newer than the cached."""
         key = namespaced_key(obj)
         stored, old = self.slices.put(obj)
         if not stored:
-            return
+            return False
         if old is not None and (was := self._service_key_of(old)):
             self._slices_of.get(was, set()).discard(key)
         if owner := self._service_key_of(obj):
             self._slices_of.setdefault(owner, set()).add(key)
+        return True
 
     def _forget_slice(self, key: str, revision: int) -> None:
         old = self.slices.remove(key, revision)
