@@ -99,10 +99,10 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
 )
 @click.option(
     "--dns-upstream-resolv-conf",
+    help="Where the DNS finds the resolvers for names outside the cluster zone",
     type=PathOption,
     default=defaults.DEFAULT_UPSTREAM_RESOLV_CONF,
     show_default=True,
-    help="Where the DNS finds the resolvers for names outside the cluster zone",
 )
 @click.option(
     "--dataplane",

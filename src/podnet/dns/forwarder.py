@@ -26,6 +26,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from dnslib import DNSRecord
 
@@ -94,24 +95,19 @@ class _Answer(asyncio.DatagramProtocol):
             self.answer.set_exception(exc)
 
 
+@dataclass(eq=False)
 class Forwarder:
     """Answers queries for names outside the zone by asking the upstreams."""
 
-    def __init__(
-        self,
-        upstreams: Upstreams,
-        timeout: float = DEFAULT_TIMEOUT,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-        max_entries: int = DEFAULT_CACHE_ENTRIES,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.upstreams = upstreams
-        self.timeout = timeout
-        self.max_in_flight = max_in_flight
-        self.max_entries = max_entries
-        self.clock = clock
-        self.in_flight = 0
-        self._cache: OrderedDict[CacheKey, tuple[bytes, float, int]] = OrderedDict()
+    upstreams: Upstreams
+    timeout: float = DEFAULT_TIMEOUT  # seconds per upstream
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_entries: int = DEFAULT_CACHE_ENTRIES
+    clock: Callable[[], float] = time.monotonic
+    in_flight: int = field(default=0, init=False)
+    _cache: OrderedDict[CacheKey, tuple[bytes, float, int]] = field(
+        default_factory=OrderedDict, init=False
+    )
 
     async def forward(self, query: DNSRecord, data: bytes, tcp: bool = False) -> bytes:
         """The answer to ``query`` (``data``, as the client sent it) with the client's ID."""

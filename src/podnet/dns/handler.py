@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from dnslib import EDNS0, DNSHeader, DNSQuestion, DNSRecord
@@ -45,26 +46,29 @@ from podnet.dns.zone import ZoneIndex
 
 log = logging.getLogger("podnet.dns")
 
+TCP_CACHE_ENTRIES = 2000  # TCP answers are the large ones
 Answer = bytes | None | Coroutine[Any, Any, bytes | None]
 
 
-class QueryHandler:
-    """Answers DNS messages for the zone in ``index``; forwards the rest."""
+def _always() -> bool:
+    return True
 
-    def __init__(
-        self,
-        index: ZoneIndex,
-        forwarder: Forwarder | None,
-        ready: Callable[[], bool] = lambda: True,
-        udp_cache: AnswerCache | None = None,
-        tcp_cache: AnswerCache | None = None,
-    ) -> None:
-        self.index = index
-        self.forwarder = forwarder
-        self.ready = ready
-        self.udp_cache = udp_cache if udp_cache is not None else AnswerCache()
-        self.tcp_cache = tcp_cache if tcp_cache is not None else AnswerCache(max_entries=2000)
-        self.malformed = 0  # queries answered FORMERR/NOTIMP/REFUSED or dropped
+
+def _tcp_cache() -> AnswerCache:
+    return AnswerCache(max_entries=TCP_CACHE_ENTRIES)
+
+
+@dataclass(eq=False)
+class QueryHandler:
+    """Answers DNS messages for the zone in ``index``; forwards the rest (``forwarder``
+    None: SERVFAIL). ``ready`` says whether the index is complete."""
+
+    index: ZoneIndex
+    forwarder: Forwarder | None
+    ready: Callable[[], bool] = _always
+    udp_cache: AnswerCache = field(default_factory=AnswerCache)
+    tcp_cache: AnswerCache = field(default_factory=_tcp_cache)
+    malformed: int = field(default=0, init=False)  # FORMERR/NOTIMP/REFUSED or dropped
 
     def invalidate(self, names: Iterable[str]) -> None:
         """Forget the cached answers read from ``names`` (the zone index calls this)."""

@@ -24,7 +24,7 @@ import ipaddress
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from podnet.dns.names import MAX_NAME, dashed, is_domain_name, is_label, normalize, reverse_name
 
@@ -51,8 +51,7 @@ class Record:
     data: RData
 
 
-@dataclass(frozen=True, slots=True)
-class ServicePort:
+class ServicePort(NamedTuple):
     """A named port: its name and protocol in lower case, and its number."""
 
     name: str

@@ -63,21 +63,21 @@ class ClientCheck:
 
     def __init__(self, clients: Network | None) -> None:
         self.clients = clients
-        self._known: dict[str, bool] = {}
+        self.known: dict[str, bool] = {}  # source address -> allowed
         self.refused = 0
 
     def __call__(self, host: str) -> bool:
         if self.clients is None:
             return True
-        allowed = self._known.get(host)
+        allowed = self.known.get(host)
         if allowed is None:
             try:
                 allowed = ipaddress.ip_address(host) in self.clients
             except ValueError:
                 allowed = False
-            if len(self._known) >= MAX_KNOWN_SOURCES:
-                self._known.clear()
-            self._known[host] = allowed
+            if len(self.known) >= MAX_KNOWN_SOURCES:
+                self.known.clear()
+            self.known[host] = allowed
         if not allowed:
             self.refused += 1
         return allowed
@@ -97,15 +97,24 @@ class _Udp:
     def readable(self) -> None:
         sock, server = self.sock, self.server
         answer_of, allowed = server.handler.answer, server.allowed
+        cached, known = server.handler.udp_cache.answers.get, allowed.known.get
+        recvfrom, sendto = sock.recvfrom, sock.sendto
         for _ in range(UDP_BATCH):
             try:
-                data, addr = sock.recvfrom(UDP_RECEIVE_SIZE)
+                data, addr = recvfrom(UDP_RECEIVE_SIZE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # an ICMP error about an earlier answer
                 log.debug("UDP error: %s", exc)
                 continue
-            if not allowed(addr[0]):
+            if not (known(addr[0]) or allowed(addr[0])):
+                continue
+            hit = cached(data[2:])  # the common case, inline: a repeated question
+            if hit is not None:
+                try:
+                    sendto(data[:2] + hit, addr)
+                except OSError:
+                    server.dropped += 1
                 continue
             answer = answer_of(data)
             if answer is None:
