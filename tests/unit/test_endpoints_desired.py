@@ -187,6 +187,22 @@ def test_terminating_and_finished_pods() -> None:
     assert endpoint["conditions"] == {"ready": False, "serving": True, "terminating": True}
 
 
+def test_dual_stack_pods() -> None:
+    """Slices per family of the Service; v1 Endpoints with the primary family's IP."""
+    svc = service(ipFamilies=["IPv6", "IPv4"])
+    dual = pod("a", "10.1.0.5")
+    dual["status"]["podIPs"] = [{"ip": "10.1.0.5"}, {"ip": "fd00::5"}]
+    (subset,) = desired_endpoints(svc, [dual])["subsets"]
+    assert addresses(subset) == ["fd00::5"]
+    slices = {s["addressType"]: s for s in desired_slices(svc, [dual]).values()}
+    assert {t: [e["addresses"] for e in s["endpoints"]] for t, s in slices.items()} == {
+        "IPv4": [["10.1.0.5"]],
+        "IPv6": [["fd00::5"]],
+    }
+    (only,) = desired_slices(service(), [dual]).values()
+    assert only["addressType"] == "IPv4" and only["endpoints"][0]["addresses"] == ["10.1.0.5"]
+
+
 def test_which_services_are_managed() -> None:
     assert manages(service())
     assert not manages(service(selector={}))

@@ -66,6 +66,21 @@ def is_headless(service: Obj) -> bool:
     return spec_of(service).get("clusterIP") == "None"
 
 
+def address_types(service: Obj) -> list[str]:
+    """The Service's IP families, in order (the slices' address types)."""
+    spec = spec_of(service)
+    families = [f for f in spec.get("ipFamilies") or [] if f in ("IPv4", "IPv6")]
+    if families:
+        return families
+    cluster_ip = str(spec.get("clusterIP") or "")
+    return ["IPv6"] if ":" in cluster_ip else ["IPv4"]
+
+
+def family(ip: str) -> str:
+    """``IPv4`` or ``IPv6``: an address's family, as address types name it."""
+    return "IPv6" if ":" in ip else "IPv4"
+
+
 def publishes_not_ready(service: Obj) -> bool:
     return bool(spec_of(service).get("publishNotReadyAddresses"))
 
@@ -246,6 +261,7 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
     """The Endpoints' subsets for ``service`` and the pods its selector matches, and
     whether they were cut to ``MAX_ENDPOINTS_ADDRESSES``."""
     tolerate = publishes_not_ready(service)
+    primary = address_types(service)[0]
     ports_without = not service_ports(service)
     # ports key -> (ready, not ready) addresses by IP
     groups: dict[PortsKey, tuple[dict[str, Obj], dict[str, Obj]]] = {}
@@ -257,7 +273,8 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
             continue
         ready = tolerate or is_ready(pod)
         group = groups.setdefault(ports_key(ports), ({}, {}))
-        for ip in pod_ips(pod)[:1]:  # v1 Endpoints carry the pod's primary IP
+        # v1 Endpoints carry one IP a pod: the first of the Service's primary family
+        for ip in [ip for ip in pod_ips(pod) if family(ip) == primary][:1]:
             group[0 if ready else 1][ip] = _address(service, pod, ip)
     return _cap(
         [

@@ -28,6 +28,8 @@ from typing import Any
 from podnet.controllers.endpointsdesired import (
     Obj,
     PortsKey,
+    address_types,
+    family,
     is_ready,
     is_terminating,
     meta_of,
@@ -40,7 +42,6 @@ from podnet.controllers.endpointsdesired import (
     publishes_not_ready,
     resolved_ports,
     selects,
-    spec_of,
 )
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 
@@ -49,20 +50,6 @@ MIRROR_CONTROLLER = "endpointslicemirroring-controller.k8s.io"
 MAX_ENDPOINTS_PER_SLICE = 100
 Groups = dict[tuple[str, PortsKey], list[dict[str, Any]]]  # (address type, ports) -> endpoints
 _NAME_HASH = 10
-
-
-def address_types(service: Obj) -> list[str]:
-    """The slices' address types: the Service's IP families, in order."""
-    spec = spec_of(service)
-    families = [f for f in spec.get("ipFamilies") or [] if f in ("IPv4", "IPv6")]
-    if families:
-        return families
-    cluster_ip = str(spec.get("clusterIP") or "")
-    return ["IPv6"] if ":" in cluster_ip else ["IPv4"]
-
-
-def _family(ip: str) -> str:
-    return "IPv6" if ":" in ip else "IPv4"
 
 
 def slice_endpoint(service: Obj, pod: Obj, addresses: list[str]) -> dict[str, Any]:
@@ -88,7 +75,7 @@ def _groups(service: Obj, pods: Iterable[Obj]) -> Groups:
             continue
         key = ports_key(resolved_ports(service, pod))
         for address_type in types:
-            addresses = [ip for ip in pod_ips(pod) if _family(ip) == address_type]
+            addresses = [ip for ip in pod_ips(pod) if family(ip) == address_type]
             if addresses:
                 endpoint = slice_endpoint(service, pod, addresses[:1])
                 groups.setdefault((address_type, key), []).append(endpoint)

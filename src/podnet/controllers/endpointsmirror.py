@@ -17,6 +17,7 @@ from typing import Any
 
 from podnet.controllers.endpointsdesired import (
     Obj,
+    family,
     is_managed_endpoints,
     labels_of,
     ports_key,
@@ -69,8 +70,7 @@ def mirrored_slices(endpoints: Obj) -> dict[str, dict[str, Any]]:
     for subset in endpoints.get("subsets") or []:
         key = ports_key(_port(p) for p in subset.get("ports") or [])
         for endpoint in _subset_endpoints(subset):
-            family = "IPv6" if ":" in endpoint["addresses"][0] else "IPv4"
-            groups.setdefault((family, key), []).append(endpoint)
+            groups.setdefault((family(endpoint["addresses"][0]), key), []).append(endpoint)
     for members in groups.values():
         members.sort(key=lambda e: (e["addresses"], not e["conditions"]["ready"]))
     reserved = (MANAGED_BY_LABEL, SERVICE_NAME_LABEL)
