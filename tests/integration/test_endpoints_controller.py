@@ -211,6 +211,13 @@ def test_hand_written_endpoints_stay_and_tables_show_kubernetes_columns(
     assert ours.returncode == 0, ours.stderr
     assert "192.0.2.10:5432" in ours.stdout
 
+    described = run_kubectl(master.kubeconfig, "describe", "endpointslices", "-n", NS)
+    assert described.returncode == 0, described.stderr
+    assert "AddressType:  IPv4" in described.stdout and "10.128.0.13" in described.stdout
+    described = run_kubectl(master.kubeconfig, "describe", "ep", "web", "-n", NS)
+    assert described.returncode == 0, described.stderr
+    assert "10.128.0.10,10.128.0.11,10.128.0.12,10.128.0.13" in described.stdout
+
 
 BAD_SLICES = [
     {"addressType": "IP"},
