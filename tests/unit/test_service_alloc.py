@@ -334,3 +334,19 @@ async def test_health_check_node_port_for_local_load_balancers(registry: Registr
     assert "healthCheckNodePort" not in kept["spec"]
     assert f"nodePort/{check}" not in await claim_keys(registry)
     assert f"nodePort/{node_port}" in await claim_keys(registry)
+
+
+async def test_status_updates_keep_the_spec_and_show_the_ingress(registry: Registry) -> None:
+    made = await create(registry, svc("lb", type="LoadBalancer"))
+    status = {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}
+    updated = await registry.update(SERVICE, {**made, "status": status}, "default", "lb", "status")
+    assert updated["spec"] == made["spec"] and updated["status"] == status
+    cells = {c.name: c.read(updated) for c in SERVICE.columns}
+    assert cells["EXTERNAL-IP"] == "203.0.113.7"
+    assert cells["PORT(S)"] == f"80:{made['spec']['ports'][0]['nodePort']}/TCP"
+    assert await claim_keys(registry) == sorted(
+        [
+            f"clusterIP/{made['spec']['clusterIP']}",
+            f"nodePort/{made['spec']['ports'][0]['nodePort']}",
+        ]
+    )

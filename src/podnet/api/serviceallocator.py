@@ -79,6 +79,8 @@ class ServiceAllocator:
         ranges refuse."""
         spec = new.get("spec") or {}
         old_spec = (old or {}).get("spec")
+        if old is not None and spec == old_spec:
+            return new, set()  # a status or metadata change: nothing to check or choose
         network = await self.service_network()
         problems = requested_problems(spec, old_spec, self.ranges, network)
         problems += self._family_problems(spec, network)
