@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 
 from dnslib import RCODE, DNSRecord
 
+from podnet.api.authorizer import allowed_by_rules
+from podnet.api.identity import User
 from podnet.client import ADDED, DELETED, LISTED, MODIFIED, WatchEvent
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dns.handler import QueryHandler
@@ -110,3 +112,12 @@ async def test_serving_from_the_watches() -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert not cluster.server.serving
+
+
+def test_a_node_may_list_and_watch_what_the_dns_watches_and_write_none_of_it() -> None:
+    node = User("system:node:node-1", ("system:nodes",))
+    for kind in (SERVICE, ENDPOINT_SLICE, POD):
+        for verb in ("list", "watch"):
+            assert allowed_by_rules(node, verb, kind.group, kind.plural, None, None), kind
+    for kind in (SERVICE, ENDPOINT_SLICE):
+        assert not allowed_by_rules(node, "create", kind.group, kind.plural, "default", None)
