@@ -8,16 +8,19 @@ import asyncio
 import ipaddress
 from collections.abc import AsyncIterator
 
+import pytest
 from dnslib import RCODE, DNSRecord
 
 from podnet.api.authorizer import allowed_by_rules
 from podnet.api.identity import User
 from podnet.client import ADDED, DELETED, LISTED, MODIFIED, WatchEvent
 from podnet.dataplane.interface import NodeNetwork
+from podnet.dns import sync as sync_module
 from podnet.dns.handler import QueryHandler
 from podnet.dns.sync import ClusterDns, DnsSettings
 from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE, Kind
 from podnet.testing.dns import addresses, ask, endpoint_slice, pod, query, service
+from podnet.testing.e2e import eventually
 
 SVC = "web.default.svc.cluster.local"
 NODE = NodeNetwork(
@@ -121,3 +124,27 @@ def test_a_node_may_list_and_watch_what_the_dns_watches_and_write_none_of_it() -
             assert allowed_by_rules(node, verb, kind.group, kind.plural, None, None), kind
     for kind in (SERVICE, ENDPOINT_SLICE):
         assert not allowed_by_rules(node, "create", kind.group, kind.plural, "default", None)
+
+
+async def test_listeners_are_bound_again_when_the_bridge_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index = iter([7, 7, 7, 8, 8, 8, 8, 8, 8, 8])  # br0's ifindex; the bridge is made again
+    monkeypatch.setattr(sync_module, "_device_index", lambda device: next(index, 8))
+    cluster = dns()
+    starts: list[int] = []
+    original = cluster.server.start
+
+    async def counted() -> None:
+        starts.append(1)
+        await original()
+
+    monkeypatch.setattr(cluster.server, "start", counted)
+    task = asyncio.create_task(cluster.serve())
+    try:
+        await eventually(lambda: len(starts) == 2 and cluster.bound.is_set(), 10, "rebound")
+        assert cluster.server.serving
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not cluster.server.serving and not cluster.bound.is_set()
