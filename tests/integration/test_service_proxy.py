@@ -12,9 +12,8 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from podnet.services.model import ServiceTable
 from podnet.testing.lab import EXTERNAL_IP, sh
-from podnet.testing.servicelab import Cluster, key, outside, route_services, service_cluster
+from podnet.testing.servicelab import Cluster, outside, route_services, service_cluster
 
 pytestmark = [pytest.mark.root]
 
@@ -130,14 +129,7 @@ async def test_a_second_sync_and_a_restarted_plane_change_nothing(cluster: Clust
     restarted = lab.plane(1)
     node = lab.network(1)
     assert (await restarted.check_node(node)).ok
-    table = ServiceTable(
-        tuple(
-            sorted(
-                [cluster.for_node(web, 1), cluster.for_node(cluster.service("empty", 12), 1)],
-                key=key,
-            )
-        )
-    )
+    table = cluster.table_for(1, web, cluster.service("empty", 12))
     await restarted.sync_services(node, table)
     assert restarted.services.transactions == 0
     await restarted.sync_services(node, table)  # a resync reads the kernel again

@@ -20,7 +20,7 @@ from podnet.model.network import MULTITENANT, NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
-from podnet.testing.servicelab import PORT, Cluster, service_cluster
+from podnet.testing.servicelab import PORT, Cluster, outside, service_cluster
 
 pytestmark = [pytest.mark.root]
 
@@ -136,3 +136,25 @@ async def test_multitenant_pods_reach_only_their_projects_and_global_services(
     assert found[("y/b", "y/c")][0] is True  # its own project's
     assert found[("x/a", "default/g")][0] is True  # VNID 0 is reached by all
     assert found[("default/g", "x/a")][0] is True  # and reaches all
+
+
+async def test_a_node_port_is_no_way_around_isolation(cluster: Cluster) -> None:
+    """x/a (node-1) to node-2's port of a service whose endpoint y/b is back on node-1:
+    masqueraded there, it would reach y/b from node-2's address, which every project
+    admits. Other nodes' pods get node-2's own endpoints only: none here."""
+    netnamespaces = [
+        {"metadata": {"name": "x"}, "netname": "x", "netid": 10},
+        {"metadata": {"name": "y"}, "netname": "y", "netid": 11},
+        {"metadata": {"name": "default"}, "netname": "default", "netid": 0},
+    ]
+    rules = compile_rules(MULTITENANT, pod_objects(cluster), namespaces(), netnamespaces, [])
+    await enforce(cluster, rules)
+    to_b = cluster.service("np-b", 30, "y/b", namespace="y", node_port=30030)
+    to_c = cluster.service("np-c", 31, "y/c", namespace="y", node_port=30031)
+    await cluster.apply(*services(cluster), to_b, to_c)
+    node_2 = cluster.lab.node_ip(2)
+    assert cluster.client(cluster.netns_of["x/a"], node_2, 30030).by_pod() == {}
+    assert cluster.client(cluster.netns_of["x/a"], node_2, 30031).by_pod() == {}
+    assert cluster.client(cluster.netns_of["y/b"], node_2, 30031).by_pod() == {"y/c": 1}
+    from_outside = cluster.client(outside(cluster.lab), node_2, 30030)
+    assert from_outside.by_pod() == {"y/b": 1}  # the outside still gets every endpoint

@@ -1,5 +1,5 @@
-"""``ServiceSync`` against scripted watches and the fake data plane: nothing before both
-listings, every change reaches the data plane as the table a full compile gives, and a
+"""``ServiceSync`` against scripted watches and the fake data plane: nothing before every
+listing, every change reaches the data plane as the table a full compile gives, and a
 service the data plane refuses is left out while the rest is applied."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from podnet.agent.services import ServiceSync
 from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import NodeNetwork
-from podnet.model.kinds import ENDPOINT_SLICE, SERVICE, Kind
+from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
 from podnet.reconcile import APPLIED, PARTIAL
 from podnet.services.compile import compile_services
+from podnet.services.model import ServiceTable
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -36,7 +37,7 @@ class ScriptedWatches:
 
     def __init__(self) -> None:
         self.queues: dict[str, asyncio.Queue[WatchEvent]] = {
-            kind.plural: asyncio.Queue() for kind in (SERVICE, ENDPOINT_SLICE)
+            kind.plural: asyncio.Queue() for kind in (SERVICE, ENDPOINT_SLICE, HOST_SUBNET)
         }
 
     async def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
@@ -66,6 +67,14 @@ def endpoint_slice(name: str, *hosts: int) -> Obj:
     }
 
 
+def hostsubnet(name: str, host: int) -> Obj:
+    return {"metadata": {"name": name}, "host": name, "hostIP": f"198.51.100.{host}"}
+
+
+def with_nodes(table: ServiceTable, *hosts: int) -> ServiceTable:
+    return ServiceTable(table.ports, tuple(IPv4Address(f"198.51.100.{h}") for h in hosts))
+
+
 @pytest.fixture
 async def plane() -> FakeDataPlane:
     fake = FakeDataPlane()
@@ -83,13 +92,17 @@ async def test_applies_after_both_listings_then_follows_changes(plane: FakeDataP
         await asyncio.sleep(0.05)
         assert plane.count("sync_services") == 0  # the slices have not listed yet
         watches.send(ENDPOINT_SLICE, WatchEvent(LISTED, items=tuple(slices)))
-        want = compile_services(services, slices, "node-1")
+        await asyncio.sleep(0.05)
+        assert plane.count("sync_services") == 0  # nor the HostSubnets
+        watches.send(HOST_SUBNET, WatchEvent(LISTED, items=(hostsubnet("node-1", 11),)))
+        want = with_nodes(compile_services(services, slices, "node-1"), 11)
         await eventually(lambda: plane.state.services == want, what="the first table")
         slices = [endpoint_slice("a", 7), endpoint_slice("b", 8)]
         for changed in slices:
             watches.send(ENDPOINT_SLICE, WatchEvent("MODIFIED", changed))
         watches.send(SERVICE, WatchEvent("DELETED", services[0]))
-        want = compile_services(services[1:], slices, "node-1")
+        watches.send(HOST_SUBNET, WatchEvent("ADDED", hostsubnet("node-2", 12)))
+        want = with_nodes(compile_services(services[1:], slices, "node-1"), 11, 12)
         await eventually(lambda: plane.state.services == want, what="the changed table")
         assert sync.loop.last is not None and sync.loop.last.result == APPLIED
         assert [p.service for p in want.ports] == ["default/b"]
@@ -106,6 +119,7 @@ async def test_a_refused_service_is_left_out_and_the_rest_applied(plane: FakeDat
     services = [service("bad", 1), service("good", 2)]
     sync.queue(SERVICE, WatchEvent(LISTED, items=tuple(services)))
     sync.queue(ENDPOINT_SLICE, WatchEvent(LISTED, items=(endpoint_slice("good", 5),)))
+    sync.queue(HOST_SUBNET, WatchEvent(LISTED, items=()))
     assert await sync.loop.reconcile_once()
     assert sync.loop.last is not None and sync.loop.last.result == PARTIAL
     assert sync.loop.left_out == frozenset({"default/bad"})

@@ -1,16 +1,16 @@
 """The service proxy: Services and EndpointSlices watched, compiled and applied.
 
-``ServiceSync`` watches, cluster-wide through the client's reflectors, Services (v1) and
-EndpointSlices (``discovery.k8s.io/v1``) and is a ``podnet.reconcile`` target, the same
-loop as isolation and policy (``agent.policies``): nothing is applied until both
-listings have arrived (a partial view would reject services whose slices it has not
-seen yet), a burst of changes is coalesced, the changes are applied to a
-``ServiceCompiler`` in a worker thread (only the services they touch are compiled again)
-and the resulting ``ServiceTable`` goes to ``DataPlane.sync_services``, which changes
-only what differs. A failed apply is retried with backoff; a periodic resync applies the
-same table again (a no-op in the kernel unless something drifted). A table the data
-plane refuses is bisected by service: the services at fault are left out, named in the
-log and the node's ``podnet.io/reconcile`` note, and the rest is forwarded.
+``ServiceSync`` watches, cluster-wide through the client's reflectors, Services (v1),
+EndpointSlices (``discovery.k8s.io/v1``) and HostSubnets (every node's address) and is a
+``podnet.reconcile`` target, the same loop as isolation and policy (``agent.policies``):
+nothing is applied until all listings have arrived (a partial view would reject services
+whose slices it has not seen yet), a burst of changes is coalesced, the changes are
+applied to a ``ServiceCompiler`` in a worker thread (only the services they touch are
+compiled again) and the resulting ``ServiceTable`` goes to ``DataPlane.sync_services``,
+which changes only what differs. A failed apply is retried with backoff; a periodic
+resync applies the same table again (a no-op in the kernel unless something drifted). A
+table the data plane refuses is bisected by service: the services at fault are left out,
+named in the log and the node's ``podnet.io/reconcile`` note, and the rest is forwarded.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from ipaddress import IPv4Address
 from typing import Any
 
-from podnet.agent.policies import WatchSource
+from podnet.agent.policies import WatchSource, host_ip
 from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
-from podnet.model.kinds import ENDPOINT_SLICE, SERVICE, Kind
+from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
 from podnet.services.compile import ServiceCompiler
 from podnet.services.model import ServiceTable
@@ -32,7 +33,7 @@ from podnet.services.model import ServiceTable
 log = logging.getLogger("podnet.agent.services")
 
 COALESCE_SECONDS = 0.01  # wait this long after a change for the rest of a burst
-KINDS: tuple[Kind, ...] = (SERVICE, ENDPOINT_SLICE)
+KINDS: tuple[Kind, ...] = (SERVICE, ENDPOINT_SLICE, HOST_SUBNET)
 Change = tuple[str, str, Any]  # (kind plural, event type, object or listing)
 
 
@@ -59,6 +60,7 @@ class ServiceSync:
         self.applied = 0  # tables applied that differ from the one before
         self.applied_at: float | None = None  # time.monotonic() of the last of them
         self._pending: list[Change] = []
+        self._node_ips: dict[str, IPv4Address] = {}  # HostSubnet name -> hostIP
         self.loop = ReconcileLoop(
             self,
             Pacing(resync_period, coalesce, compile_in_thread=True),
@@ -88,6 +90,8 @@ class ServiceSync:
         """Queue one watch event of ``kind`` (bookmarks carry nothing to apply)."""
         if event.type == BOOKMARK:
             return
+        if kind.plural == HOST_SUBNET.plural:
+            self._take_hostsubnet(event)
         payload = event.items if event.type == LISTED else event.object
         self._pending.append((kind.plural, event.type, payload))
         if event.type == LISTED:
@@ -95,12 +99,25 @@ class ServiceSync:
         else:
             self.loop.changed()
 
+    def _take_hostsubnet(self, event: WatchEvent) -> None:
+        """Keep every node's address (pods' packets to any node's port are DNATed here)."""
+        found = event.items if event.type == LISTED else (event.object,)
+        if event.type == LISTED:
+            self._node_ips = {}
+        for hostsubnet in found:
+            name = str((hostsubnet.get("metadata") or {}).get("name") or "")
+            ip = host_ip(hostsubnet)
+            if event.type == DELETED or ip is None:
+                self._node_ips.pop(name, None)
+            else:
+                self._node_ips[name] = IPv4Address(ip)
+
     # ---- the reconcile target ------------------------------------------------------------
 
     def take(self) -> Callable[[], ServiceTable]:
         """Take the queued changes; the step compiles them (in the loop's worker thread)."""
         pending, self._pending = self._pending, []
-        return functools.partial(self._compile, pending)
+        return functools.partial(self._compile, pending, list(self._node_ips.values()))
 
     async def apply(self, desired: ServiceTable) -> None:
         """The whole table to the data plane, in one atomic change."""
@@ -132,10 +149,13 @@ class ServiceSync:
             )
         self.last_table = desired
 
-    def _compile(self, changes: list[Change]) -> ServiceTable:
+    def _compile(self, changes: list[Change], node_ips: list[IPv4Address]) -> ServiceTable:
         """Runs in a worker thread, one at a time: the compiler is not shared."""
         compiler = self.compiler
+        compiler.set_node_ips(node_ips)
         for plural, verb, payload in changes:
+            if plural == HOST_SUBNET.plural:
+                continue
             if plural == SERVICE.plural:
                 if verb == LISTED:
                     compiler.replace_services(payload)

@@ -64,6 +64,13 @@ class ServiceCompiler:
         self._compiled: dict[str, tuple[ServicePort, ...]] = {}
         self._dirty: set[str] = set()
         self._table: ServiceTable | None = None
+        self._node_ips: tuple[IPv4Address, ...] = ()
+
+    def set_node_ips(self, ips: Iterable[IPv4Address]) -> None:
+        """Every node's address (HostSubnet ``hostIP``)."""
+        found = tuple(sorted(set(ips)))
+        if found != self._node_ips:
+            self._node_ips, self._table = found, None
 
     def replace_services(self, services: Iterable[Obj]) -> None:
         """A full listing of Services."""
@@ -124,7 +131,7 @@ class ServiceCompiler:
                 self._compiled.pop(key, None)
         self._dirty.clear()
         every = [p for key in sorted(self._compiled) for p in self._compiled[key]]
-        self._table = ServiceTable(tuple(sorted(every, key=lambda p: p.key)))
+        self._table = ServiceTable(tuple(sorted(every, key=lambda p: p.key)), self._node_ips)
         return self._table
 
 

@@ -65,9 +65,12 @@ class ServicePort:
 
 @dataclass(frozen=True)
 class ServiceTable:
-    """Every service port the node forwards, sorted by key."""
+    """Every service port the node forwards, sorted by key, and every node's address
+    (sorted): a pod's packet to any node's port is DNATed on its own node, where its
+    source is still the pod's and isolation can judge it."""
 
     ports: tuple[ServicePort, ...] = field(default_factory=tuple)
+    node_ips: tuple[IPv4Address, ...] = ()
 
     def services(self) -> list[str]:
         """The services (``namespace/name``) in key order, each once."""
@@ -75,7 +78,8 @@ class ServiceTable:
 
     def without(self, services: frozenset[str]) -> ServiceTable:
         """The table without the ports of ``services``."""
-        return ServiceTable(tuple(p for p in self.ports if p.service not in services))
+        kept = tuple(p for p in self.ports if p.service not in services)
+        return ServiceTable(kept, self.node_ips)
 
     def size(self) -> tuple[int, int]:
         """(service ports, endpoints)."""

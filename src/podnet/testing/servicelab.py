@@ -105,8 +105,14 @@ class Cluster:
     async def apply(self, *ports: ServicePort) -> None:
         """``ports`` on both nodes, each node with its own local flags."""
         for i, plane in self.planes.items():
-            table = ServiceTable(tuple(sorted((self.for_node(p, i) for p in ports), key=key)))
+            table = self.table_for(i, *ports)
             await plane.sync_services(self.lab.network(i, isolation=self.isolation), table)
+
+    def table_for(self, node: int, *ports: ServicePort) -> ServiceTable:
+        """Node ``node``'s table of ``ports``, with every node's address."""
+        node_ips = tuple(self.lab.node_ip(n) for n in sorted(self.planes))
+        found = sorted((self.for_node(p, node) for p in ports), key=key)
+        return ServiceTable(tuple(found), node_ips)
 
     def for_node(self, port: ServicePort, node: int) -> ServicePort:
         local = [dataclasses.replace(e, local=self.node_of(e.ip) == node) for e in port.endpoints]

@@ -198,6 +198,7 @@ class LinuxDataPlane:
         return sockets
 
     def _close_netlink(self) -> None:
+        self.services.close()
         if self._netlink is not None:
             self._netlink.close()
             self._netlink = None

@@ -1,13 +1,14 @@
 """Applies the rendered service table (``servicetable``) to the kernel, and flushes UDP
 conntrack entries of endpoints that went away.
 
-Runs on the backend's node thread (``nft`` and the conntrack socket inherit the thread's
-namespace). The table last applied is kept, so a change is one ``nft -f`` transaction
-with only the difference, and no transaction at all when nothing differs. At start, or
-after a failed transaction, the table is read back from the kernel first, so a restarted
-agent that finds the table right changes nothing, and established connections through
-it are not disturbed. The same table given again (the reconcile loop's periodic resync)
-is compared with the kernel's too, so drift (a rule deleted by hand) is repaired.
+Runs on the backend's node thread (libnftables, ``nft`` and the conntrack socket take
+the thread's namespace; transactions run in-process through ``libnft``). The table last
+applied is kept, so a change is one ``nft -f`` transaction with only the difference, and
+no transaction at all when nothing differs. At start, or after a failed transaction, the
+table is read back from the kernel first, so a restarted agent that finds the table
+right changes nothing, and established connections through it are not disturbed. The
+same table given again (the reconcile loop's periodic resync) is compared with the
+kernel's too, so drift (a rule deleted by hand) is repaired.
 
 UDP has no connection to end: a client that keeps sending to a cluster IP keeps its
 conntrack entry, which still points to the endpoint chosen first. When a UDP endpoint
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
 from podnet.dataplane.linux import nftables
+from podnet.dataplane.linux.libnft import NftRunner
 from podnet.dataplane.linux.servicescript import parse_listing, transaction
 from podnet.dataplane.linux.servicetable import (
     TABLE_KEY,
@@ -47,6 +49,7 @@ class ServiceTableSync:
         self._udp: frozenset[tuple[str, int]] | None = None  # UDP endpoints last applied
         self._last: ServiceTable | None = None  # the table last applied
         self.transactions = 0  # nft transactions run (a no-op sync runs none)
+        self._nft: NftRunner | None = None  # made on the node thread, at the first sync
 
     def sync(self, node: NodeNetwork, table: ServiceTable) -> bool:
         """Make the kernel's table equal ``table``; True when something changed."""
@@ -59,8 +62,10 @@ class ServiceTableSync:
         script = transaction(self._have, want)
         udp = udp_endpoints(table)
         if script:
+            if self._nft is None:
+                self._nft = NftRunner()
             try:
-                nftables.run(script)
+                self._nft.run(script)
             except DataPlaneError:
                 self._known = False
                 raise
@@ -74,6 +79,12 @@ class ServiceTableSync:
     def forget(self) -> None:
         """Read the kernel again before the next change."""
         self._known = False
+
+    def close(self) -> None:
+        """Free the libnftables context (on the thread that used it)."""
+        if self._nft is not None:
+            self._nft.close()
+            self._nft = None
 
 
 def read_table() -> ServiceNft | None:

@@ -5,17 +5,20 @@
 - ``services`` (from the nat hooks ``prerouting`` and ``output``, priority dstnat) does one
   lookup in the verdict map ``service_ips``, keyed by ``ip daddr . meta l4proto . th
   dport`` (cluster IPs and external IPs), and for addresses of this node (``fib daddr
-  type local``) one in ``node_ports``, keyed by protocol and port. Each element jumps to
-  the chain of one service port, so the per-packet cost does not grow with services.
+  type local``, and every other node's, so that a pod's packet to another node's port
+  is DNATed here with the pod's address) one in ``node_ports``, keyed by protocol and
+  port. Each element jumps to the chain of one service port, so the per-packet cost does
+  not grow with services.
 - ``svc/<ns>/<name>/<proto>/<port>/<digest>`` (cluster IP) marks traffic from outside
   the cluster network for masquerade, then DNATs to an endpoint chosen by ``numgen
   random`` with equal weight (``choose``). Service chains are named by their content, so
   a change adds a chain and repoints one map element, and the table is read back from
   its chain names and map elements alone (``services.read_table``). ``ext/...`` (node
-  port, external IPs) does the same under externalTrafficPolicy Cluster (always
-  masqueraded: the reply must come back through this node); under Local it keeps the
-  source, uses local endpoints only and drops when there are none (the node does not
-  answer), except for this node's own pods, which go the cluster-IP way.
+  port, external IPs) does the same under externalTrafficPolicy Cluster, masqueraded
+  (the reply must come back through this node); under Local it keeps the source, uses
+  local endpoints only and drops when there are none (the node does not answer). This
+  node's own pods, and with isolation other nodes' pods, are treated apart so that
+  isolation holds (``external_rules``).
 - Session affinity (ClientIP): one endpoint chain per endpoint that records the client
   in a set with the service's timeout (``update @aff/...``) and DNATs; the service chain
   first sends a client found in an endpoint's set to that endpoint.
@@ -53,7 +56,6 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network
 
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.nftrules import collapse
@@ -65,7 +67,7 @@ TABLE_KEY = f"ip {SERVICES_TABLE}"
 MASQUERADE_MARK = "0x00004000"
 SERVICE_IPS, NODE_PORTS = "service_ips", "node_ports"
 NO_ENDPOINT_IPS, NO_ENDPOINT_NODE_PORTS = "no_endpoint_ips", "no_endpoint_node_ports"
-CLUSTER_NETWORKS, HAIRPIN = "cluster_networks", "hairpin"
+CLUSTER_NETWORKS, HAIRPIN, NODE_IPS = "cluster_networks", "hairpin", "node_ips"
 ADDRESS_KEY = "ipv4_addr . inet_proto . inet_service"
 PORT_KEY = "inet_proto . inet_service"
 REJECT_CHAIN, CHECK_CHAIN, SERVICES_CHAIN = "reject_service", "endpoint_check", "services"
@@ -161,12 +163,13 @@ class ServiceRenderer:
         if not ports:
             return ServiceNft()
         sets = dict(self._sets)
-        for fixed in fixed_sets(self.node, self._elements):
+        nodes = Counter(str(ip) for ip in table.node_ips)
+        for fixed in fixed_sets(self.node, {**self._elements, NODE_IPS: nodes}):
             sets[fixed.name] = fixed
         return ServiceNft(sets, dict(self._chains))
 
     def _put_in(self, key: str, port: ServicePort) -> None:
-        part = port_parts(port, self.node.subnet)
+        part = port_parts(port, self.node)
         self._ports[key], self._parts[key] = port, part
         self._chains.update((c.name, c) for c in part.chains)
         self._sets.update((s.name, s) for s in part.sets)
@@ -197,6 +200,7 @@ def fixed_sets(node: NodeNetwork, elements: Mapping[str, Counter[str]]) -> list[
     return [
         NftSet(CLUSTER_NETWORKS, "ipv4_addr", "interval", elements=cluster),
         NftSet(HAIRPIN, "ipv4_addr . ipv4_addr", elements=of(HAIRPIN)),
+        NftSet(NODE_IPS, "ipv4_addr", elements=of(NODE_IPS)),
         NftSet(SERVICE_IPS, f"{ADDRESS_KEY} : verdict", elements=of(SERVICE_IPS)),
         NftSet(NODE_PORTS, f"{PORT_KEY} : verdict", elements=of(NODE_PORTS)),
         NftSet(NO_ENDPOINT_IPS, f"{ADDRESS_KEY} : verdict", elements=of(NO_ENDPOINT_IPS)),
@@ -231,6 +235,7 @@ def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
             (
                 f"ip daddr . meta l4proto . th dport vmap @{SERVICE_IPS}",
                 f"fib daddr type local meta l4proto . th dport vmap @{NODE_PORTS}",
+                f"ip daddr @{NODE_IPS} meta l4proto . th dport vmap @{NODE_PORTS}",
             ),
         ),
         Chain(
@@ -254,8 +259,8 @@ def digest(rules: tuple[str, ...]) -> str:
 # --- one service port ------------------------------------------------------------------------
 
 
-def port_parts(port: ServicePort, subnet: IPv4Network) -> PortParts:
-    """The chains, sets and map elements of one service port."""
+def port_parts(port: ServicePort, node: NodeNetwork) -> PortParts:
+    """The chains, sets and map elements of one service port on ``node``."""
     chains: list[Chain] = []
     sets: list[NftSet] = []
     elements: list[tuple[str, str]] = [
@@ -284,21 +289,58 @@ def port_parts(port: ServicePort, subnet: IPv4Network) -> PortParts:
         refused = {SERVICE_IPS: NO_ENDPOINT_IPS, NODE_PORTS: NO_ENDPOINT_NODE_PORTS}
         elements += [(refused[m], f"{e} : goto {REJECT_CHAIN}") for m, e in entries]
         return PortParts(tuple(chains), tuple(sets), tuple(elements))
-    external = port.external_endpoints()
-    if port.external_local:
-        own_pods = (f"ip saddr {subnet} goto {svc}",) if svc else ()
-        rules, more_chains, more_sets = (
-            choose(port, external, "ext") if external else (["drop"], [], [])
-        )
-        rules = [*own_pods, *rules]
-    else:
-        rules, more_chains, more_sets = choose(port, external, "ext")
-        rules = [MARK, *rules]
+    rules, more_chains, more_sets = external_rules(port, node, svc)
     ext = addressed("ext", port, tuple(rules))
     chains += [ext, *more_chains]
     sets += more_sets
     elements += [(m, f"{e} : goto {ext.name}") for m, e in entries]
     return PortParts(tuple(chains), tuple(sets), tuple(elements))
+
+
+def external_rules(
+    port: ServicePort, node: NodeNetwork, svc: str | None
+) -> tuple[list[str], list[Chain], list[NftSet]]:
+    """A node port's or external IP's rules, by where the packet comes from:
+
+    - this node's own pods: under Local the cluster-IP way; under Cluster any endpoint,
+      unmasqueraded (the reply comes back through this node anyway);
+    - with isolation, other nodes' pods: local endpoints only, unmasqueraded, or dropped.
+      Masqueraded, a pod's packet would reach an endpoint on a third node from this
+      node's address, which isolation and NetworkPolicy always admit;
+    - the rest: under Local local endpoints only with the client's address kept (none:
+      dropped, the node does not answer); under Cluster any endpoint, masqueraded."""
+    external = port.external_endpoints()
+    local = [e for e in port.endpoints if e.local]
+    rules: list[str] = []
+    chains: list[Chain] = []
+    sets: list[NftSet] = []
+
+    def add(prefix: str, endpoints: list[Endpoint] | tuple[Endpoint, ...], group: str) -> None:
+        found, more_chains, more_sets = choose(port, endpoints, group)
+        rules.extend(f"{prefix}{rule}" for rule in found)
+        chains.extend(more_chains)
+        sets.extend(more_sets)
+
+    own = f"ip saddr {node.subnet} "
+    if port.external_local and svc:
+        rules.append(f"{own}goto {svc}")
+    elif not port.external_local:
+        add(own, port.endpoints, "own")
+    if node.isolation and not port.external_local:
+        pods = f"ip saddr @{CLUSTER_NETWORKS} "
+        if local:
+            add(pods, local, "pods")
+        else:
+            rules.append(f"{pods}drop")
+    if port.external_local:
+        if external:
+            add("", external, "ext")
+        else:
+            rules.append("drop")
+    else:
+        rules.append(MARK)
+        add("", external, "ext")
+    return rules, chains, sets
 
 
 def addressed(kind: str, port: ServicePort, rules: tuple[str, ...]) -> Chain:
