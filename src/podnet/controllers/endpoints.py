@@ -181,9 +181,9 @@ class EndpointsController(Controller):
         current = {k: obj for k in self._slices_of.get(key, set()) if (obj := self.slices.get(k))}
         desired: dict[str, Obj] = {}
         if service is not None and manages(service):
-            desired = desired_slices(service, self._pods_for(service))
+            desired = desired_slices(service, self._pods_for(service), current.values())
         elif service is not None and mirrors(service, endpoints := self.endpoints.get(key)):
-            desired = mirrored_slices(endpoints or {})
+            desired = mirrored_slices(endpoints or {}, current.values())
         namespace, _ = _split(key)
         for name, want in desired.items():
             have = current.get(f"{namespace}/{name}")

@@ -32,6 +32,7 @@ from podnet.controllers.endpointsdesired import (
     family,
     is_ready,
     is_terminating,
+    labels_of,
     meta_of,
     owned_labels,
     pod_counts,
@@ -43,6 +44,7 @@ from podnet.controllers.endpointsdesired import (
     resolved_ports,
     selects,
 )
+from podnet.controllers.endpointslicepacking import pack
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 
 SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
@@ -105,27 +107,32 @@ def owner_reference(owner: Obj) -> dict[str, Any]:
 
 
 def build_slices(
-    owner: Obj, managed_by: str, labels: dict[str, str], groups: Groups, placeholder: str | None
+    owner: Obj,
+    managed_by: str,
+    labels: dict[str, str],
+    groups: Groups,
+    placeholder: str | None,
+    current: Iterable[Obj] = (),
 ) -> dict[str, dict[str, Any]]:
     """The slices holding ``groups``, at most ``MAX_ENDPOINTS_PER_SLICE`` endpoints each,
-    labelled with ``labels``, the service name and ``managed_by``, owned by ``owner``; one
-    empty slice of address type ``placeholder`` when there is no endpoint at all."""
-    meta, size = meta_of(owner), MAX_ENDPOINTS_PER_SLICE
+    packed into the ``current`` slices first (``endpointslicepacking``), labelled with
+    ``labels``, the service name and ``managed_by``, owned by ``owner``; one empty slice
+    of address type ``placeholder`` when there is no endpoint at all."""
+    meta = meta_of(owner)
     service = str(meta.get("name"))
     labels = {**labels, SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: managed_by}
     metadata: dict[str, Any] = {"namespace": meta.get("namespace"), "labels": labels}
     if meta.get("uid"):
         metadata["ownerReferences"] = [owner_reference(owner)]
-    chunks = [
-        (address_type, key, index, endpoints[index * size : (index + 1) * size])
-        for (address_type, key), endpoints in sorted(groups.items())
-        for index in range(-(-len(endpoints) // size))
-    ]
+
+    def name_for(address_type: str, key: PortsKey, index: int) -> str:
+        return slice_name(service, managed_by, address_type, key, index)
+
+    chunks = pack(groups, current, name_for, MAX_ENDPOINTS_PER_SLICE)
     if not chunks and placeholder:
-        chunks = [(placeholder, (), -1, [])]
+        chunks = [(placeholder, (), name_for(placeholder, (), -1), [])]
     out: dict[str, dict[str, Any]] = {}
-    for address_type, key, index, chunk in chunks:
-        name = slice_name(service, managed_by, address_type, key, index)
+    for address_type, key, name, chunk in chunks:
         slice_meta: dict[str, Any] = {"name": name, **metadata}
         out[name] = {
             "apiVersion": "discovery.k8s.io/v1",
@@ -138,14 +145,16 @@ def build_slices(
     return out
 
 
-def desired_slices(service: Obj, pods: Iterable[Obj]) -> dict[str, dict[str, Any]]:
-    """Every EndpointSlice the controller keeps for ``service``, by name."""
+def desired_slices(
+    service: Obj, pods: Iterable[Obj], current: Iterable[Obj] = ()
+) -> dict[str, dict[str, Any]]:
+    """Every EndpointSlice the controller keeps for ``service``, by name, packed into the
+    ``current`` slices (the ones it wrote before) where they have room."""
     groups = _groups(service, pods)
-    for endpoints in groups.values():
-        endpoints.sort(key=lambda e: (e["addresses"], e["targetRef"]["name"]))
     labels = owned_labels(service, {})
     owner = {**service, "apiVersion": "v1", "kind": "Service"}
-    return build_slices(owner, SLICE_CONTROLLER, labels, groups, address_types(service)[0])
+    ours = [s for s in current if labels_of(s).get(MANAGED_BY_LABEL) == SLICE_CONTROLLER]
+    return build_slices(owner, SLICE_CONTROLLER, labels, groups, address_types(service)[0], ours)
 
 
 _OWNED_FIELDS = ("addressType", "endpoints", "ports")

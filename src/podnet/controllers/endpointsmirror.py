@@ -13,6 +13,7 @@ and a controller reference to the Endpoints. Endpoints without addresses get no 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from podnet.controllers.endpointsdesired import (
@@ -64,16 +65,15 @@ def _subset_endpoints(subset: Obj) -> list[dict[str, Any]]:
     return [_endpoint(a, ready) for a, ready in listed[:MAX_MIRRORED_PER_SUBSET]]
 
 
-def mirrored_slices(endpoints: Obj) -> dict[str, dict[str, Any]]:
-    """The slices mirroring ``endpoints``, by name."""
+def mirrored_slices(endpoints: Obj, current: Iterable[Obj] = ()) -> dict[str, dict[str, Any]]:
+    """The slices mirroring ``endpoints``, by name (packed into ``current`` ones)."""
     groups: Groups = {}
     for subset in endpoints.get("subsets") or []:
         key = ports_key(_port(p) for p in subset.get("ports") or [])
         for endpoint in _subset_endpoints(subset):
             groups.setdefault((family(endpoint["addresses"][0]), key), []).append(endpoint)
-    for members in groups.values():
-        members.sort(key=lambda e: (e["addresses"], not e["conditions"]["ready"]))
     reserved = (MANAGED_BY_LABEL, SERVICE_NAME_LABEL)
     labels = {k: v for k, v in labels_of(endpoints).items() if k not in reserved}
     owner = {**endpoints, "apiVersion": "v1", "kind": "Endpoints"}
-    return build_slices(owner, MIRROR_CONTROLLER, labels, groups, placeholder=None)
+    ours = [s for s in current if labels_of(s).get(MANAGED_BY_LABEL) == MIRROR_CONTROLLER]
+    return build_slices(owner, MIRROR_CONTROLLER, labels, groups, None, ours)
