@@ -68,11 +68,13 @@ def filler(count: int, endpoints: int, offset: int = 0) -> list[ServicePort]:
 
 def table(cluster: Cluster, measured: ServicePort, others: list[ServicePort]) -> ServiceTable:
     ports = [cluster.for_node(measured, 1), *others]
-    return ServiceTable(tuple(sorted(ports, key=lambda p: p.key)))
+    nodes = tuple(cluster.lab.node_ip(n) for n in sorted(cluster.planes))
+    return ServiceTable(tuple(sorted(ports, key=lambda p: p.key)), nodes)
 
 
-def connects(cluster: Cluster, ip: object, count: int) -> list[float]:
-    argv = [sys.executable, "-c", LATENCY, str(ip), str(PORT if ip != VIP else 80), str(count)]
+def connects(cluster: Cluster, ip: object, port: int, count: int) -> list[float]:
+    """``count`` sequential connects from pod b; each one's latency in microseconds."""
+    argv = [sys.executable, "-c", LATENCY, str(ip), str(port), str(count)]
     done = netns.run(cluster.netns_of["b"], argv, timeout=300)
     assert done.returncode == 0, done.stderr
     return list(json.loads(done.stdout))
@@ -98,14 +100,15 @@ async def latency(cluster: Cluster, args: argparse.Namespace) -> None:
     big = table(cluster, measured, filler(args.services - 1, args.endpoints))
     build = await sync(cluster, 1, big)
     print(f"full build of {args.services} services x {args.endpoints} endpoints: {build:.2f} s")
+    print(f"  (transactions in-process: {cluster.planes[1].services.in_process})")
     results: dict[str, list[float]] = {"small": [], "big": [], "pod": []}
-    for _ in range(args.rounds):
-        for name, services in (("small", small), ("big", big)):
+    for n in range(args.rounds):  # ABBA order: a drift in time weighs on both alike
+        order = (("small", small), ("big", big))
+        for name, services in order if n % 2 == 0 else order[::-1]:
             await sync(cluster, 1, services)
-            results[name].append(statistics.median(connects(cluster, VIP, args.connections)))
-        results["pod"].append(
-            statistics.median(connects(cluster, cluster.ip_of["c"], args.connections))
-        )
+            results[name].append(statistics.median(connects(cluster, VIP, 80, args.connections)))
+        direct = connects(cluster, cluster.ip_of["c"], PORT, args.connections)
+        results["pod"].append(statistics.median(direct))
     small_us, big_us, pod_us = (statistics.median(results[k]) for k in ("small", "big", "pod"))
     print(
         f"connect latency via cluster IP, medians of {args.rounds} rounds x "
@@ -191,8 +194,7 @@ def endpoint_slice(name: str, first: int, count: int) -> dict[str, object]:
 
 async def run(args: argparse.Namespace) -> None:
     async with service_cluster("bsvc") as cluster:
-        for node in (1, 2):  # node-2 forwards the measured service too (not measured)
-            await cluster.apply(cluster.service("measured", 10, "c"))
+        await cluster.apply(cluster.service("measured", 10, "c"))  # both nodes
         await latency(cluster, args)
         await changes(cluster, args)
 

@@ -7,15 +7,21 @@ answering ``<pod> <peer address>`` on TCP and UDP 8080 (``podnet.testing.service
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from ipaddress import IPv4Address
 
 import pytest
 
+from podnet import netns
+from podnet.services.model import Endpoint, ServicePort
 from podnet.testing.lab import EXTERNAL_IP, sh
 from podnet.testing.servicelab import Cluster, outside, route_services, service_cluster
 
 pytestmark = [pytest.mark.root]
+ECHO = [sys.executable, "-m", "podnet.cluster.echo"]
 
 
 @pytest.fixture
@@ -118,18 +124,61 @@ async def test_removed_udp_endpoint_loses_its_conntrack_entries(cluster: Cluster
     # flush sends the datagrams elsewhere
 
 
+STREAM = """
+import socket, sys, time
+deadline = time.monotonic() + 10
+while True:
+    try:
+        c = socket.create_connection((sys.argv[1], 80), timeout=5); break
+    except OSError:
+        if time.monotonic() > deadline: raise
+        time.sleep(0.1)
+print("connected", flush=True)
+for line in sys.stdin:
+    c.sendall(line.encode()); print(c.recv(100).decode().strip(), flush=True)
+"""
+
+
 async def test_a_second_sync_and_a_restarted_plane_change_nothing(cluster: Cluster) -> None:
-    lab = cluster.lab
     web = cluster.service("web", 10, "a", "c", node_port=30010, affinity_seconds=60)
-    await cluster.apply(web, cluster.service("empty", 12))
+    echo_ip = cluster.ip_of["c"]
+    echo = dataclasses.replace(
+        cluster.service("echo", 11), endpoints=(Endpoint(echo_ip, 9000, local=False),)
+    )
+    ports = (web, cluster.service("empty", 12), echo)
+    await cluster.apply(*ports)
+    server = subprocess.Popen(
+        netns.command(cluster.netns_of["c"], [*ECHO, "--port", "9000"]), stdout=subprocess.DEVNULL
+    )
+    stream = subprocess.Popen(
+        netns.command(cluster.netns_of["b"], [sys.executable, "-c", STREAM, str(echo.cluster_ip)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stream.stdin is not None and stream.stdout is not None
+        assert stream.stdout.readline() == "connected\n"  # an open connection to the VIP
+        await restarted_changes_nothing(cluster, ports)
+        stream.stdin.write("still there\n")
+        stream.stdin.flush()
+        assert stream.stdout.readline() == "still there\n"  # not cut by the restart
+    finally:
+        for process in (stream, server):
+            process.kill()
+            process.wait(timeout=10)
+
+
+async def restarted_changes_nothing(cluster: Cluster, ports: tuple[ServicePort, ...]) -> None:
+    lab, web = cluster.lab, ports[0]
     plane = cluster.planes[1]
     before, listed = plane.services.transactions, sh(lab.node_ns(1), "nft", "-a", "list", "ruleset")
-    await cluster.apply(web, cluster.service("empty", 12))
+    await cluster.apply(*ports)
     assert plane.services.transactions == before  # no nft transaction at all
     restarted = lab.plane(1)
     node = lab.network(1)
     assert (await restarted.check_node(node)).ok
-    table = cluster.table_for(1, web, cluster.service("empty", 12))
+    table = cluster.table_for(1, *ports)
     await restarted.sync_services(node, table)
     assert restarted.services.transactions == 0
     await restarted.sync_services(node, table)  # a resync reads the kernel again

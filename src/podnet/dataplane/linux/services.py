@@ -76,6 +76,11 @@ class ServiceTableSync:
         self._udp, self._last = udp, table
         return bool(script)
 
+    @property
+    def in_process(self) -> bool:
+        """Whether transactions run in libnftables (after the first one)."""
+        return self._nft is not None and self._nft.in_process
+
     def forget(self) -> None:
         """Read the kernel again before the next change."""
         self._known = False
