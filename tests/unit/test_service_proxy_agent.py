@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from podnet.agent.services import ServiceSync
+from podnet.agent.services import ServiceSync, pacing
 from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
-from podnet.reconcile import APPLIED, PARTIAL
+from podnet.reconcile import APPLIED, PARTIAL, Pacing
 from podnet.services.compile import compile_services
 from podnet.services.model import ServiceTable
 from podnet.testing.e2e import eventually
@@ -84,7 +84,7 @@ async def plane() -> FakeDataPlane:
 
 async def test_applies_after_both_listings_then_follows_changes(plane: FakeDataPlane) -> None:
     watches = ScriptedWatches()
-    sync = ServiceSync(watches, plane, NODE, resync_period=3600, coalesce=0.001)
+    sync = ServiceSync(watches, plane, NODE, Pacing(3600, 0.001, compile_in_thread=True))
     tasks = [asyncio.create_task(body()) for _, body in sync.tasks()]
     try:
         services, slices = [service("a", 1), service("b", 2)], [endpoint_slice("a", 5, 6)]
@@ -115,7 +115,7 @@ async def test_applies_after_both_listings_then_follows_changes(plane: FakeDataP
 async def test_a_refused_service_is_left_out_and_the_rest_applied(plane: FakeDataPlane) -> None:
     plane.refuse.add("default/bad")
     watches = ScriptedWatches()
-    sync = ServiceSync(watches, plane, NODE, resync_period=3600)
+    sync = ServiceSync(watches, plane, NODE, pacing(3600))
     services = [service("bad", 1), service("good", 2)]
     sync.queue(SERVICE, WatchEvent(LISTED, items=tuple(services)))
     sync.queue(ENDPOINT_SLICE, WatchEvent(LISTED, items=(endpoint_slice("good", 5),)))

@@ -58,7 +58,7 @@ from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
-from podnet.agent.services import ServiceSync
+from podnet.agent.services import ServiceSync, pacing
 from podnet.client import Backoff, ClientError, has_reason, is_transient, with_retry
 from podnet.client.aio import AsyncApiClient
 from podnet.client.reflector import Reflectors
@@ -322,10 +322,10 @@ class NodeAgent:
         )
         for name, body in self.policy_sync.tasks():
             self._spawn(name, body)
-        self.service_sync = ServiceSync(
-            Reflectors(self.api), self.dataplane, node, resync, metrics=metrics, report=report
-        )
-        for name, body in self.service_sync.tasks():
+        loop = {"metrics": metrics, "report": report}
+        services = ServiceSync(Reflectors(self.api), self.dataplane, node, pacing(resync), **loop)
+        self.service_sync = services
+        for name, body in services.tasks():
             self._spawn(name, body)
         if self.config.dns:
             settings = DnsSettings(upstream_resolv_conf=self.config.dns_upstream_resolv_conf)

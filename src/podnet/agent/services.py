@@ -26,13 +26,20 @@ from podnet.agent.policies import WatchSource, host_ip
 from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
-from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
+from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
 from podnet.services.compile import ServiceCompiler
 from podnet.services.model import ServiceTable
 
 log = logging.getLogger("podnet.agent.services")
 
 COALESCE_SECONDS = 0.01  # wait this long after a change for the rest of a burst
+
+
+def pacing(resync_period: float) -> Pacing:
+    """The service loop's pacing: a short coalesce, compiles in a worker thread."""
+    return Pacing(resync_period, COALESCE_SECONDS, compile_in_thread=True)
+
+
 KINDS: tuple[Kind, ...] = (SERVICE, ENDPOINT_SLICE, HOST_SUBNET)
 Change = tuple[str, str, Any]  # (kind plural, event type, object or listing)
 
@@ -43,31 +50,17 @@ class ServiceSync:
     name = "services"
 
     def __init__(
-        self,
-        api: WatchSource,
-        dataplane: DataPlane,
-        node: NodeNetwork,
-        resync_period: float,
-        coalesce: float = COALESCE_SECONDS,
-        metrics: ReconcileMetrics | None = None,
-        report: Callable[[ApplyRecord], None] | None = None,
+        self, api: WatchSource, dataplane: DataPlane, node: NodeNetwork, pacing: Pacing, **loop: Any
     ) -> None:
-        self.api = api
-        self.dataplane = dataplane
-        self.node = node
+        """``loop``: the ``ReconcileLoop``'s keywords (``metrics``, ``report``)."""
+        self.api, self.dataplane, self.node = api, dataplane, node
         self.compiler = ServiceCompiler(node.node_name)  # touched only by the compile thread
         self.last_table: ServiceTable | None = None
         self.applied = 0  # tables applied that differ from the one before
         self.applied_at: float | None = None  # time.monotonic() of the last of them
         self._pending: list[Change] = []
         self._node_ips: dict[str, IPv4Address] = {}  # HostSubnet name -> hostIP
-        self.loop = ReconcileLoop(
-            self,
-            Pacing(resync_period, coalesce, compile_in_thread=True),
-            inputs=[kind.plural for kind in KINDS],
-            metrics=metrics,
-            report=report,
-        )
+        self.loop = ReconcileLoop(self, pacing, inputs=[kind.plural for kind in KINDS], **loop)
         self.synced = self.loop.synced
         self.ready = self.loop.ready
         self.poke = self.loop.poke
@@ -153,20 +146,23 @@ class ServiceSync:
         """Runs in a worker thread, one at a time: the compiler is not shared."""
         compiler = self.compiler
         compiler.set_node_ips(node_ips)
+        handlers = {
+            SERVICE.plural: (
+                compiler.replace_services,
+                compiler.remove_service,
+                compiler.put_service,
+            ),
+            ENDPOINT_SLICE.plural: (
+                compiler.replace_slices,
+                compiler.remove_slice,
+                compiler.put_slice,
+            ),
+        }
         for plural, verb, payload in changes:
-            if plural == HOST_SUBNET.plural:
-                continue
-            if plural == SERVICE.plural:
+            if plural in handlers:
+                replace, remove, put = handlers[plural]
                 if verb == LISTED:
-                    compiler.replace_services(payload)
-                elif verb == DELETED:
-                    compiler.remove_service(payload)
+                    replace(payload)
                 else:
-                    compiler.put_service(payload)
-            elif verb == LISTED:
-                compiler.replace_slices(payload)
-            elif verb == DELETED:
-                compiler.remove_slice(payload)
-            else:
-                compiler.put_slice(payload)
+                    (remove if verb == DELETED else put)(payload)
         return compiler.table()

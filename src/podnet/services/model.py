@@ -45,12 +45,12 @@ class ServicePort:
     @property
     def service(self) -> str:
         """``namespace/name``: the key bisection leaves out."""
-        return f"{self.namespace}/{self.name}"
+        return "/".join((self.namespace, self.name))
 
     @property
     def key(self) -> str:
         """``namespace/name/protocol/port name`` (the port number when unnamed)."""
-        return f"{self.service}/{self.protocol}/{self.port_name or self.port}"
+        return "/".join((self.service, self.protocol, self.port_name or str(self.port)))
 
     def internal_endpoints(self) -> tuple[Endpoint, ...]:
         """Who answers the cluster IP: local endpoints only under internalTrafficPolicy

@@ -3,6 +3,9 @@ back from ``nft -t list table`` (pure; see ``policytable`` for what the table ho
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Mapping
+from typing import Protocol
+
 from podnet.dataplane.linux.policytable import TABLE_KEY, Chain, NftSet, PolicyTable
 
 # --- the transaction -----------------------------------------------------------------------
@@ -33,15 +36,32 @@ def transaction(have: PolicyTable | None, want: PolicyTable) -> str:
             if before is not None:
                 lines.append(f"flush chain {TABLE_KEY} {chain.name}")
             lines += [f"add rule {TABLE_KEY} {chain.name} {rule}" for rule in chain.rules]
-    stale_chains = sorted(name for name in old.chains if name not in want.chains)
-    lines += [f"flush chain {TABLE_KEY} {name}" for name in stale_chains]
-    lines += [
-        f"delete {s.kind} {TABLE_KEY} {name}"
-        for name, s in sorted(old.sets.items())
-        if name not in want.sets
-    ]
-    lines += [f"delete chain {TABLE_KEY} {name}" for name in stale_chains]
+    lines += removals(TABLE_KEY, old.chains, want.chains, old.sets, want.sets)
     return "".join(line + "\n" for line in lines)
+
+
+class _Kinded(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+def removals(
+    table: str,
+    old_chains: Iterable[str],
+    new_chains: Container[str],
+    old_sets: Mapping[str, _Kinded],
+    new_sets: Container[str],
+) -> list[str]:
+    """The end of a transaction: stale chains emptied, then stale sets and maps deleted
+    (no rule names them any more), then the chains (nothing jumps to them any more)."""
+    stale = sorted(name for name in old_chains if name not in new_chains)
+    lines = [f"flush chain {table} {name}" for name in stale]
+    lines += [
+        f"delete {s.kind} {table} {name}"
+        for name, s in sorted(old_sets.items())
+        if name not in new_sets
+    ]
+    return lines + [f"delete chain {table} {name}" for name in stale]
 
 
 def _add_chain(chain: Chain) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from podnet.dataplane.linux.policyscript import removals
 from podnet.dataplane.linux.servicetable import TABLE_KEY, Chain, NftSet, ServiceNft
 
 _DURATION = re.compile(r"(\d+)([dhms])")
@@ -38,14 +39,7 @@ def transaction(have: ServiceNft | None, want: ServiceNft) -> str:
         if name not in old.chains:  # one that is there is the same (name or comment)
             lines += [f"add rule {TABLE_KEY} {name} {rule}" for rule in chain.rules]
     lines += _element_changes(old, want, deleting=False)
-    stale = sorted(name for name in old.chains if name not in want.chains)
-    lines += [f"flush chain {TABLE_KEY} {name}" for name in stale]
-    lines += [
-        f"delete {s.kind} {TABLE_KEY} {name}"
-        for name, s in sorted(old.sets.items())
-        if name not in want.sets
-    ]
-    lines += [f"delete chain {TABLE_KEY} {name}" for name in stale]
+    lines += removals(TABLE_KEY, old.chains, want.chains, old.sets, want.sets)
     return "".join(line + "\n" for line in lines)
 
 

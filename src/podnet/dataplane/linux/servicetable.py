@@ -87,16 +87,14 @@ class NftSet:
 
     @property
     def kind(self) -> str:
-        return "map" if " : " in self.type else "set"
+        """``map`` (its type has a data part) or ``set``."""
+        return ("set", "map")[" : " in self.type]
 
     def definition(self) -> str:
         """``{ type ...; flags ...; timeout ...; }`` without the elements."""
-        parts = [f"type {self.type};"]
-        if self.flags:
-            parts.append(f"flags {self.flags};")
-        if self.timeout is not None:
-            parts.append(f"timeout {duration(self.timeout)};")
-        return "{ " + " ".join(parts) + " }"
+        timeout = duration(self.timeout) if self.timeout is not None else ""
+        attrs = (("type", self.type), ("flags", self.flags), ("timeout", timeout))
+        return "{ " + " ".join(f"{k} {v};" for k, v in attrs if v) + " }"
 
 
 @dataclass(frozen=True)
