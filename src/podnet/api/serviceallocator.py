@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from podnet.api.claims import NODE_PORT, Claim, cluster_ip_path, node_port_path
 from podnet.api.servicealloc import (
@@ -36,13 +36,11 @@ from podnet.api.servicealloc import (
     wants_health_check_port,
 )
 from podnet.model import errors
-from podnet.model.kinds import CLUSTER_NETWORK, SERVICE
+from podnet.model.kinds import CLUSTER_NETWORK, SERVICE, Kind
 from podnet.model.network import CLUSTER_NETWORK_NAME
 from podnet.model.schemas_names import quote
 from podnet.model.servicerules import needs_cluster_ip
-
-if TYPE_CHECKING:
-    from podnet.api.registry import Registry
+from podnet.store.base import Store
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -53,11 +51,21 @@ def _family(network: Network) -> str:
     return f"IPv{network.version}"
 
 
+class Objects(Protocol):
+    """What the allocator reads through: the registry."""
+
+    store: Store
+
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> Obj: ...
+
+    def claim_key(self, kind: Kind, claim: Claim) -> str: ...
+
+
 class ServiceAllocator:
     """Chooses the values a Service needs; the registry claims them in its transaction."""
 
     def __init__(
-        self, registry: Registry, ranges: ServiceRanges, rng: random.Random | None = None
+        self, registry: Objects, ranges: ServiceRanges, rng: random.Random | None = None
     ) -> None:
         self.registry = registry
         self.ranges = ranges

@@ -7,19 +7,15 @@ sub-objects) pass unchanged. Only the top level is closed, except for Event, whi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, ValidationInfo, model_validator
 
 from podnet.model.kinds import ENDPOINTS, EVENT, NAMESPACE, NODE, POD, SERVICE
-from podnet.model.schemas_common import (
-    Open,
-    Schema,
-    Strict,
-)
+from podnet.model.schemas_common import Open, Problem, Schema, Strict, context_old, reject
 from podnet.model.schemas_endpoints import EndpointsBody
 from podnet.model.schemas_names import dns1035_label_problem, dns_label_problem
-from podnet.model.schemas_service import ServiceBody
+from podnet.model.schemas_service import ServiceSpec
 from podnet.model.schemas_types import (
     Cidr,
     DnsLabel,
@@ -32,6 +28,12 @@ from podnet.model.schemas_types import (
     one_of,
 )
 from podnet.model.schemas_types import Port as PortNumber
+from podnet.model.servicerules import (
+    apply_defaults,
+    prepare_for_update,
+    spec_problems,
+    update_problems,
+)
 
 ConditionStatus = Annotated[str, AfterValidator(one_of("True", "False", "Unknown"))]
 NamespacePhase = Annotated[str, AfterValidator(one_of("Active", "Terminating"))]
@@ -75,7 +77,32 @@ class PodBody(Strict):
     status: PodStatus | None = None
 
 
-# --- Service: podnet.model.schemas_service ---------------------------------------------
+# --- Service -----------------------------------------------------------------------------
+# Fields: podnet.model.schemas_service; kube's strategy: podnet.model.servicerules.
+
+
+class ServiceBody(Strict):
+    spec: ServiceSpec | None = None
+    status: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _service_rules(self, info: ValidationInfo) -> ServiceBody:
+        """Update patching, the cross-field rules, then the defaults (kube's order)."""
+        spec = self.spec if self.spec is not None else ServiceSpec()
+        old = context_old(info)
+        old_spec = (old or {}).get("spec")
+        old_spec = old_spec if isinstance(old_spec, dict) else {}
+        problems = []
+        if old is not None:
+            prepare_for_update(spec, old_spec)
+            problems = update_problems(spec, old_spec)
+        problems += spec_problems(spec)
+        reject(Problem(("spec", *p.path), p.message, p.reason) for p in problems)
+        apply_defaults(spec)
+        self.spec = spec
+        if self.status is None:
+            self.status = {"loadBalancer": {}}
+        return self
 
 
 # --- Node --------------------------------------------------------------------------------

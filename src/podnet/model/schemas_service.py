@@ -1,7 +1,7 @@
-"""The Service schema: Kubernetes' field types, cross-field rules, defaults, update rules.
+"""The Service schema's fields: Kubernetes' field types and enums, checked field by field.
 
-Field types and enums are checked field by field. ``ServiceBody``'s after-validator then
-does what kube-apiserver's service strategy does, in its order (``podnet.model.servicerules``):
+``ServiceBody`` (``podnet.model.schemas_core``) then runs what kube-apiserver's service
+strategy does, in its order (``podnet.model.servicerules``):
 
 1. on update, keep the values the master allocated when the new object leaves them out
    (clusterIP, clusterIPs, ipFamilies, nodePorts by port name), and drop the ones the
@@ -16,17 +16,16 @@ master's flags: ``podnet.api.servicealloc`` does that, after this validation.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import ipaddress
+from typing import Annotated
 
-from pydantic import AfterValidator, ValidationInfo, model_validator
+from pydantic import AfterValidator, model_validator
 
 from podnet.model.schemas_common import (
     DUPLICATE,
     REQUIRED,
     Open,
     Problem,
-    Strict,
-    context_old,
     fail,
     reject,
 )
@@ -42,12 +41,6 @@ from podnet.model.schemas_types import (
     one_of,
 )
 from podnet.model.schemas_types import Port as PortNumber
-from podnet.model.servicerules import (
-    apply_defaults,
-    prepare_for_update,
-    spec_problems,
-    update_problems,
-)
 
 ServiceType = Annotated[
     str, AfterValidator(one_of("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"))
@@ -68,8 +61,6 @@ def _cluster_ip(value: str) -> str:
 
 def _external_ip(value: str) -> str:
     """An external IP: an address that is not unspecified, loopback or link-local."""
-    import ipaddress
-
     address = ipaddress.ip_address(check_ip(value))
     for special, what in (
         (address.is_unspecified, "unspecified"),
@@ -155,27 +146,4 @@ class ServiceSpec(Open):
                 problems.append(Problem(("ports", i, "name"), msg, DUPLICATE))
             seen.add(port.name or "")
         reject(problems)
-        return self
-
-
-class ServiceBody(Strict):
-    spec: ServiceSpec | None = None
-    status: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _service_rules(self, info: ValidationInfo) -> ServiceBody:
-        """Update patching, the cross-field rules, then the defaults (see the module)."""
-        spec = self.spec if self.spec is not None else ServiceSpec()
-        old = context_old(info)
-        old_spec = (old or {}).get("spec")
-        if old is not None:
-            prepare_for_update(spec, old_spec if isinstance(old_spec, dict) else {})
-        problems = spec_problems(spec)
-        if old is not None:
-            problems += update_problems(spec, old_spec if isinstance(old_spec, dict) else {})
-        reject(Problem(("spec", *p.path), p.message, p.reason) for p in problems)
-        apply_defaults(spec)
-        self.spec = spec
-        if self.status is None:
-            self.status = {"loadBalancer": {}}
         return self

@@ -9,13 +9,11 @@ when a Service holds a cluster IP or node ports. The rest works on the typed spe
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from podnet.model.schemas_common import DUPLICATE, FORBIDDEN, REQUIRED, Problem
 from podnet.model.schemas_names import dns_subdomain_problem, quote
-
-if TYPE_CHECKING:
-    from podnet.model.schemas_service import ServiceSpec
+from podnet.model.schemas_service import ClientIPConfig, ServiceSpec, SessionAffinityConfig
 
 EXTERNAL_NAME = "ExternalName"
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds: kube's default for sessionAffinity ClientIP
@@ -252,8 +250,6 @@ def update_problems(spec: ServiceSpec, old: Mapping[str, Any]) -> list[Problem]:
 
 def apply_defaults(spec: ServiceSpec) -> None:
     """The defaults kube-apiserver fills in (the allocator adds clusterIP and ipFamilies)."""
-    from podnet.model.schemas_service import ClientIPConfig, SessionAffinityConfig
-
     if spec.clusterIP and not spec.clusterIPs:
         spec.clusterIPs = [spec.clusterIP]
     elif spec.clusterIPs and not spec.clusterIP:
