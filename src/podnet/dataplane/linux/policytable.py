@@ -19,11 +19,12 @@ script.
   the isolated pods of this node, and drops them when nothing allowed. Traffic between
   a pod and its own node (input and output hooks) is never checked: Kubernetes always
   allows it, and ``evaluate`` says so too; nor is a pod's packet to itself through a
-  service (hairpin, marked ``HAIRPIN_MARK`` by ``servicetable``), loopback for ``evaluate``. Each compiled rule is one rule (more
-  when it has both pod and ipBlock peers, or both port ranges and named ports) matching
-  sets. A node checks egress only for its own source pods and ingress only for its own
-  destination pods, so a packet between two nodes is checked once per direction and each
-  node holds the rules of its own pods. Bridged pod-to-pod frames reach these hooks
+  service (hairpin, marked ``HAIRPIN_MARK`` by ``servicetable``), loopback for
+  ``evaluate``. Each compiled rule is one rule (more when it has both pod and ipBlock
+  peers, or both port ranges and named ports) matching sets. A node checks egress only
+  for its own source pods and ingress only for its own destination pods, so a packet
+  between two nodes is checked once per direction and each node holds the rules of its
+  own pods. Bridged pod-to-pod frames reach these hooks
   through br_netfilter (``NodeNetwork.isolation``).
 
 Two choices keep a change cheap at thousands of pods and policies:
