@@ -195,8 +195,10 @@ def endpoint_slice(name: str, first: int, count: int) -> dict[str, object]:
 async def run(args: argparse.Namespace) -> None:
     async with service_cluster("bsvc") as cluster:
         await cluster.apply(cluster.service("measured", 10, "c"))  # both nodes
-        await latency(cluster, args)
-        await changes(cluster, args)
+        if "latency" in args.parts:
+            await latency(cluster, args)
+        if "changes" in args.parts:
+            await changes(cluster, args)
 
 
 def main() -> None:
@@ -206,6 +208,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--changes", type=int, default=50)
+    parser.add_argument("--parts", default="latency,changes", help="comma-separated")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -9,6 +9,7 @@ policy). The linux backend renders it as nftables (``dataplane.linux.servicetabl
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
@@ -42,12 +43,12 @@ class ServicePort:
     external_local: bool = False  # externalTrafficPolicy: Local
     internal_local: bool = False  # internalTrafficPolicy: Local
 
-    @property
+    @functools.cached_property  # kept in the instance: read per port at every render
     def service(self) -> str:
         """``namespace/name``: the key bisection leaves out."""
         return "/".join((self.namespace, self.name))
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """``namespace/name/protocol/port name`` (the port number when unnamed)."""
         return "/".join((self.service, self.protocol, self.port_name or str(self.port)))
