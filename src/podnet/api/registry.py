@@ -238,6 +238,7 @@ class Registry(KeySpace):
         name: str,
         subresource: str | None = None,
         admit: Admit = _admit_all,
+        known: Obj | None = None,  # the current object if the caller has it (not read)
     ) -> Obj:
         """Replace an object. With ``metadata.resourceVersion`` set, a stale one is 409."""
         if not isinstance(obj, dict):
@@ -251,7 +252,7 @@ class Registry(KeySpace):
                 f"the name on the URL ({name})"
             )
         expected = meta.get("resourceVersion") or None
-        old = await self.get(kind, namespace, name)
+        old = known if known is not None else await self.get(kind, namespace, name)
         if expected is not None and str(expected) != old["metadata"]["resourceVersion"]:
             raise errors.conflict(kind.plural, name, STALE)
         new = merge_for_update(kind, old, obj, subresource)

@@ -270,6 +270,13 @@ class WatchCache:
         selected = [(key, items[key]) for key in keys if wf.selects(items[key].probe)]
         return selected, self._latest_revision
 
+    def current(self, kind: Kind, namespace: str | None, name: str) -> CachedObject | None:
+        """The cached object of that name, if any (it may trail etcd, as ``objects``)."""
+        kind_objects = self._objects.get(kind)
+        if kind_objects is None:
+            return None
+        return kind_objects.items.get(f"{namespace}/{name}" if kind.namespaced else name)
+
     def everything(self, kind: Kind) -> tuple[bytes, int, int]:
         """(the JSON of every object of ``kind`` comma-separated, how many, revision)."""
         kind_objects = self._objects.get(kind)
