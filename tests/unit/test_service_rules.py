@@ -278,3 +278,20 @@ def test_protobuf_services_carry_the_policy_fields() -> None:
     assert out["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": 600}}
     assert out["publishNotReadyAddresses"] is True and out["internalTrafficPolicy"] == "Local"
     assert out["ipFamilies"] == ["IPv4"] and out["ports"][0]["protocol"] == "UDP"
+
+
+def test_server_tables_put_age_before_the_wide_columns() -> None:
+    from podnet.api.tables import column_definitions, row
+
+    names = [(c["name"], c["priority"]) for c in column_definitions(K.SERVICE)]
+    assert names == [
+        ("Name", 0), ("Type", 0), ("Cluster-Ip", 0), ("External-Ip", 0), ("Port(S)", 0),
+        ("Age", 0), ("Selector", 1),
+    ]  # fmt: skip
+    obj = validate(K.SERVICE, svc({"ports": PORT, "selector": {"b": "2", "a": "1"}}))
+    obj["spec"]["clusterIP"] = "172.30.0.9"
+    cells = row(K.SERVICE, obj)["cells"]
+    assert cells[:5] == ["web", "ClusterIP", "172.30.0.9", "<none>", "80/TCP"]
+    assert cells[6] == "a=1,b=2"
+    pods = [c["name"] for c in column_definitions(K.POD)]
+    assert pods.index("Age") < pods.index("Ip")  # kubectl: NAME READY STATUS AGE IP NODE
