@@ -267,14 +267,6 @@ def service_records(svc: ServiceInfo, slices: Iterable[SliceInfo], zone: str) ->
     return frozenset(r for r in _weighted(found) if len(r.name) <= MAX_NAME)
 
 
-def pod_records(pod: PodInfo, zone: str) -> frozenset[Record]:
-    """``a-b-c-d.<ns>.pod.<zone>`` for each of a pod's addresses."""
-    return frozenset(
-        Record(f"{dashed(ip)}.{pod.namespace}.pod.{zone}", _address_type(ip), (ip,))
-        for ip in pod.addresses
-    )
-
-
 def soa_record(apex: str, zone: str, ttl: int) -> Record:
     """The SOA of ``apex`` (the cluster zone or a reverse zone); its minimum (the
     negative-caching time) is the records' TTL."""

@@ -20,15 +20,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from podnet.dns.names import ZONE, address_of_reverse, ancestors, reverse_zone, within
+from podnet.dns.podrecords import PodAddresses
 from podnet.dns.records import (
     Key,
-    PodInfo,
     Record,
     ServiceInfo,
     SliceInfo,
     object_key,
     pod_info,
-    pod_records,
     service_info,
     service_records,
     slice_info,
@@ -38,7 +37,7 @@ from podnet.dns.records import (
 
 DEFAULT_TTL = 5  # seconds, as CoreDNS
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Source = tuple[str, str, str]  # ("svc" | "pod" | "zone", namespace, name)
+Source = tuple[str, str, str]  # ("svc" | "zone", namespace, name)
 Obj = Mapping[str, Any]
 NO_RECORDS: Mapping[Record, int] = {}
 
@@ -60,7 +59,8 @@ class ZoneIndex:
         self.networks = tuple(reverse_networks)
         self.services: dict[Key, ServiceInfo] = {}
         self.slices: dict[Key, SliceInfo] = {}
-        self.pods: dict[Key, PodInfo] = {}
+        self.pod_addresses = PodAddresses(zone)
+        self.pods = self.pod_addresses.pods  # (namespace, name) -> addresses
         self._slices_of: dict[Key, set[Key]] = {}  # service key -> its slices' keys
         self._sources: dict[Source, frozenset[Record]] = {}
         self._table: dict[str, dict[Record, int]] = {}
@@ -71,11 +71,12 @@ class ZoneIndex:
 
     def records(self, name: str) -> Mapping[Record, int]:
         """The records owned by ``name`` (normalized), with their source counts."""
-        return self._table.get(name, NO_RECORDS)
+        found = self._table.get(name)
+        return found if found is not None else self.pod_addresses.records(name)
 
     def exists(self, name: str) -> bool:
         """Whether ``name`` owns records or has a descendant that does."""
-        return name in self._below
+        return name in self._below or self.pod_addresses.exists(name)
 
     def apex_of(self, name: str) -> str | None:
         """The zone this server is authoritative for that holds ``name``, else None:
@@ -130,7 +131,7 @@ class ZoneIndex:
         self._slices_of.setdefault(info.service_key, set()).add(info.key)
         if old is not None and old.service_key != info.service_key:
             self._forget_slice(old)
-        self._refresh_service(info.service_key)
+        self._refresh_headless(info.service_key)
 
     def remove_slice(self, key: Key) -> None:
         """Forget an EndpointSlice."""
@@ -143,7 +144,13 @@ class ZoneIndex:
         keys.discard(old.key)
         if not keys:
             self._slices_of.pop(old.service_key, None)
-        self._refresh_service(old.service_key)
+        self._refresh_headless(old.service_key)
+
+    def _refresh_headless(self, key: Key) -> None:
+        """A slice changed: only a headless service's records depend on its slices."""
+        svc = self.services.get(key)
+        if svc is not None and svc.headless:
+            self._refresh_service(key)
 
     def _refresh_service(self, key: Key) -> None:
         svc = self.services.get(key)
@@ -159,17 +166,17 @@ class ZoneIndex:
     def put_pod(self, obj: Obj) -> None:
         """Add or update a pod (a pod without addresses, or finished, has no records)."""
         info = pod_info(obj)
-        if info is None:
-            self.remove_pod(object_key(obj))
-            return
-        if self.pods.get(info.key) != info:
-            self.pods[info.key] = info
-            self._set(("pod", *info.key), pod_records(info, self.zone))
+        self._put_pod(object_key(obj), info.addresses if info is not None else ())
 
     def remove_pod(self, key: Key) -> None:
         """Forget a pod."""
-        if self.pods.pop(key, None) is not None:
-            self._set(("pod", *key), frozenset())
+        self._put_pod(key, ())
+
+    def _put_pod(self, key: Key, addresses: tuple[str, ...]) -> None:
+        changed: set[str] = set()
+        self.pod_addresses.put(key, addresses, changed)
+        if changed and self.on_change is not None:
+            self.on_change(changed)
 
     # ---- the table -----------------------------------------------------------------------
 
