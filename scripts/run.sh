@@ -2,7 +2,9 @@
 # The main job: set up, start a local podnet cluster of 3 nodes (each a network namespace
 # running a real `podnet node`), run 2 pods per node wired by the real CNI plugin, and
 # print the connectivity matrix (every pod to every pod: ping and TCP echo, ✓/✗ and
-# latency). The cluster stays up afterwards. Safe to run again: what exists is kept.
+# latency), then reach a Service by its name from every node (the node's cluster DNS
+# through the pod's resolv.conf, then the service proxy). The cluster stays up
+# afterwards. Safe to run again: what exists is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -27,6 +29,24 @@ for node in $(seq 1 "$NODES"); do
   done
 done
 
+export KUBECONFIG="$PODNET_STATE_DIR/master/admin.kubeconfig"
+echo "== podnet apply: Service echo (selector app=echo, port 80 -> 8080)"
+"$PODNET" apply -f - <<'YAML'
+apiVersion: v1
+kind: Service
+metadata:
+  name: echo
+  namespace: default
+spec:
+  selector:
+    app: echo
+  ports:
+    - name: http
+      port: 80
+      targetPort: 8080
+YAML
+"$PODNET" get svc echo -o wide
+
 echo "== podnet cluster status"
 "$PODNET" cluster status
 
@@ -37,4 +57,5 @@ echo
 echo "The cluster is still up. Use it with:"
 echo "  export KUBECONFIG=$PODNET_STATE_DIR/master/admin.kubeconfig"
 echo "  $PODNET get nodes; $PODNET get hostsubnets; $PODNET pod exec pod-1a -- ip addr"
+echo "  $PODNET get svc,ep; $PODNET pod exec pod-1a -- getent hosts echo"
 echo "Tear it down with:  $PODNET cluster down --state-dir $PODNET_STATE_DIR"

@@ -9,6 +9,7 @@ and is recorded in ``<state dir>/state.json``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,6 +68,13 @@ def cluster() -> None:
     help="CIDRs Services' externalIPs may come from, comma-separated [default: none]",
 )
 @click.option(
+    "--dns-upstream",
+    "dns_upstreams",
+    multiple=True,
+    help="a resolver the nodes' DNS forwards names outside cluster.local to (up to 3) "
+    "[default: as recorded, or the host's /etc/resolv.conf nameservers]",
+)
+@click.option(
     "--etcd-members",
     type=click.IntRange(1, 7),
     default=None,
@@ -86,6 +94,7 @@ def up(
     cluster_networks: tuple[str, ...],
     service_node_port_range: str | None,
     external_ip_cidrs: str | None,
+    dns_upstreams: tuple[str, ...],
     etcd_members: int | None,
     masters: int | None,
 ) -> None:
@@ -107,6 +116,7 @@ def up(
         tuple(args),
         etcd_members=etcd_members or 0,
         masters=masters or 0,
+        dns_upstreams=dns_upstreams or None,
     )
     try:
         cluster_up(state_dir, spec, say=say)
@@ -246,5 +256,27 @@ def matrix(state_dir: Path, namespaces: tuple[str, ...]) -> None:
         raise click.ClickException("the matrix needs at least two pods (podnet pod run NAME)")
     results = run_matrix(pods)
     click.echo(render_matrix(pods, results))
-    if not all(r.ok for r in results):
+    reached = _services_by_name(state_dir, pods, namespaces or tuple(state_namespaces(state)))
+    if not all(r.ok for r in [*results, *reached]):
         click.get_current_context().exit(1)
+
+
+def state_namespaces(state: ClusterState) -> list[str]:
+    return sorted({pod.namespace for pod in state.pods.values()})
+
+
+def _services_by_name(state_dir: Path, pods: list[Any], namespaces: tuple[str, ...]) -> list[Any]:
+    """Reach the pods' namespaces' Services by name from every node; print the lines."""
+    from podnet.cluster.matrix import probe_services, render_services, service_targets
+    from podnet.cluster.pods import admin_api
+    from podnet.model.kinds import SERVICE
+
+    with admin_api(state_dir) as api:
+        found = [item for ns in namespaces for item in api.list(SERVICE, ns)["items"]]
+    targets = service_targets(found)
+    if not targets:
+        return []
+    reached = probe_services(pods, targets)
+    click.echo("")
+    click.echo(render_services(reached))
+    return reached

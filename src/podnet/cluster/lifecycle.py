@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, ip_address
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
 from podnet.dataplane.interface import TUNNELS
+from podnet.dns.upstreams import MAX_NAMESERVERS, nameservers
+
+HOST_RESOLV_CONF = Path("/etc/resolv.conf")
 
 Say = Callable[[str], None]
 
@@ -48,6 +51,7 @@ class ClusterSpec:
     underlay_cidr: str = DEFAULT_UNDERLAY
     etcd_members: int = 0  # 0: as recorded, or 1
     masters: int = 0  # 0: as recorded, or 1
+    dns_upstreams: tuple[str, ...] | None = None  # None: as recorded (none: the host's)
 
 
 def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
@@ -76,8 +80,12 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
     if spec.tunnel not in TUNNELS:
         raise ClusterError(f"unknown tunnel {spec.tunnel!r} (one of {', '.join(TUNNELS)})")
     IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
+    upstreams = checked_upstreams(spec.dns_upstreams)
     with locked(state_dir):
         state = _initial_state(state_dir, spec)
+        if upstreams is not None:
+            state.dns_upstreams = upstreams
+            state.save(state_dir)
         say(f"cluster {state.cluster_id}: {spec.tunnel} tunnel, state in {state_dir}")
         try:
             ControlPlane(state_dir).up(
@@ -91,10 +99,47 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         say(f"underlay {state.underlay_cidr} in {state.prefix()}-underlay; external host {host.ip}")
         if len(state.nodes) > spec.nodes:
             say(f"the cluster has {len(state.nodes)} nodes; `cluster up` never removes nodes")
+        write_upstream_resolv_confs(state, state_dir, max(spec.nodes, len(state.nodes)))
         with admin_api(state_dir) as api:
             for index in range(1, spec.nodes + 1):
                 ensure_node(state, state_dir, index, api, say)
         return state
+
+
+def checked_upstreams(given: Sequence[str] | None) -> list[str] | None:
+    """The DNS upstream addresses asked for (None: keep what is recorded), or ClusterError."""
+    if given is None:
+        return None
+    if len(given) > MAX_NAMESERVERS:
+        raise ClusterError(f"at most {MAX_NAMESERVERS} DNS upstreams, got {len(given)}")
+    try:
+        return [str(ip_address(value)) for value in given]
+    except ValueError as exc:
+        raise ClusterError(f"bad DNS upstream: {exc}") from exc
+
+
+def upstream_resolv_conf(state: ClusterState) -> str:
+    """What each node's DNS forwards names outside the cluster zone to: the recorded
+    upstreams, or else the host's nameservers."""
+    found = state.dns_upstreams
+    if not found:
+        try:
+            found = nameservers(HOST_RESOLV_CONF.read_text())
+        except OSError:
+            found = []
+    return "".join(f"nameserver {address}\n" for address in found)
+
+
+def write_upstream_resolv_confs(state: ClusterState, state_dir: Path, count: int) -> None:
+    """Each node's upstream resolv.conf (its agent rereads it when it changes)."""
+    text = upstream_resolv_conf(state)
+    for index in range(1, count + 1):
+        path = node_paths(state_dir, f"node{index}").upstream_resolv_conf
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.exists() or path.read_text() != text:
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(text)
+            temporary.replace(path)
 
 
 def stop_processes(state: ClusterState, say: Say) -> None:

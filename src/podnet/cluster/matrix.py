@@ -6,6 +6,10 @@ on port 8080 that sends a line and waits for it to come back. Probes run concurr
 a bounded thread pool, each with a timeout. ``render_matrix`` is pure: results in, text
 out.
 
+``probe_services`` reaches Services by name from one pod per node: glibc's ``getent``
+inside the pod's namespace (``ip netns exec`` puts the pod's resolv.conf in place, so the
+node's cluster DNS answers), then a TCP echo to the address it found.
+
 ``udp_probe`` sends a datagram from inside the source pod and waits for the echo (a few
 bounded attempts, since UDP may lose a packet); ``probe`` picks ping, TCP or UDP by
 protocol. SCTP cannot be probed: this kernel has no SCTP sockets (CONFIG_IP_SCTP off).
@@ -20,6 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from podnet import netns
 
@@ -251,3 +256,96 @@ def summary(results: Sequence[PairResult]) -> str:
         )
         text += f"\n  ✗ {r.source} -> {r.destination}: {why}"
     return text
+
+
+# --- Services by name ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceTarget:
+    """A Service the matrix reaches by its name ``name.namespace`` on TCP ``port``."""
+
+    name: str
+    namespace: str
+    cluster_ip: str
+    port: int
+
+    @property
+    def dns_name(self) -> str:
+        return f"{self.name}.{self.namespace}"
+
+
+@dataclass(frozen=True)
+class ServiceResult:
+    """From ``source`` (a pod on ``node``): what the name resolved to, and the TCP echo."""
+
+    source: str
+    node: str
+    target: ServiceTarget
+    resolved: tuple[str, ...]
+    tcp: Probe
+
+    @property
+    def ok(self) -> bool:
+        return self.resolved == (self.target.cluster_ip,) and self.tcp.ok
+
+
+def service_targets(services: Iterable[dict[str, Any]]) -> list[ServiceTarget]:
+    """The Services with a selector, a cluster IP and a TCP port (their first one)."""
+    found = []
+    for svc in services:
+        meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
+        ip = spec.get("clusterIP")
+        tcp = [p for p in spec.get("ports") or [] if p.get("protocol", "TCP") == "TCP"]
+        if spec.get("selector") and ip and ip != "None" and tcp:
+            found.append(ServiceTarget(meta["name"], meta["namespace"], ip, int(tcp[0]["port"])))
+    return sorted(found, key=lambda t: (t.namespace, t.name))
+
+
+def resolve_in_pod(source: Endpoint, name: str) -> tuple[str, ...]:
+    """The addresses glibc finds for ``name`` inside ``source``, through its resolv.conf."""
+    argv = ["ip", "netns", "exec", source.netns, "getent", "hosts", name]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return ()
+    return tuple(sorted({line.split()[0] for line in done.stdout.splitlines() if line.strip()}))
+
+
+def probe_service(source: Endpoint, target: ServiceTarget) -> ServiceResult:
+    """Resolve ``target`` by name inside ``source``, then TCP-echo to what it found."""
+    resolved = resolve_in_pod(source, target.dns_name)
+    if not resolved:
+        tcp = Probe(False, error="name not resolved")
+    else:
+        tcp = tcp_probe(source, resolved[0], target.port)
+    return ServiceResult(source.name, source.node, target, resolved, tcp)
+
+
+def probe_services(
+    pods: Sequence[Endpoint], targets: Sequence[ServiceTarget], workers: int = MAX_WORKERS
+) -> list[ServiceResult]:
+    """Every target from the first pod of each node (pods in matrix order)."""
+    sources = list({pod.node: pod for pod in reversed(pods)}.values())[::-1]
+    pairs = [(s, t) for t in targets for s in sources]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda pair: probe_service(*pair), pairs))
+
+
+def render_services(results: Sequence[ServiceResult]) -> str:
+    """One line per (node, Service): the name, what it resolved to, the TCP echo."""
+    lines = ["services by name (getent in the pod, then TCP echo to the address found):"]
+    width = max((len(f"{r.source} ({r.node})") for r in results), default=0)
+    service_width = max((len(f"{r.target.dns_name}:{r.target.port}") for r in results), default=0)
+    for r in results:
+        where, service = f"{r.source} ({r.node})", f"{r.target.dns_name}:{r.target.port}"
+        if r.resolved:
+            mark = "✓" if r.resolved == (r.target.cluster_ip,) else "✗"
+            address = f"{mark} {','.join(r.resolved)}"
+        else:
+            address = "✗ not resolved"
+        echo = _mark(r.tcp) + (f" ({r.tcp.error})" if r.tcp.error else "")
+        lines.append(f"  {where:<{width}}  {service:<{service_width}} -> {address}  tcp {echo}")
+    good = sum(r.ok for r in results)
+    lines.append(f"{good}/{len(results)} service lookups ok (resolved to the cluster IP, echoed)")
+    return "\n".join(lines)

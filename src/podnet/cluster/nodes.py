@@ -21,7 +21,13 @@ from typing import Any
 
 from podnet import netns
 from podnet.cluster.state import ClusterState, NodeRecord, spawn
-from podnet.cluster.underlay import create_netns, node_address, plug, tcp_listens
+from podnet.cluster.underlay import (
+    create_netns,
+    external_address,
+    node_address,
+    plug,
+    tcp_listens,
+)
 
 Say = Callable[[str], None]
 AGENT_TIMEOUT = 90.0
@@ -67,6 +73,11 @@ class NodePaths:
         return self.root / "relay.log"
 
     @property
+    def upstream_resolv_conf(self) -> Path:
+        """The resolvers the node's DNS forwards names outside the cluster zone to."""
+        return self.root / "upstream-resolv.conf"
+
+    @property
     def shim(self) -> Path:
         return self.cni_bin_dir / "podnet"
 
@@ -91,10 +102,14 @@ def new_node_record(state: ClusterState, index: int) -> NodeRecord:
 
 
 def create_node_netns(state: ClusterState, state_dir: Path, node: NodeRecord) -> None:
-    """The node namespace on the underlay, forwarding like a host that routes pods."""
+    """The node namespace on the underlay, forwarding like a host that routes pods, with
+    a default route to the external host as a host has one to its router (so traffic to
+    a cluster IP without endpoints is routed, and then refused by the service proxy)."""
     create_netns(state, state_dir, node.netns)
     plug(state, node.netns, f"{state.prefix()}-n{node.index}", node_address(state, node.index))
     netns.run(node.netns, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
+    router = str(external_address(state).ip)
+    netns.run(node.netns, ["ip", "route", "replace", "default", "via", router], check=True)
 
 
 def agent_command(state: ClusterState, node: NodeRecord, paths: NodePaths) -> list[str]:
@@ -124,6 +139,8 @@ def agent_command(state: ClusterState, node: NodeRecord, paths: NodePaths) -> li
         str(paths.ipam_dir),
         "--dataplane",
         "linux",
+        "--dns-upstream-resolv-conf",
+        str(paths.upstream_resolv_conf),
     ]
     return netns.command(node.netns, argv)
 

@@ -278,6 +278,7 @@ class ClusterState:
     master_args: list[str] = field(default_factory=list)
     api_port: int = 0  # the admin's relay in front of several masters (0: none)
     api_relay: ProcessRecord | None = None
+    dns_upstreams: list[str] = field(default_factory=list)  # empty: the host's resolvers
 
     @staticmethod
     def load(state_dir: Path) -> ClusterState | None:
