@@ -212,3 +212,29 @@ def test_ipv6_cluster_ip_gives_aaaa_and_nibble_ptr() -> None:
     reverse = ipaddress.ip_address("fd00:30::a").reverse_pointer
     assert data(zone, reverse, PTR) == [(SVC,)]
     assert zone.apex_of(reverse) == "0.0.0.0.0.0.0.0.0.3.0.0.0.0.d.f.ip6.arpa"
+
+
+def test_pod_names_shared_addresses_namespace_existence_and_change_reports() -> None:
+    changes: list[set[str]] = []
+    zone = index(changes)
+    name = "10-128-0-9.team.pod.cluster.local"
+    zone.put_pod(pod("team", "p1", "10.128.0.9"))
+    assert changes.pop() == {name, "team.pod.cluster.local", "pod.cluster.local"}
+    zone.put_pod(pod("team", "p2", "10.128.0.9"))  # a second pod with the address
+    assert changes == []  # nothing anyone can ask changed
+    assert resolve(zone, "team.pod.cluster.local", A).rcode == NOERROR  # type: ignore[union-attr]
+    zone.remove_pod(("team", "p1"))
+    assert data(zone, name, A) == [("10.128.0.9",)]
+    zone.put_pod(pod("team", "p2", "10.128.0.10"))  # readdressed
+    assert changes.pop() == {name, "10-128-0-10.team.pod.cluster.local"}
+    zone.remove_pod(("team", "p2"))
+    assert changes.pop() == {
+        "10-128-0-10.team.pod.cluster.local",
+        "team.pod.cluster.local",
+        "pod.cluster.local",
+    }
+    for gone in (name, "team.pod.cluster.local", "pod.cluster.local"):
+        assert resolve(zone, gone, A).rcode == NXDOMAIN, gone  # type: ignore[union-attr]
+    zone.put_pod(pod("team", "p6", "fd00::9"))
+    assert data(zone, "fd00--9.team.pod.cluster.local", AAAA) == [("fd00::9",)]
+    assert resolve(zone, "1-2-3.team.pod.cluster.local", A).rcode == NXDOMAIN  # type: ignore[union-attr]
