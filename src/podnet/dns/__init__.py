@@ -1,6 +1,8 @@
 """The cluster DNS: each node agent answers its own pods' queries.
 
 - ``records``: what Kubernetes objects stand for in the zone (DNS spec schema 1.1.0);
+- ``podrecords``: pod names, answered from the pods' addresses (not stored as records);
+- ``counting``: the reference counts both keep;
 - ``zone``: the zone index, updated one object at a time;
 - ``lookup``: answering a question from the index (NODATA vs NXDOMAIN, CNAME chasing);
 - ``wire``: the wire format through dnslib (parsing, encoding, truncation);

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
+from podnet.dns.counting import count
 from podnet.dns.names import dashed, undashed_ipv4
 from podnet.dns.records import AAAA, A, Key, Record
 
@@ -59,21 +60,10 @@ class PodAddresses:
                 self._count(namespace, address, -1, changed)
 
     def _count(self, namespace: str, address: str, delta: int, changed: set[str]) -> None:
-        key = (namespace, address)
-        count = self._held.get(key, 0) + delta
-        if count:
-            self._held[key] = count
-        else:
-            del self._held[key]
-        if not (count == 0 or (count == 1 and delta > 0)):
+        if not count(self._held, (namespace, address), delta):
             return  # the name existed before and still does
         changed.add(self.name(namespace, address))
-        held = self._namespaces.get(namespace, 0) + delta
-        if held:
-            self._namespaces[namespace] = held
-        else:
-            del self._namespaces[namespace]
-        if held == 0 or (held == 1 and delta > 0):
+        if count(self._namespaces, namespace, delta):
             changed.update((f"{namespace}{self.suffix}", self.apex))
 
     def records(self, name: str) -> Mapping[Record, int]:

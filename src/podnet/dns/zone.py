@@ -19,6 +19,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from podnet.dns.counting import count
 from podnet.dns.names import ZONE, address_of_reverse, ancestors, reverse_zone, within
 from podnet.dns.podrecords import PodAddresses
 from podnet.dns.records import (
@@ -222,10 +223,5 @@ class ZoneIndex:
         its apex (or the name alone outside any zone); note names whose existence flips."""
         apex = self.apex_of(name) or name
         for above in ancestors(name, apex):
-            count = self._below.get(above, 0) + delta
-            if count:
-                self._below[above] = count
-            else:
-                del self._below[above]
-            if count == 0 or (count == 1 and delta > 0):
+            if count(self._below, above, delta):
                 changed.add(above)
