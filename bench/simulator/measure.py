@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -137,9 +138,12 @@ class Usage:
         workers_pct = (workers - self._start[2]) / wall * 100
         peak = max(self.rss, default=rss_mb(self.master))
         probe = self.probe_ms
+        load = os.getloadavg()[0]
         return (
-            f"CPU master {master_pct:.0f}%, simulator {workers_pct:.0f}% (of one core, "
-            f"2 cores in all); master RSS peak {peak:.0f} MB; /healthz p50 "
+            f"CPU master {master_pct:.0f}% ({master - self._start[1]:.1f} CPU-s: the work, "
+            f"whatever the machine's load), simulator {workers_pct:.0f}% (of one core, "
+            f"2 cores in all); load average {load:.1f}; master RSS peak {peak:.0f} MB; "
+            f"/healthz p50 "
             f"{percentile(probe, 50):.0f} ms, max {max(probe, default=float('nan')):.0f} ms"
         )
 
