@@ -17,6 +17,7 @@ they cost in the kernel (map elements, chains) without needing processes.
 - endpoint change -> kernel at ``--services``: one service's endpoints change and
   ``sync_services`` runs (render, diff, one nft transaction); p50/p99 over
   ``--changes`` changes, and the compile of one change in ``ServiceCompiler``.
+- memory: the proxy's state (compiler, table, rendered value) at ``--services``.
 - full resync at ``--services``: a restarted data plane (a new ``LinuxDataPlane`` in the
   node) syncing the same table, which reads the kernel's table back and finds nothing to
   do (the agent restart); and a full build into an empty table.
@@ -179,6 +180,36 @@ def compile_changes(args: argparse.Namespace) -> list[float]:
     return timings
 
 
+def memory(args: argparse.Namespace) -> None:
+    """What the proxy's own state costs in the agent: the compiler's objects, the table
+    and the rendered nftables value, as the process's resident size grows."""
+    import gc
+    import resource
+
+    from podnet.dataplane.interface import NodeNetwork
+    from podnet.dataplane.linux.servicetable import ServiceRenderer
+    from podnet.testing.lab import CLUSTER
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    services, slices = [], []
+    for i in range(args.services):
+        name = f"s{i:05d}"
+        spec = {"clusterIP": str(SERVICES.network_address + 256 + i), "ports": [{"port": 80}]}
+        services.append({"metadata": {"namespace": "bench", "name": name}, "spec": spec})
+        slices.append(endpoint_slice(name, i * args.endpoints, args.endpoints))
+    compiler = ServiceCompiler("node-1")
+    compiler.replace_services(services)
+    compiler.replace_slices(slices)
+    node = NodeNetwork("node-1", IPv4Address("198.51.100.11"), CLUSTER, (CLUSTER,), SERVICES, 1450)
+    rendered = ServiceRenderer(node).render(compiler.table())
+    gc.collect()
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    print(
+        f"proxy state for {args.services} services x {args.endpoints} endpoints "
+        f"({len(rendered.chains)} chains): +{grown:.0f} MB resident (API objects included)"
+    )
+
+
 def endpoint_slice(name: str, first: int, count: int) -> dict[str, object]:
     base = int(IPv4Address("10.130.0.0")) + first
     return {
@@ -193,6 +224,8 @@ def endpoint_slice(name: str, first: int, count: int) -> dict[str, object]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    if "memory" in args.parts:
+        memory(args)
     async with service_cluster("bsvc") as cluster:
         await cluster.apply(cluster.service("measured", 10, "c"))  # both nodes
         if "latency" in args.parts:
@@ -208,7 +241,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--changes", type=int, default=50)
-    parser.add_argument("--parts", default="latency,changes", help="comma-separated")
+    parser.add_argument("--parts", default="memory,latency,changes", help="comma-separated")
     asyncio.run(run(parser.parse_args()))
 
 
