@@ -112,3 +112,21 @@ async def test_a_list_of_large_objects_over_grpcs_message_limit_is_read_whole(
     assert [kv.key for kv in items] == [f"{key}{i}" for i in range(8)]
     assert all(kv.value == big + bytes([i]) for i, kv in enumerate(items))
     assert revision >= items[-1].mod_revision
+
+
+async def test_gets_asked_together_each_get_their_own_key(store: Store, key: str) -> None:
+    """Gets asked in one turn of the loop (etcd: read in one transaction of ranges, in
+    batches of at most 64) each answer their own key, absent ones as None, and never
+    an answer older than a write finished before they were asked."""
+    written = {f"{key}{i:03d}": b"v%d" % i for i in range(0, 150, 2)}
+    revision = await store.commit([], [Put(k, v) for k, v in list(written.items())[:60]])
+    revision = await store.commit([], [Put(k, v) for k, v in list(written.items())[60:]])
+    keys = [f"{key}{i:03d}" for i in range(150)]
+    got = await asyncio.gather(*(store.get(k) for k in keys))
+    assert [kv.value if kv else None for kv in got] == [written.get(k) for k in keys]
+    assert all(kv.key == k for k, kv in zip(keys, got, strict=True) if kv)
+    assert max(kv.mod_revision for kv in got if kv) == revision
+    changed = await store.commit([], [Put(keys[0], b"new")])
+    again = await asyncio.gather(store.get(keys[0]), store.get(keys[1]))
+    assert again[0] is not None and again[0].value == b"new"
+    assert again[0].mod_revision == changed and again[1] is None

@@ -28,6 +28,7 @@ from podnet.store.base import (
 )
 from podnet.store.etcd_client import EtcdClient, parse_endpoints
 from podnet.store.etcd_pki import EtcdTls
+from podnet.store.readbatch import ReadBatcher
 
 TIMEOUT = 10.0
 TRANSIENT = frozenset(
@@ -67,6 +68,7 @@ class EtcdStore:
         self.endpoints = parse_endpoints(endpoints)
         self._client = EtcdClient(self.endpoints, tls, int(timeout))
         self._timeout = timeout
+        self._gets: ReadBatcher[Any] = ReadBatcher(self._get_many)  # podnet.store.readbatch
 
     async def connect(self) -> None:
         try:
@@ -87,11 +89,12 @@ class EtcdStore:
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
 
-    async def _read(self, request: Any) -> Any:
-        """A Range, retried (it changes nothing) when the etcd leader just changed."""
+    async def _read(self, request: Any, method: str = "Range") -> Any:
+        """A Range (or a read-only Txn), retried (it changes nothing) when the etcd leader
+        just changed."""
         for attempt in range(AMBIGUOUS_RETRIES + 1):
             try:
-                return await self._call(self._client.kvstub.Range, request)
+                return await self._call(getattr(self._client.kvstub, method), request)
             except StoreUnavailable as exc:
                 # Not after "request timed out": that read already waited 7 s for a leader.
                 if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc, READ_RETRY):
@@ -100,8 +103,17 @@ class EtcdStore:
         raise AssertionError("unreachable")
 
     async def get(self, key: str) -> KeyValue | None:
-        resp = await self._read(rpc.RangeRequest(key=key.encode()))
-        return _kv(resp.kvs[0]) if resp.kvs else None
+        raw = await self._gets.read(key.encode())
+        return _kv(raw) if raw is not None else None
+
+    async def _get_many(self, keys: Sequence[bytes]) -> list[Any]:
+        """The stored key-values of ``keys`` (None where absent), read at one revision."""
+        if len(keys) == 1:
+            resp = await self._read(rpc.RangeRequest(key=keys[0]))
+            return [resp.kvs[0] if resp.kvs else None]
+        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(key=key)) for key in keys]
+        resp = await self._read(rpc.TxnRequest(compare=[], success=ops, failure=[]), "Txn")
+        return [r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses]
 
     async def list(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Read in pages at one revision, so a large prefix never exceeds gRPC's limit."""
