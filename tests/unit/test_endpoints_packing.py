@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_endpoints_desired import pod, service
 
-from podnet.controllers.endpointsdesired import PortsKey
+from podnet.controllers.endpointsdesired import PortsKey, desired_endpoints
 from podnet.controllers.endpointslicepacking import pack
 from podnet.controllers.endpointslicesdesired import MAX_ENDPOINTS_PER_SLICE, desired_slices
 
@@ -68,6 +68,18 @@ def test_existing_slices_are_refilled_before_new_ones() -> None:
     second = packed({2, 3, 4, 5, 6, 7}, first)  # 1 gone, 7 new: 7 takes 1's place
     assert contents(second)["s-IPv4-0"] == ["10.0.0.2", "10.0.0.3", "10.0.0.7"]
     assert contents(second)["s-IPv4-1"] == contents(first)["s-IPv4-1"]
+
+
+def test_pods_sharing_an_address_are_two_endpoints() -> None:
+    """Two host-network pods on one node have the node's address: both are endpoints."""
+    svc = service()
+    pods = [pod("a", "192.0.2.1"), pod("b", "192.0.2.1")]
+    (one,) = desired_slices(svc, pods).values()
+    assert [e["targetRef"]["name"] for e in one["endpoints"]] == ["a", "b"]
+    (again,) = desired_slices(svc, pods, [one]).values()
+    assert again == one
+    (subset,) = desired_endpoints(svc, pods)["subsets"]
+    assert [a["targetRef"]["name"] for a in subset["addresses"]] == ["a", "b"]
 
 
 def test_a_service_of_many_pods_gains_one_pod_in_one_slice() -> None:

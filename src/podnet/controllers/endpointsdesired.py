@@ -263,8 +263,8 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
     tolerate = publishes_not_ready(service)
     primary = address_types(service)[0]
     ports_without = not service_ports(service)
-    # ports key -> (ready, not ready) addresses by IP
-    groups: dict[PortsKey, tuple[dict[str, Obj], dict[str, Obj]]] = {}
+    # ports -> (ready, not ready) addresses by (IP, pod): host-network pods share an IP
+    groups: dict[PortsKey, tuple[dict[Any, Obj], dict[Any, Obj]]] = {}
     for pod in pods:
         if not selects(service, pod) or not pod_counts(pod, tolerate):
             continue
@@ -275,7 +275,7 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
         group = groups.setdefault(ports_key(ports), ({}, {}))
         # v1 Endpoints carry one IP a pod: the first of the Service's primary family
         for ip in [ip for ip in pod_ips(pod) if family(ip) == primary][:1]:
-            group[0 if ready else 1][ip] = _address(service, pod, ip)
+            group[0 if ready else 1][ip, meta_of(pod).get("name")] = _address(service, pod, ip)
     return _cap(
         [
             _subset(ports_of(key), ready, not_ready)
@@ -285,13 +285,13 @@ def desired_subsets(service: Obj, pods: Iterable[Obj]) -> tuple[list[dict[str, A
 
 
 def _subset(
-    ports: list[dict[str, Any]], ready: dict[str, Obj], not_ready: dict[str, Obj]
+    ports: list[dict[str, Any]], ready: dict[Any, Obj], not_ready: dict[Any, Obj]
 ) -> dict[str, Any]:
     subset: dict[str, Any] = {}
     if ready:
-        subset["addresses"] = [ready[ip] for ip in sorted(ready)]
+        subset["addresses"] = [ready[k] for k in sorted(ready)]
     if not_ready:
-        subset["notReadyAddresses"] = [not_ready[ip] for ip in sorted(not_ready)]
+        subset["notReadyAddresses"] = [not_ready[k] for k in sorted(not_ready)]
     if ports:
         subset["ports"] = ports
     return subset

@@ -22,7 +22,10 @@ NameFor = Callable[[str, PortsKey, int], str]  # address type, ports, index -> s
 
 
 def _identity(endpoint: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(endpoint.get("addresses") or ())
+    """What makes an endpoint itself: its addresses and the pod it stands for (two
+    host-network pods on one node share an address)."""
+    ref = endpoint.get("targetRef") or {}
+    return (*(endpoint.get("addresses") or ()), str(ref.get("namespace")), str(ref.get("name")))
 
 
 def _existing(current: Iterable[Obj], group: GroupKey) -> list[Obj]:
