@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -82,8 +83,13 @@ async def api_throughput(master: MasterProcess, count: int) -> dict[str, float]:
                 assert answer.status == 200
                 await answer.read()
 
+        assert master.process is not None
+        pid = master.process.pid
+        before = cpu_seconds(pid)
         creates = await run_pool(count, create)
+        between = cpu_seconds(pid)
         gets = await run_pool(count, get)
+        after = cpu_seconds(pid)
         started = time.perf_counter()
         lists, items = 0, 0
         while time.perf_counter() - started < 3:
@@ -91,7 +97,13 @@ async def api_throughput(master: MasterProcess, count: int) -> dict[str, float]:
                 items = len((await answer.json())["items"])
             lists += 1
         elapsed = time.perf_counter() - started
-        return {"create/s": creates, "get/s": gets, f"list/s ({items} items)": lists / elapsed}
+        return {
+            "create/s": creates,
+            "get/s": gets,
+            f"list/s ({items} items)": lists / elapsed,
+            "master CPU ms/create": (between - before) / count * 1000,
+            "master CPU ms/get": (after - between) / count * 1000,
+        }
 
 
 async def post(api: aiohttp.ClientSession, path: str, body: dict[str, Any]) -> None:
@@ -137,6 +149,12 @@ async def watch_fanout(master: MasterProcess, watchers: int, writes: int) -> lis
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return latencies
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -198,7 +216,7 @@ async def benchmarks(etcd: EtcdProcess, tmp: Path, args: argparse.Namespace) -> 
             master.stop()
     print(f"== throughput (median of {args.runs} runs, {CONCURRENCY} in flight)")
     for key, values in results.items():
-        print(f"  {key:<28} {statistics.median(values):8.0f}")
+        print(f"  {key:<28} {statistics.median(values):8.{3 if 'CPU' in key else 0}f}")
     create = statistics.median(results["create/s"]) / statistics.median(results["raw etcd put/s"])
     get = statistics.median(results["get/s"]) / statistics.median(results["raw etcd get/s"])
     print(f"  ratio API create / raw etcd put: {create:.2f}   API get / raw etcd get: {get:.2f}")
