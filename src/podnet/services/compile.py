@@ -23,6 +23,8 @@ of the object is used: the API validates what it stores, so this is only a guard
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Address
 from typing import Any
@@ -62,6 +64,7 @@ class ServiceCompiler:
         self._slices: dict[str, Obj] = {}  # slice key -> slice
         self._slices_of: dict[str, set[str]] = {}  # service key -> slice keys
         self._compiled: dict[str, tuple[ServicePort, ...]] = {}
+        self._order: list[str] = []  # the keys of _compiled, sorted (see _place)
         self._dirty: set[str] = set()
         self._table: ServiceTable | None = None
         self._node_ips: tuple[IPv4Address, ...] = ()
@@ -125,14 +128,31 @@ class ServiceCompiler:
             service = self._services.get(key)
             slices = [self._slices[k] for k in sorted(self._slices_of.get(key, ()))]
             ports = service_ports(service, slices, self.node_name) if service else ()
-            if ports:
-                self._compiled[key] = ports
-            else:
-                self._compiled.pop(key, None)
+            self._place(key, tuple(sorted(ports, key=_port_key)))
         self._dirty.clear()
-        every = [p for key in sorted(self._compiled) for p in self._compiled[key]]
-        self._table = ServiceTable(tuple(sorted(every, key=lambda p: p.key)), self._node_ips)
+        every = itertools.chain.from_iterable(self._compiled[key] for key in self._order)
+        self._table = ServiceTable(tuple(every), self._node_ips)
         return self._table
+
+    def _place(self, key: str, ports: tuple[ServicePort, ...]) -> None:
+        """Keep ``key``'s ports, and ``_order``: the services in the order of their ports'
+        keys (``namespace/name/...``: by ``namespace/name/``), kept sorted by bisection."""
+        known = key in self._compiled
+        if ports:
+            self._compiled[key] = ports
+            if not known:
+                bisect.insort(self._order, key, key=_order_key)
+        elif known:
+            del self._compiled[key]
+            self._order.pop(bisect.bisect_left(self._order, _order_key(key), key=_order_key))
+
+
+def _port_key(port: ServicePort) -> str:
+    return port.key
+
+
+def _order_key(service: str) -> str:
+    return service + "/"
 
 
 def compile_services(
