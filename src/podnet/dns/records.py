@@ -21,6 +21,7 @@ Objects are first slimmed to what the records need (``ServiceInfo``, ``SliceInfo
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -121,9 +122,10 @@ class PodInfo:
 
 
 def object_key(obj: Obj) -> Key:
-    """(namespace, name) of any object."""
+    """(namespace, name) of any object. Namespaces are interned: a few strings shared by
+    every key, instead of one per object (50,000 pods: ~2.5 MB)."""
     meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    return (sys.intern(str(meta.get("namespace") or "")), str(meta.get("name") or ""))
 
 
 def _address(value: object) -> str | None:
