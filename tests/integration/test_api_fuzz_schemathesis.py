@@ -133,6 +133,7 @@ def bound_watch(case: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 5,000 cases: ~2 min alone, more on a loaded machine
 def test_schemathesis_no_5xx_and_rejections_store_nothing(
     master: MasterProcess, etcd_keys: EtcdKeys, tmp_path: Path
 ) -> None:
