@@ -211,3 +211,32 @@ async def test_a_stale_cache_falls_back_to_read_modify_write(
     await eventually(lambda: _equals(slice_ips(registry), ["10.1.0.5", "10.1.0.6"]))
     assert refused
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+async def test_a_restarted_controller_repairs_what_changed_while_it_was_down(
+    registry: Registry, api: InProcessApi, controller: EndpointsController
+) -> None:
+    """Drift and a deleted Service that no watch event reported: the new leader's first
+    listings find them (as the periodic resync does)."""
+    await registry.create(SERVICE, service(), NS)
+    await registry.create(SERVICE, service("old"), NS)
+    await registry.create(POD, pod("a", "10.1.0.5"), NS)
+    await eventually(lambda: _equals(slice_ips(registry), ["10.1.0.5"]))
+    await eventually(lambda: _equals(ready_ips(registry, "old"), ["10.1.0.5"]))
+    await controller.stop()
+
+    (one,) = await slices_of(registry)
+    one["endpoints"] = [{"addresses": ["10.1.0.99"], "conditions": {"ready": True}}]
+    await registry.update(ENDPOINT_SLICE, one, NS, one["metadata"]["name"])
+    await registry.delete(SERVICE, NS, "old")
+    await registry.create(POD, pod("b", "10.1.0.6"), NS)
+
+    successor = EndpointsController(api, resync_period=None)
+    await successor.start()  # returns once its first listings are handled
+    try:
+        assert await slice_ips(registry) == ["10.1.0.5", "10.1.0.6"]
+        assert await ready_ips(registry) == ["10.1.0.5", "10.1.0.6"]
+        assert await ready_ips(registry, "old") is None
+        assert await slices_of(registry, "old") == []
+    finally:
+        await successor.stop()
