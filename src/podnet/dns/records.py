@@ -140,8 +140,8 @@ def _named_ports(ports: object) -> tuple[ServicePort, ...]:
     for port in ports if isinstance(ports, list) else ():
         if not isinstance(port, Mapping):
             continue
-        name = str(port.get("name") or "").lower()
-        protocol = str(port.get("protocol") or "TCP").lower()
+        name = sys.intern(str(port.get("name") or "").lower())  # a few shared strings
+        protocol = sys.intern(str(port.get("protocol") or "TCP").lower())
         number = port.get("port")
         if is_label(name) and is_label(protocol) and type(number) is int and 0 < number < 65536:
             found.append(ServicePort(name, protocol, number))
