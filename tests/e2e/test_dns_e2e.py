@@ -252,3 +252,13 @@ def test_the_cluster_matrix_reaches_a_service_by_name_from_every_node(cluster: C
     assert sorted(line.split()[1] for line in lines) == ["(node1)", "(node2)"], done.stdout
     assert all(f"-> ✓ {cluster.ips['web']}  tcp ✓" in line for line in lines), done.stdout
     assert "2/2 service lookups ok" in done.stdout
+
+
+def test_a_pod_cannot_read_or_rewrite_its_nodes_upstream_resolvers(cluster: Cluster) -> None:
+    path = nodes.node_paths(cluster.state_dir, "node1").upstream_resolv_conf
+    before = path.read_text()
+    assert before == f"nameserver {EXTERNAL_IP}\n"
+    for attack in (f"cat {path}", f"echo nameserver 6.6.6.6 > {path}", f"rm -f {path}"):
+        tried = cluster.run("ask1", "sh", "-c", attack)
+        assert tried.returncode != 0 and "nameserver" not in tried.stdout, attack
+    assert path.read_text() == before

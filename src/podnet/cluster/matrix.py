@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from podnet import netns
 
@@ -275,8 +275,7 @@ class ServiceTarget:
         return f"{self.name}.{self.namespace}"
 
 
-@dataclass(frozen=True)
-class ServiceResult:
+class ServiceResult(NamedTuple):
     """From ``source`` (a pod on ``node``): what the name resolved to, and the TCP echo."""
 
     source: str
