@@ -148,3 +148,17 @@ async def test_listeners_are_bound_again_when_the_bridge_is_made_again(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert not cluster.server.serving and not cluster.bound.is_set()
+
+
+async def test_without_verified_pod_records_pods_are_not_watched() -> None:
+    settings = DnsSettings(port=0, device=None, upstream_resolv_conf=None, pod_records="insecure")
+    cluster = ClusterDns(Feed(), NODE, settings)
+    assert [name for name, _ in cluster.tasks()] == [
+        "dns-serve",
+        "dns-watch-services",
+        "dns-watch-endpointslices",
+    ]
+    await cluster.take(SERVICE, listed())
+    await cluster.take(ENDPOINT_SLICE, listed())
+    assert cluster.is_ready()
+    assert rcode(cluster.handler, "10-128-0-9.team.pod.cluster.local") == RCODE.NOERROR

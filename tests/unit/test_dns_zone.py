@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 
+import pytest
+
 from podnet.dns.lookup import NOERROR, NXDOMAIN, SERVFAIL, resolve
 from podnet.dns.records import AAAA, CNAME, PTR, SOA, SRV, TXT, A, Record
 from podnet.dns.zone import ZoneIndex
@@ -238,3 +240,17 @@ def test_pod_names_shared_addresses_namespace_existence_and_change_reports() -> 
     zone.put_pod(pod("team", "p6", "fd00::9"))
     assert data(zone, "fd00--9.team.pod.cluster.local", AAAA) == [("fd00::9",)]
     assert resolve(zone, "1-2-3.team.pod.cluster.local", A).rcode == NXDOMAIN  # type: ignore[union-attr]
+
+
+def test_pod_record_modes_insecure_and_disabled() -> None:
+    insecure = ZoneIndex(pod_records="insecure")  # any well-formed name, no pods needed
+    assert data(insecure, "10-128-0-9.team.pod.cluster.local", A) == [("10.128.0.9",)]
+    assert resolve(insecure, "team.pod.cluster.local", A).rcode == NOERROR  # type: ignore[union-attr]
+    assert resolve(insecure, "x.team.pod.cluster.local", A).rcode == NXDOMAIN  # type: ignore[union-attr]
+    assert resolve(insecure, "10-128-0-9.Bad_NS.pod.cluster.local", A).rcode == NXDOMAIN  # type: ignore[union-attr]
+    disabled = ZoneIndex(pod_records="disabled")
+    disabled.put_pod(pod("team", "p1", "10.128.0.9"))
+    for name in ("10-128-0-9.team.pod.cluster.local", "pod.cluster.local"):
+        assert resolve(disabled, name, A).rcode == NXDOMAIN  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="one of verified, insecure, disabled"):
+        ZoneIndex(pod_records="sometimes")

@@ -328,7 +328,10 @@ class NodeAgent:
         for name, body in services.tasks():
             self._spawn(name, body)
         if self.config.dns:
-            settings = DnsSettings(upstream_resolv_conf=self.config.dns_upstream_resolv_conf)
+            settings = DnsSettings(
+                upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
+                pod_records=self.config.dns_pod_records,
+            )
             self.dns = ClusterDns(Reflectors(self.api), node, settings)
             for name, body in self.dns.tasks():
                 self._spawn(name, body)

@@ -58,6 +58,7 @@ class AgentConfig:
     metrics_address: str | None = None  # HOST:PORT of /metrics; None: not served
     dns: bool = True  # serve the cluster DNS on the pod subnet's gateway, port 53
     dns_upstream_resolv_conf: Path = DEFAULT_UPSTREAM_RESOLV_CONF
+    dns_pod_records: str = "verified"  # verified (watches Pods), insecure or disabled
 
     @property
     def conflist_path(self) -> Path:

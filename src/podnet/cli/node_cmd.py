@@ -14,6 +14,7 @@ import click
 from podnet.agent import config as defaults
 from podnet.dataplane import registry
 from podnet.dataplane.interface import TUNNELS
+from podnet.dns.podrecords import POD_RECORD_MODES
 
 if TYPE_CHECKING:
     from podnet.agent.config import AgentConfig
@@ -105,6 +106,13 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
     show_default=True,
 )
 @click.option(
+    "--dns-pod-records",
+    type=click.Choice(POD_RECORD_MODES),
+    default="verified",
+    show_default=True,
+    help="a-b-c-d.<ns>.pod names: only for existing pods (watches every Pod), any, none",
+)
+@click.option(
     "--dataplane",
     type=click.Choice(registry.names()),
     default="linux",
@@ -134,6 +142,7 @@ def node(
     metrics_address: str | None,
     dns: bool,
     dns_upstream_resolv_conf: Path,
+    dns_pod_records: str,
     dataplane: str,
     log_level: str,
 ) -> None:
@@ -159,6 +168,7 @@ def node(
         metrics_address=metrics_address,
         dns=dns,
         dns_upstream_resolv_conf=dns_upstream_resolv_conf,
+        dns_pod_records=dns_pod_records,
     )
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

@@ -1,10 +1,14 @@
 """Pod records (``a-b-c-d.<ns>.pod.<zone>`` A), answered from the pods' addresses.
 
-CoreDNS's ``pods verified``: the name answers only while a pod of that namespace has the
-address. The records are not stored: a pod costs one entry per address here, and its
-record is made when asked for (50,000 pods stored as records took ~60 MB; as addresses,
-a tenth of that). Each change reports the names whose answers it changes: the pod's
-names, and ``<ns>.pod.<zone>`` / ``pod.<zone>`` when they start or stop existing.
+Three modes, as CoreDNS's ``pods`` option: ``verified`` (the default) answers a name only
+while a pod of that namespace has the address, which takes a cluster-wide watch of Pods;
+``insecure`` answers any well-formed name with the address it spells, no watch needed
+(kubeadm's CoreDNS default); ``disabled`` answers none.
+
+The records are not stored: a pod costs one entry per address here, and its record is
+made when asked for (50,000 pods stored as records took ~60 MB; as addresses, a third
+of that). Each change reports the names whose answers it changes: the pod's names, and
+``<ns>.pod.<zone>`` / ``pod.<zone>`` when they start or stop existing.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import ipaddress
 from collections.abc import Mapping
 
 from podnet.dns.counting import count
-from podnet.dns.names import dashed, undashed_ipv4
+from podnet.dns.names import dashed, is_label, undashed_ipv4
 from podnet.dns.records import AAAA, A, Key, Record
 
 NO_RECORDS: Mapping[Record, int] = {}
+VERIFIED, INSECURE, DISABLED = "verified", "insecure", "disabled"
+POD_RECORD_MODES = (VERIFIED, INSECURE, DISABLED)
 
 
 def _address(label: str) -> str | None:
@@ -33,7 +39,10 @@ def _address(label: str) -> str | None:
 class PodAddresses:
     """Which namespace's pods hold which addresses."""
 
-    def __init__(self, zone: str) -> None:
+    def __init__(self, zone: str, mode: str = VERIFIED) -> None:
+        if mode not in POD_RECORD_MODES:
+            raise ValueError(f"pod records {mode!r}: one of {', '.join(POD_RECORD_MODES)}")
+        self.mode = mode
         self.apex = f"pod.{zone}"
         self.suffix = f".pod.{zone}"
         self.pods: dict[Key, tuple[str, ...]] = {}  # (namespace, name) -> addresses
@@ -68,20 +77,28 @@ class PodAddresses:
 
     def records(self, name: str) -> Mapping[Record, int]:
         """The A/AAAA record of a pod name (normalized), when a pod holds it."""
-        if not name.endswith(self.suffix):
+        if self.mode == DISABLED or not name.endswith(self.suffix):
             return NO_RECORDS
         parts = name[: -len(self.suffix)].split(".")
         if len(parts) != 2:
             return NO_RECORDS
         address = _address(parts[0])
-        if address is None or (parts[1], address) not in self._held:
+        if address is None or not self._holds(parts[1], address):
             return NO_RECORDS
         return {Record(name, AAAA if ":" in address else A, (address,)): 1}
 
     def exists(self, name: str) -> bool:
         """Whether ``name`` is ``pod.<zone>``, ``<ns>.pod.<zone>`` or a pod name in use."""
+        if self.mode == DISABLED:
+            return False
         if name == self.apex:
-            return bool(self._namespaces)
+            return self.mode == INSECURE or bool(self._namespaces)
         if name.endswith(self.suffix) and name.count(".") == self.suffix.count("."):
-            return name[: -len(self.suffix)] in self._namespaces
+            namespace = name[: -len(self.suffix)]
+            return is_label(namespace) if self.mode == INSECURE else namespace in self._namespaces
         return bool(self.records(name))
+
+    def _holds(self, namespace: str, address: str) -> bool:
+        if self.mode == INSECURE:
+            return is_label(namespace)
+        return (namespace, address) in self._held

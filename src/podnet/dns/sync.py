@@ -1,11 +1,11 @@
 """The node agent's cluster DNS: watches feeding the zone index, and the listeners' life.
 
-``ClusterDns`` watches Services, EndpointSlices and Pods cluster-wide (through the
-client's reflectors: a listing, then every change, relisting on expiry) and applies each
-event to the ``ZoneIndex`` at once, one object at a time, so a change in the API is
-answered as soon as its watch event arrives. A listing replaces the kind's objects in
-chunks, yielding to the event loop between them, so queries keep being answered while
-10,000 services load.
+``ClusterDns`` watches Services, EndpointSlices and (for verified pod records) Pods
+cluster-wide, through the client's reflectors (a listing, then every change, relisting
+on expiry), and applies each event to the ``ZoneIndex`` at once, one object at a time,
+so a change in the API is answered as soon as its watch event arrives. A listing
+replaces the kind's objects in chunks, yielding to the event loop between them, so
+queries keep being answered while 10,000 services load.
 
 It serves on this node's pod-subnet gateway address, port 53, bound to the bridge that
 address lives on, and answers only sources in the node's pod subnet
@@ -34,6 +34,7 @@ from podnet.dataplane.interface import NodeNetwork
 from podnet.dns.forwarder import Forwarder
 from podnet.dns.handler import QueryHandler
 from podnet.dns.names import ZONE
+from podnet.dns.podrecords import VERIFIED
 from podnet.dns.records import Key, object_key
 from podnet.dns.server import DnsServer, Limits, Listen
 from podnet.dns.upstreams import Upstreams
@@ -57,6 +58,7 @@ class DnsSettings:
     device: str | None = BRIDGE
     upstream_resolv_conf: Path | None = Path("/etc/resolv.conf")
     retry: float = 5.0  # seconds between attempts to bind, and between device checks
+    pod_records: str = VERIFIED  # verified (watch Pods), insecure or disabled
     limits: Limits = field(default_factory=Limits)
 
 
@@ -86,7 +88,9 @@ class ClusterDns:
         self.api = api
         self.settings = settings
         networks = (*node.cluster_networks, node.service_network)
-        self.index = ZoneIndex(settings.zone, networks, settings.ttl)
+        self.index = ZoneIndex(
+            settings.zone, networks, settings.ttl, pod_records=settings.pod_records
+        )
         gateway = str(node.gateway.ip)
         upstreams = Upstreams(settings.upstream_resolv_conf, exclude={gateway})
         self.handler = QueryHandler(self.index, Forwarder(upstreams), ready=self.is_ready)
@@ -101,8 +105,11 @@ class ClusterDns:
             ENDPOINT_SLICE.plural: _Kind(
                 index.put_slice, index.remove_slice, lambda: [*index.slices]
             ),
-            POD.plural: _Kind(index.put_pod, index.remove_pod, lambda: [*index.pods]),
         }
+        self.watched: tuple[Kind, ...] = (SERVICE, ENDPOINT_SLICE)
+        if settings.pod_records == VERIFIED:  # the other modes need no Pods
+            self.kinds[POD.plural] = _Kind(index.put_pod, index.remove_pod, lambda: [*index.pods])
+            self.watched += (POD,)
         self.listed: set[str] = set()
         self.changes = 0  # watch events applied
         self.bound = asyncio.Event()  # set while the listeners are up
@@ -116,7 +123,7 @@ class ClusterDns:
         found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("dns-serve", self.serve)
         ]
-        for kind in (SERVICE, ENDPOINT_SLICE, POD):
+        for kind in self.watched:
             found.append((f"dns-watch-{kind.plural}", functools.partial(self.watch, kind)))
         return found
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from podnet.dns.counting import count
 from podnet.dns.names import ZONE, address_of_reverse, ancestors, reverse_zone, within
-from podnet.dns.podrecords import PodAddresses
+from podnet.dns.podrecords import VERIFIED, PodAddresses
 from podnet.dns.records import (
     Key,
     Record,
@@ -53,6 +53,7 @@ class ZoneIndex:
         reverse_networks: Iterable[Network] = (),
         ttl: int = DEFAULT_TTL,
         on_change: Callable[[set[str]], None] | None = None,
+        pod_records: str = VERIFIED,
     ) -> None:
         self.zone = zone
         self.ttl = ttl
@@ -60,7 +61,7 @@ class ZoneIndex:
         self.networks = tuple(reverse_networks)
         self.services: dict[Key, ServiceInfo] = {}
         self.slices: dict[Key, SliceInfo] = {}
-        self.pod_addresses = PodAddresses(zone)
+        self.pod_addresses = PodAddresses(zone, pod_records)
         self.pods = self.pod_addresses.pods  # (namespace, name) -> addresses
         self._slices_of: dict[Key, set[Key]] = {}  # service key -> its slices' keys
         self._sources: dict[Source, frozenset[Record]] = {}
