@@ -14,6 +14,8 @@ they cost in the kernel (map elements, chains) without needing processes.
   of the rounds' medians, and their ratio (goal: 10-service latency / big-table latency
   >= 0.95: the per-packet cost does not grow with services). The same run measures
   connects to pod c's IP directly, the floor.
+- iperf3 from pod b to pod c through a cluster IP and to c's IP, interleaved (goal:
+  ratio >= 0.95).
 - endpoint change -> kernel at ``--services``: one service's endpoints change and
   ``sync_services`` runs (render, diff, one nft transaction); p50/p99 over
   ``--changes`` changes, and the compile of one change in ``ServiceCompiler``.
@@ -35,7 +37,11 @@ import statistics
 import sys
 import time
 from ipaddress import IPv4Address
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_throughput import IPERF_PORT, iperf
 from podnet import netns
 from podnet.services.compile import ServiceCompiler
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
@@ -118,6 +124,27 @@ async def latency(cluster: Cluster, args: argparse.Namespace) -> None:
     )
     print(f"  ratio 10/{args.services} services: {small_us / big_us:.3f} (goal >= 0.95)")
     print(f"  ratio pod IP / cluster IP (10 services): {pod_us / small_us:.3f}")
+
+
+async def throughput(cluster: Cluster, args: argparse.Namespace) -> None:
+    """iperf3, one TCP stream from pod b to pod c (the other node): to a cluster IP whose
+    endpoint is c, and to c's IP, interleaved; medians and the ratio."""
+    port = int(IPERF_PORT)
+    endpoint = Endpoint(cluster.ip_of["c"], port)
+    vip = SERVICES.network_address + 20
+    service = ServicePort("bench", "iperf", "", "tcp", port, vip, endpoints=(endpoint,))
+    await cluster.apply(cluster.service("measured", 10, "c"), service)
+    found: dict[str, list[float]] = {"vip": [], "pod": []}
+    server, client = cluster.netns_of["c"], cluster.netns_of["b"]
+    for _ in range(args.rounds):
+        found["vip"].append(iperf(server, client, str(vip), args.seconds))
+        found["pod"].append(iperf(server, client, str(endpoint.ip), args.seconds))
+    through, direct = statistics.median(found["vip"]), statistics.median(found["pod"])
+    print(
+        f"iperf3 across nodes, medians of {args.rounds} x {args.seconds} s: through a "
+        f"cluster IP {through:.2f} Gbit/s, to the pod IP {direct:.2f} Gbit/s, ratio "
+        f"{through / direct:.3f} (goal >= 0.95)"
+    )
 
 
 async def changes(cluster: Cluster, args: argparse.Namespace) -> None:
@@ -228,6 +255,8 @@ async def run(args: argparse.Namespace) -> None:
         memory(args)
     async with service_cluster("bsvc") as cluster:
         await cluster.apply(cluster.service("measured", 10, "c"))  # both nodes
+        if "throughput" in args.parts:
+            await throughput(cluster, args)
         if "latency" in args.parts:
             await latency(cluster, args)
         if "changes" in args.parts:
@@ -241,7 +270,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--changes", type=int, default=50)
-    parser.add_argument("--parts", default="memory,latency,changes", help="comma-separated")
+    parser.add_argument("--seconds", type=int, default=5, help="per iperf3 run")
+    parser.add_argument(
+        "--parts", default="memory,throughput,latency,changes", help="comma-separated"
+    )
     asyncio.run(run(parser.parse_args()))
 
 
