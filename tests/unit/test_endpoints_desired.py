@@ -17,7 +17,6 @@ from podnet.controllers.endpointsdesired import (
     desired_endpoints,
     endpoints_differ,
     manages,
-    slim_pod,
     target_port,
 )
 from podnet.controllers.endpointslicesdesired import (
@@ -28,6 +27,7 @@ from podnet.controllers.endpointslicesdesired import (
     slice_differs,
 )
 from podnet.controllers.endpointsmirror import SKIP_MIRROR_LABEL, mirrored_slices, mirrors
+from podnet.controllers.endpointspods import PodShrinker
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS
 from podnet.model.schemas_discovery import MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from podnet.model.validation import validate
@@ -299,11 +299,16 @@ def test_slim_pods_give_the_same_endpoints() -> None:
     pods.append(pod("c", "10.1.0.7", ports=web, spec__hostname="c", spec__subdomain="web"))
     pods[0]["status"]["conditions"].append({"type": "PodScheduled", "status": "True"})
     pods[0]["metadata"]["annotations"] = {"big": "x" * 1000}
-    slim = [slim_pod(p) for p in pods]
+    shrink = PodShrinker()
+    slim = [shrink(p) for p in pods]
     assert desired_endpoints(svc, slim) == desired_endpoints(svc, pods)
     assert desired_slices(svc, slim) == desired_slices(svc, pods)
     assert "annotations" not in slim[0]["metadata"]
     assert slim[0]["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    # what pods hold alike is one object
+    assert slim[0]["status"]["conditions"] is slim[2]["status"]["conditions"]
+    assert slim[0]["metadata"]["labels"] is slim[1]["metadata"]["labels"]
+    assert slim[0]["spec"]["containers"] is slim[1]["spec"]["containers"]
 
 
 pod_specs = st.lists(

@@ -40,7 +40,6 @@ from podnet.controllers.endpointsdesired import (
     meta_of,
     selector_of,
     selects,
-    slim_pod,
     spec_of,
 )
 from podnet.controllers.endpointsindex import PodIndex, ServiceIndex, follow
@@ -51,6 +50,7 @@ from podnet.controllers.endpointslicesdesired import (
     slice_differs,
 )
 from podnet.controllers.endpointsmirror import mirrored_slices, mirrors
+from podnet.controllers.endpointspods import PodShrinker
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, POD, SERVICE, Kind
 
 Obj = dict[str, Any]
@@ -73,6 +73,7 @@ class EndpointsController(Controller):
         super().__init__(api, WORKERS, resync_period)
         self.services = ServiceIndex()
         self.pods = PodIndex()
+        self._shrink = PodShrinker()  # pods are kept small: there may be 150,000
         self.endpoints = ObjectCache(namespaced_key)
         self.slices = ObjectCache(namespaced_key)
         self._slices_of: dict[str, set[str]] = {}  # service key -> slice keys
@@ -99,7 +100,7 @@ class EndpointsController(Controller):
     def _on_pod(self, change: str, obj: Obj) -> None:
         if is_marker(self.pods.cache, change, obj):
             return
-        versions = follow(self.pods, change, slim_pod(obj)) or []
+        versions = follow(self.pods, change, self._shrink(obj)) or []
         candidates = set().union(*(self.services.candidates(v) for v in versions))
         for service_key in candidates:
             service = self.services.get(service_key)

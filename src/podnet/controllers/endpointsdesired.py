@@ -102,25 +102,6 @@ def owned_labels(service: Obj, extra: Mapping[str, str]) -> dict[str, str]:
 # --- a pod -------------------------------------------------------------------------------
 
 
-def _picked(source: Obj, fields: tuple[str, ...]) -> dict[str, Any]:
-    return {f: source[f] for f in fields if source.get(f) is not None}
-
-
-def slim_pod(pod: Obj) -> dict[str, Any]:
-    """Only what endpoints are made of, for a controller that keeps every pod in memory:
-    identity and labels, node, hostname, subdomain, restart policy, container ports, phase,
-    IPs and the Ready condition."""
-    spec, status = spec_of(pod), pod.get("status") or {}
-    meta = _picked(meta_of(pod), ("name", "namespace", "uid", "resourceVersion", "labels"))
-    meta |= _picked(meta_of(pod), ("deletionTimestamp",))
-    ports = [p for c in spec.get("containers") or [] for p in c.get("ports") or []]
-    slim_spec = _picked(spec, ("nodeName", "hostname", "subdomain", "restartPolicy"))
-    slim_spec["containers"] = [{"ports": ports}] if ports else []
-    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    slim_status = _picked(status, ("phase", "podIP", "podIPs")) | {"conditions": ready}
-    return {"metadata": meta, "spec": slim_spec, "status": slim_status}
-
-
 def selects(service: Obj, pod: Obj) -> bool:
     """Whether ``service``'s selector matches ``pod`` (same namespace, labels superset)."""
     if meta_of(pod).get("namespace") != meta_of(service).get("namespace"):
