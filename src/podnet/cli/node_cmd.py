@@ -6,8 +6,9 @@ import asyncio
 import ipaddress
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -30,6 +31,34 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
         return ipaddress.IPv4Address(value)
     except ValueError as exc:
         raise click.BadParameter(f"{value!r} is not an IPv4 address") from exc
+
+
+DNS_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--dns/--no-dns", {"default": True, "help": "Serve the cluster DNS to this node's pods"}),
+    (
+        "--dns-upstream-resolv-conf",
+        {
+            "type": PathOption,
+            "default": defaults.DEFAULT_UPSTREAM_RESOLV_CONF,
+            "help": "Where the DNS finds resolvers for names outside the cluster zone",
+        },
+    ),
+    (
+        "--dns-pod-records",
+        {
+            "type": click.Choice(POD_RECORD_MODES),
+            "default": "verified",
+            "help": "a-b-c-d.<ns>.pod names: for existing pods (watches Pods), any, none",
+        },
+    ),
+)
+
+
+def dns_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The cluster DNS flags (it serves on the pod-subnet gateway IP, port 53)."""
+    for flag, settings in reversed(DNS_OPTIONS):
+        command = click.option(flag, show_default=True, **settings)(command)
+    return command
 
 
 @click.command("node")
@@ -92,26 +121,7 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
     default=None,
     help="Serve Prometheus /metrics on HOST:PORT (e.g. 127.0.0.1:9101); off by default",
 )
-@click.option(
-    "--dns/--no-dns",
-    default=True,
-    show_default=True,
-    help="Serve the cluster DNS to this node's pods on its pod-subnet gateway IP, port 53",
-)
-@click.option(
-    "--dns-upstream-resolv-conf",
-    help="Where the DNS finds the resolvers for names outside the cluster zone",
-    type=PathOption,
-    default=defaults.DEFAULT_UPSTREAM_RESOLV_CONF,
-    show_default=True,
-)
-@click.option(
-    "--dns-pod-records",
-    type=click.Choice(POD_RECORD_MODES),
-    default="verified",
-    show_default=True,
-    help="a-b-c-d.<ns>.pod names: only for existing pods (watches every Pod), any, none",
-)
+@dns_options
 @click.option(
     "--dataplane",
     type=click.Choice(registry.names()),
