@@ -1,6 +1,6 @@
 """iperf3 through a ClusterIP against iperf3 to the pod IP directly: same run, same pods.
 
-Run: sudo .venv/bin/python bench/bench_service_throughput.py [--rounds 6] [--seconds 3]
+Run: sudo .venv/bin/python bench/bench_service_throughput.py [--rounds 10] [--seconds 3]
 
 The service proxy's lab (``podnet.testing.servicelab``: two VXLAN nodes on the linux data
 plane, pods a and b on node-1, c on node-2). Two services on TCP 5201, each with one
@@ -88,7 +88,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=int, default=3)
     asyncio.run(run(parser.parse_args()))
 
