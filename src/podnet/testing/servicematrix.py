@@ -14,10 +14,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from podnet import netns
 from podnet.cli.trace_service import service_trace
 from podnet.cluster import pods
 from podnet.cluster.matrix import Endpoint, tcp_probe
 from podnet.cluster.state import ClusterState
+from podnet.dataplane.linux.policyscript import parse_listing, transaction
+from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import SERVICE
 from podnet.policy.servicetrace import expected_reach
 from podnet.policy.trace import fetch_objects
@@ -105,8 +108,10 @@ def render(keys: Sequence[str], verdicts: dict[Pair, bool]) -> str:
 
 
 def matrix_becomes(state_dir: Path, keys: Sequence[str], expected: str, timeout: float) -> None:
-    """Wait (bounded) until the traffic through the cluster IPs renders as ``expected``;
-    then ``podnet trace`` must say the same of every pair."""
+    """Once every node's policy table holds what the API's objects compile to, wait
+    (bounded) until the traffic through the cluster IPs renders as ``expected``; then
+    ``podnet trace`` must say the same of every pair."""
+    wait_for(lambda: policies_applied(state_dir), timeout, "the policy tables", interval=0.2)
     seen: list[str] = []
 
     def settled() -> bool:
@@ -119,3 +124,19 @@ def matrix_becomes(state_dir: Path, keys: Sequence[str], expected: str, timeout:
         raise AssertionError(f"through cluster IPs:\n{seen[-1]}\nexpected:\n{expected}") from exc
     trace = render(keys, traced(state_dir, keys))
     assert trace == expected, f"podnet trace says:\n{trace}\ntraffic:\n{expected}"
+
+
+def policies_applied(state_dir: Path) -> bool:
+    """Whether every node's policy table in the kernel is what the API's objects compile
+    to for it (read back and compared as a transaction: none needed)."""
+    state = ClusterState.load(state_dir)
+    assert state is not None
+    with pods.admin_api(state_dir) as api:
+        rules = fetch_objects(api).ruleset()
+    for name, node in state.nodes.items():
+        want = PolicyRenderer(name).render(rules)
+        listing = ["nft", "-t", "list", "table", *TABLE_KEY.split()]
+        done = netns.run(node.netns, listing, 30)
+        if transaction(parse_listing(done.stdout) if done.returncode == 0 else None, want):
+            return False
+    return True
