@@ -18,6 +18,7 @@ from typing import Any
 
 from podnet.controllers.endpointsdesired import (
     Obj,
+    endpoint_port,
     family,
     is_managed_endpoints,
     labels_of,
@@ -42,17 +43,6 @@ def mirrors(service: Obj, endpoints: Obj | None) -> bool:
     return labels_of(endpoints).get(SKIP_MIRROR_LABEL) != "true"
 
 
-def _port(port: Obj) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": str(port.get("name") or ""),
-        "port": int(port["port"]),
-        "protocol": str(port.get("protocol") or "TCP"),
-    }
-    if port.get("appProtocol"):
-        out["appProtocol"] = str(port["appProtocol"])
-    return out
-
-
 def _endpoint(address: Obj, ready: bool) -> dict[str, Any]:
     endpoint: dict[str, Any] = {"addresses": [address["ip"]], "conditions": {"ready": ready}}
     endpoint.update({f: address[f] for f in _COPIED if address.get(f)})
@@ -69,7 +59,7 @@ def mirrored_slices(endpoints: Obj, current: Iterable[Obj] = ()) -> dict[str, di
     """The slices mirroring ``endpoints``, by name (packed into ``current`` ones)."""
     groups: Groups = {}
     for subset in endpoints.get("subsets") or []:
-        key = ports_key(_port(p) for p in subset.get("ports") or [])
+        key = ports_key(endpoint_port(p, int(p["port"])) for p in subset.get("ports") or [])
         for endpoint in _subset_endpoints(subset):
             groups.setdefault((family(endpoint["addresses"][0]), key), []).append(endpoint)
     reserved = (MANAGED_BY_LABEL, SERVICE_NAME_LABEL)
