@@ -3,13 +3,17 @@ validates them, and their ``kubectl get`` cells."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podnet.model.endpointcells import endpoints_cell, slice_endpoints_cell, slice_ports_cell
 from podnet.model.errors import ApiError
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, KINDS
+from podnet.model.schemas_endpoints import special_ip_problem
 from podnet.model.validation import validate
 
 Obj = dict[str, Any]
@@ -166,3 +170,18 @@ def test_kubectl_cells() -> None:
     assert slice_endpoints_cell({"endpoints": []}) == "<unset>"
     assert slice_ports_cell({"ports": [{"port": 80}, {"name": "dns"}, {}]}) == "80,dns,*"
     assert slice_ports_cell({"ports": []}) == "<unset>"
+
+
+def _special_by_ipaddress(value: str) -> bool:
+    ip = ipaddress.ip_address(value)
+    multicast = ipaddress.ip_network("224.0.0.0/24")
+    return ip.is_unspecified or ip.is_loopback or ip.is_link_local or ip in multicast
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ip=st.ip_addresses(v=4)
+    | st.sampled_from(["0.0.0.0", "127.0.0.1", "169.254.3.4", "224.0.0.251", "224.0.1.1"])
+)
+def test_the_fast_ipv4_special_check_agrees_with_ipaddress(ip: Any) -> None:
+    assert (special_ip_problem(str(ip)) is not None) == _special_by_ipaddress(str(ip))

@@ -38,6 +38,7 @@ from podnet.model.schemas_types import (
     Protocol,
     QualifiedName,
     in_range,
+    is_ipv4,
     max_items,
     one_of,
 )
@@ -85,14 +86,19 @@ class SliceEndpointPort(Open):
     appProtocol: QualifiedName | None = None
 
 
+def _is_ipv6(address: str) -> bool:
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return True
+
+
 def address_problem(address_type: str, address: str) -> str | None:
     """What is wrong with ``address`` in a slice of ``address_type``, if anything."""
     if address_type == "FQDN":
         return _fqdn_problem(address)
-    family = ipaddress.IPv4Address if address_type == "IPv4" else ipaddress.IPv6Address
-    try:
-        family(address)
-    except ValueError:
+    if not (is_ipv4(address) if address_type == "IPv4" else _is_ipv6(address)):
         return f"{quote(address)} is not a valid {address_type} address"
     why = special_ip_problem(address)
     return f"{quote(address)} {why}" if why else None

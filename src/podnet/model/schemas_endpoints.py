@@ -22,6 +22,7 @@ from podnet.model.schemas_types import (
     Protocol,
     QualifiedName,
     check_ip,
+    is_ipv4,
 )
 from podnet.model.schemas_types import Port as PortNumber
 
@@ -30,20 +31,35 @@ _SPECIAL = (
     ("is_loopback", "may not be in the loopback range (127.0.0.0/8, ::1/128)"),
     ("is_link_local", "may not be in the link-local range (169.254.0.0/16, fe80::/10)"),
 )
+_MULTICAST_WHY = "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
 _LINK_LOCAL_MULTICAST = (
     ipaddress.ip_network("224.0.0.0/24"),
     ipaddress.ip_network("ff02::/16"),
 )
 
 
+def _special_ipv4_problem(value: str) -> str | None:
+    """``special_ip_problem`` for a valid IPv4 address, from its octets (no ipaddress)."""
+    a, b, c, d = (int(part) for part in value.split("."))
+    if a == 127:
+        return _SPECIAL[1][1]
+    if (a, b) == (169, 254):
+        return _SPECIAL[2][1]
+    if (a, b, c) == (224, 0, 0):
+        return _MULTICAST_WHY
+    return _SPECIAL[0][1] if (a, b, c, d) == (0, 0, 0, 0) else None
+
+
 def special_ip_problem(value: str) -> str | None:
     """Why an endpoint may not use the address ``value`` (kube's ValidateNonSpecialIP)."""
+    if is_ipv4(value):
+        return _special_ipv4_problem(value)
     ip = ipaddress.ip_address(value)
     for attribute, why in _SPECIAL:
         if getattr(ip, attribute):
             return why
     if any(ip in net for net in _LINK_LOCAL_MULTICAST):
-        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+        return _MULTICAST_WHY
     return None
 
 

@@ -90,6 +90,11 @@ _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 
 
+def is_ipv4(value: str) -> bool:
+    """Whether ``value`` is a dotted-quad IPv4 address (the regex, not ipaddress)."""
+    return _IPV4_RE.fullmatch(value) is not None
+
+
 def _ipv4_cidr_parts(value: str) -> tuple[int, int] | None:
     """``a.b.c.d/n`` as (address as an integer, prefix length), or None."""
     address, slash, prefix = value.partition("/")
