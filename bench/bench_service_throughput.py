@@ -77,11 +77,11 @@ async def run(args: argparse.Namespace) -> None:
         f"{args.rounds} interleaved rounds (load {os.getloadavg()[0]:.1f})"
     )
     for label, rounds in samples.items():
-        vip = statistics.median(r["cluster IP"] for r in rounds)
-        pod = statistics.median(r["pod IP"] for r in rounds)
+        through = statistics.median(r["cluster IP"] for r in rounds)
+        direct = statistics.median(r["pod IP"] for r in rounds)
         ratio = statistics.median(r["cluster IP"] / r["pod IP"] for r in rounds)
         print(
-            f"  {label:<22} cluster IP {vip:6.2f} Gbit/s, pod IP {pod:6.2f} Gbit/s, "
+            f"  {label:<22} cluster IP {through:6.2f} Gbit/s, pod IP {direct:6.2f} Gbit/s, "
             f"median ratio {ratio:.3f} (goal >= 0.95)"
         )
 
