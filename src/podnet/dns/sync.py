@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -142,6 +143,10 @@ class ClusterDns:
             if kind.plural not in self.listed:
                 self.listed.add(kind.plural)
                 log.info("DNS: %s listed (%d)", kind.plural, len(event.items))
+                if self.is_ready():
+                    # The index is built: keep full collections from walking it (one
+                    # over 5,000 services' records would stall answers for tens of ms).
+                    gc.freeze()
         elif event.type == DELETED:
             target.remove(object_key(event.object))
         else:
