@@ -10,6 +10,7 @@ not special; at most 20000 ports with unique names that are empty or DNS-1123 la
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from typing import Annotated
 
@@ -87,11 +88,9 @@ class SliceEndpointPort(Open):
 
 
 def _is_ipv6(address: str) -> bool:
-    try:
-        ipaddress.IPv6Address(address)
-    except ValueError:
-        return False
-    return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.IPv6Address(address).version == 6
+    return False
 
 
 def address_problem(address_type: str, address: str) -> str | None:
