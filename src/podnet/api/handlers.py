@@ -157,8 +157,8 @@ class ResourceHandlers:
                 items, cached.revision, cached.continue_token, cached.remaining
             )
         else:
-            items, revision = await self.registry.list(
-                target.kind, target.namespace, labels, fields
+            items, revision = await listing.read_from_etcd(
+                self.registry, target.kind, target.namespace, labels, fields
             )
             page = listing.paginate(self.registry, target.kind, items, revision, params)
         if as_table:

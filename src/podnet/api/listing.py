@@ -33,12 +33,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from podnet.api import storedform
-from podnet.api.cachedobjects import CachedObject
+from podnet.api.cachedobjects import CachedObject, WatchFilter
+from podnet.api.fanout import pinned_name
+from podnet.api.objects import matches
 from podnet.api.params import ContinueToken, QueryParams
 from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
 from podnet.model.kinds import Kind
+from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import Compacted, Store
 
 CONSISTENT_WAIT = 0.5
@@ -159,6 +162,25 @@ async def cache_can_serve(registry: Registry, cache: WatchCache, params: QueryPa
     current = await check_not_future(registry, wanted)
     wait = CONSISTENT_WAIT if wanted is None else FRESH_WAIT
     return await cache.wait_for(wanted or current, wait)
+
+
+async def read_from_etcd(
+    registry: Registry,
+    kind: Kind,
+    namespace: str | None,
+    labels: LabelSelector | None,
+    fields: Sequence[FieldRequirement],
+) -> tuple[list[Obj], int]:
+    """``registry.list`` for a list the cache could not answer in time; one pinned to a
+    name by ``metadata.name=<name>`` reads only the keys starting with that name's key
+    (the field still decides), not every object of the kind: under load the cache lags,
+    and thousands of agents each listing their own HostSubnet read one key, not 5,000."""
+    name = pinned_name(WatchFilter(kind, namespace, labels, fields))
+    if name is None or (kind.namespaced and not namespace):
+        return await registry.list(kind, namespace, labels, fields)
+    kvs, revision = await registry.store.list(registry.key(kind, namespace, name))
+    decoded = (registry.decode(kv) for kv in kvs)
+    return [obj for obj in decoded if matches(obj, labels, fields)], revision
 
 
 def page_of(keyed: Sequence[tuple[str, T]], revision: int, params: QueryParams) -> Page[T]:
