@@ -37,10 +37,21 @@ def small_tls_buffers(size: int = 32 * 1024) -> None:
     asyncio.sslproto.SSLProtocol.max_size = size
 
 
-def raise_file_limit() -> None:
-    """Soft open-file limit up to the hard one: each agent holds several sockets."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+WANTED_FILES = 65536  # 5,000 agents x (1 request + 5 watch connections), and spare
+
+
+def raise_file_limit(wanted: int = WANTED_FILES) -> None:
+    """Open-file limit up to ``wanted`` (each agent holds several sockets): the hard limit
+    too where the process may raise it (root: up to fs.nr_open), else the soft one up to
+    the hard one. The master and the workers, started after, inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return
+        except (ValueError, OSError):
+            pass  # not allowed: the hard limit stays
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, wanted)), hard))
 
 
 def endpoint_of(server: str, ca_pem: str) -> Endpoint:
