@@ -14,16 +14,11 @@ with a bounded wait; no test measures time (``bench/bench_services.py`` does).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from ipaddress import IPv4Network
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,11 +27,19 @@ from podnet import netns
 from podnet.client import StatusError
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.readiness import ReadinessCheck
-from podnet.cluster.state import ClusterState, PodRecord
-from podnet.cluster.underlay import tcp_listens
+from podnet.cluster.state import ClusterState
 from podnet.model.kinds import CLUSTER_NETWORK, POD, SERVICE
 from podnet.testing.e2e import wait_for
-from podnet.testing.servicelab import CLIENT, WHOAMI, Result
+from podnet.testing.servicecluster import (
+    SETTLE,
+    Cluster,
+    answers_from,
+    extra_pods,
+    listening,
+    nft_table,
+    table_changes,
+)
+from podnet.testing.servicelab import Result
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -44,78 +47,8 @@ NS = "svc"
 NODES = 3
 PORT = 8080
 EXTERNAL_CIDR = IPv4Network("203.0.113.0/24")
-SETTLE = 30.0  # bound on waiting for a change to show in traffic
-TABLE = ["nft", "-j", "list", "table", "ip", "podnet_services"]
 IPERF_PORT = 5201
 STREAM_SECONDS = 20  # long enough for two agents to be killed, restarted and resynced
-
-
-@dataclass
-class Cluster:
-    state_dir: Path
-
-    def state(self) -> ClusterState:
-        state = ClusterState.load(self.state_dir)
-        assert state is not None
-        return state
-
-    def api(self) -> Any:
-        return pods.admin_api(self.state_dir)
-
-    def node_ip(self, k: int) -> str:
-        return self.state().nodes[f"node{k}"].ip
-
-    def node_ns(self, k: int) -> str:
-        return self.state().nodes[f"node{k}"].netns
-
-    def external(self) -> tuple[str, str]:
-        """The external host's namespace and address."""
-        external = self.state().external
-        assert external is not None
-        return external.netns, external.ip
-
-    def pod(self, name: str) -> PodRecord:
-        return pods.find_pod(self.state(), name, NS)
-
-    def whoami(
-        self, name: str, node: int, labels: dict[str, str], port: int = PORT, **kw: Any
-    ) -> PodRecord:
-        """A pod answering ``<name> <peer>`` on TCP/UDP ``port``, once it listens."""
-        command = (sys.executable, "-c", WHOAMI, name, str(port), "3600")
-        pods.run_pod(self.state_dir, name, NS, f"node{node}", labels, command=command, **kw)
-        record = self.pod(name)
-        wait_for(lambda: tcp_listens(record.netns, port), 15, f"{name} listening on {port}")
-        return record
-
-    def service(self, name: str, selector: dict[str, str] | None, **spec: Any) -> dict[str, Any]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "ports": [{"port": 80, "targetPort": PORT, "protocol": "TCP"}],
-                **({"selector": selector} if selector is not None else {}),
-                **spec,
-            },
-        }
-        with self.api() as api:
-            return dict(api.create(SERVICE, body, namespace=NS))
-
-    def from_pod(self, pod: str, ip: str, port: int = 80, count: int = 1) -> Result:
-        """``count`` connections from inside ``pod`` (its sandbox, as its user)."""
-        argv = [sys.executable, "-c", CLIENT, ip, str(port), str(count), "tcp", "0"]
-        done = pods.exec_pod(self.state_dir, pod, argv, NS, timeout=300)
-        assert done.returncode == 0, done.stderr
-        found = json.loads(done.stdout)
-        return Result(found["answers"], found["errors"])
-
-    def from_netns(self, namespace: str, ip: str, port: int, count: int = 1) -> Result:
-        """``count`` connections from a node or the external host."""
-        argv = [sys.executable, "-c", CLIENT, ip, str(port), str(count), "tcp", "0"]
-        done = netns.run(namespace, argv, timeout=300)
-        assert done.returncode == 0, done.stderr
-        found = json.loads(done.stdout)
-        return Result(found["answers"], found["errors"])
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +59,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             nodes=NODES, master_args=("--external-ip-cidrs", str(EXTERNAL_CIDR))
         )
         lifecycle.cluster_up(state_dir, spec, say=print)
-        found = Cluster(state_dir)
+        found = Cluster(state_dir, NS)
         for k in range(1, NODES + 1):
             found.whoami(f"web{k}", k, {"app": "web", "id": f"web{k}"})
             pods.run_pod(state_dir, f"c{k}", NS, f"node{k}", {"role": "client"})
@@ -137,30 +70,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             log = nodes.node_paths(state_dir, name).agent_log
             print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")  # shown when a test failed
         lifecycle.cluster_down(state_dir, say=print)
-
-
-@contextlib.contextmanager
-def extra_pods(cluster: Cluster) -> Iterator[list[str]]:
-    """Names appended to the list are deleted at the end, whatever happened."""
-    made: list[str] = []
-    try:
-        yield made
-    finally:
-        for name in made:
-            if f"{NS}/{name}" in cluster.state().pods:
-                pods.delete_pod(cluster.state_dir, name, NS)
-
-
-def answers_from(cluster: Cluster, client: str, ip: str, expected: set[str], count: int) -> Result:
-    """Wait until ``count`` connections from ``client`` are all answered, exactly by
-    ``expected``; return that last round."""
-
-    def round_() -> Result | None:
-        result = cluster.from_pod(client, ip, count=count)
-        return result if not result.errors and set(result.by_pod()) == expected else None
-
-    found: Result = wait_for(round_, SETTLE, f"{client} -> {ip}: answers from {sorted(expected)}")
-    return found
 
 
 def all_web() -> set[str]:
@@ -245,27 +154,6 @@ def test_agent_sigkill_during_iperf3_through_a_cluster_ip(cluster: Cluster) -> N
             assert not changes, f"{node.name}'s table changed: {changes}"
 
 
-def nft_table(namespace: str) -> list[str]:
-    """The service table as the kernel lists it (handles included), one item a line;
-    without the countdown of session affinity entries (``expires``), which is time."""
-    items = json.loads(netns.run(namespace, TABLE, check=True).stdout)["nftables"]
-    return [json.dumps(without_expiry(item), sort_keys=True) for item in items]
-
-
-def without_expiry(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: without_expiry(v) for k, v in value.items() if k != "expires"}
-    if isinstance(value, list):
-        return [without_expiry(v) for v in value]
-    return value
-
-
-def table_changes(before: list[str], after: list[str]) -> str:
-    gone = [item for item in before if item not in after]
-    new = [item for item in after if item not in before]
-    return "" if before == after else f"gone: {gone}\nnew: {new}\n(or reordered)"
-
-
 def applied_count(cluster: Cluster, node: str) -> int:
     """How many times the agent of ``node`` logged applying its service table."""
     log = nodes.node_paths(cluster.state_dir, node).agent_log
@@ -316,20 +204,6 @@ def test_traffic_follows_scaling_readiness_and_labels(cluster: Cluster) -> None:
             answers_from(cluster, "c1", ip, {"f4"}, 10)
             api.patch(POD, "f1", {"metadata": {"labels": {"app": "follow"}}}, NS)
             answers_from(cluster, "c1", ip, {"f1", "f4"}, 40)
-
-
-@contextlib.contextmanager
-def listening(pod: PodRecord, port: int) -> Iterator[None]:
-    """A TCP listener on ``port`` in the pod's namespace (its readiness), stopped by PID."""
-    argv = [sys.executable, "-m", "podnet.cluster.echo", "--port", str(port)]
-    process = subprocess.Popen(netns.command(pod.netns, argv), start_new_session=True)
-    try:
-        wait_for(lambda: tcp_listens(pod.netns, port), 15, f"listener on {port}")
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
 
 
 # --- traffic policies ---------------------------------------------------------------------
