@@ -18,7 +18,8 @@ Start order (each step logs what it does):
    isolation and NetworkPolicy read (``policies.PolicySync``) and, for the service
    proxy, Services and EndpointSlices (``services.ServiceSync``); serve the cluster DNS
    to this node's pods (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``); resync
-   periodically. The
+   periodically. All of them share one list + watch per kind (``client.informers``).
+   The
    remote-node and policy loops are ``podnet.reconcile`` loops: their last passes are
    published as the Node's annotation ``podnet.io/reconcile`` (``nodestatus``) and
    counted in ``/metrics`` (``--metrics-address``).
@@ -61,7 +62,7 @@ from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.agent.services import ServiceSync, pacing
 from podnet.client import Backoff, ClientError, has_reason, is_transient, with_retry
 from podnet.client.aio import AsyncApiClient
-from podnet.client.reflector import Reflectors
+from podnet.client.informers import Informers
 from podnet.dataplane.interface import (
     DataPlane,
     DataPlaneError,
@@ -125,6 +126,7 @@ class NodeAgent:
         self.policy_sync: PolicySync | None = None
         self.service_sync: ServiceSync | None = None
         self.dns: ClusterDns | None = None
+        self.informers = Informers(api)  # one shared list + watch per kind for every loop
         self.metrics = ReconcileMetrics()
         self.note = reconcile_note(api, config.node_name)  # the loops' last passes
         address = config.metrics_address
@@ -311,7 +313,7 @@ class NodeAgent:
         )
         self._spawn("remote-sync", self.remote_sync.run)
         self.policy_sync = PolicySync(
-            Reflectors(self.api),
+            self.informers,
             self.dataplane,
             node,
             self.plugin,
@@ -323,7 +325,7 @@ class NodeAgent:
         for name, body in self.policy_sync.tasks():
             self._spawn(name, body)
         loop = {"metrics": metrics, "report": report}
-        services = ServiceSync(Reflectors(self.api), self.dataplane, node, pacing(resync), **loop)
+        services = ServiceSync(self.informers, self.dataplane, node, pacing(resync), **loop)
         self.service_sync = services
         for name, body in services.tasks():
             self._spawn(name, body)
@@ -332,10 +334,10 @@ class NodeAgent:
                 upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
                 pod_records=self.config.dns_pod_records,
             )
-            self.dns = ClusterDns(Reflectors(self.api), node, settings)
+            self.dns = ClusterDns(self.informers, node, settings)
             for name, body in self.dns.tasks():
                 self._spawn(name, body)
-        watch = ClusterWatch(self.api, self.config, self.node_ip, node)
+        watch = ClusterWatch(self.informers, self.config, self.node_ip, node)
         self._spawn(
             "watch-hostsubnets", functools.partial(watch.watch_hostsubnets, self.remote_sync)
         )
@@ -385,6 +387,7 @@ class NodeAgent:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.informers.close()
         await self.status_writer.flush(SHUTDOWN_FLUSH_SECONDS)
         await self.status_writer.close()
         await self.events.close()

@@ -13,11 +13,9 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from podnet.agent.config import AgentConfig, network_changes, node_network
-from podnet.agent.policies import PolicySync
+from podnet.agent.policies import PolicySync, WatchSource
 from podnet.agent.remotes import RemoteNodeSync
 from podnet.client import LISTED, WatchEvent
-from podnet.client.objectapi import ObjectApi
-from podnet.client.reflector import reflect
 from podnet.dataplane.interface import NodeNetwork
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET
 
@@ -45,12 +43,12 @@ class ClusterWatch:
 
     def __init__(
         self,
-        api: ObjectApi,
+        watches: WatchSource,
         config: AgentConfig,
         node_ip: IPv4Address,
         node: NodeNetwork,
     ) -> None:
-        self.api = api
+        self.watches = watches  # the agent's shared watches (client.informers)
         self.config = config
         self.node_ip = node_ip
         self.node = node
@@ -60,7 +58,7 @@ class ClusterWatch:
     async def watch_hostsubnets(self, remote_sync: RemoteNodeSync) -> None:
         """Hand every HostSubnet set to ``remote_sync``; for ever."""
         hostsubnets: dict[str, Obj] = {}
-        async for event in reflect(self.api, HOST_SUBNET):
+        async for event in self.watches.watch(HOST_SUBNET):
             apply_event(hostsubnets, event)
             self._check_own_subnet(hostsubnets.get(self.config.node_name))
             remote_sync.replace(hostsubnets)
@@ -80,7 +78,7 @@ class ClusterWatch:
     async def watch_cluster_network(self, policy_sync: PolicySync) -> None:
         """Warn when ClusterNetwork ``default`` changes; for ever."""
         networks: dict[str, Obj] = {}
-        async for event in reflect(self.api, CLUSTER_NETWORK):
+        async for event in self.watches.watch(CLUSTER_NETWORK):
             apply_event(networks, event)
             self._check_cluster_network(networks.get(CLUSTER_NETWORK_NAME), policy_sync)
 
