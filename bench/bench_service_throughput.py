@@ -11,6 +11,10 @@ the drift of a shared machine weighs on both sides alike; the result per path is
 median over rounds of the per-round ratio cluster IP / pod IP (goal >= 0.95), with the
 median Gbit/s of each side.
 
+``--no-redirects`` first turns ICMP redirects off in both nodes (a pod's packet to a
+cluster IP whose endpoint shares its node goes in and out of br0, and the node answers
+with redirects, rate-limited); the node set-up leaves them on.
+
 Everything runs inside the lab's namespaces, removed at the end; every iperf3 run is
 bounded by ``--seconds``.
 """
@@ -29,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_throughput import IPERF_PORT, iperf
 from podnet.services.model import Endpoint, ServicePort
-from podnet.testing.lab import SERVICES
+from podnet.testing.lab import SERVICES, sh
 from podnet.testing.servicelab import Cluster, service_cluster
 
 CLIENT = "b"
@@ -61,6 +65,11 @@ async def run(args: argparse.Namespace) -> None:
             service(cluster, label.split()[0], pod, host) for label, (pod, host) in PATHS.items()
         ]
         await cluster.apply(*ports)
+        if args.no_redirects:
+            for node in cluster.planes:
+                for conf in ("all", "br0"):
+                    key = f"net.ipv4.conf.{conf}.send_redirects=0"
+                    sh(cluster.lab.node_ns(node), "sysctl", "-q", "-w", key)
         samples: dict[str, list[dict[str, float]]] = {label: [] for label in PATHS}
         for n in range(args.rounds):
             for label, (pod, host) in PATHS.items():
@@ -75,6 +84,7 @@ async def run(args: argparse.Namespace) -> None:
     print(
         f"== iperf3 through a ClusterIP vs to the pod IP, 1 TCP stream, {args.seconds} s, "
         f"{args.rounds} interleaved rounds (load {os.getloadavg()[0]:.1f})"
+        + (", ICMP redirects off" if args.no_redirects else "")
     )
     for label, rounds in samples.items():
         through = statistics.median(r["cluster IP"] for r in rounds)
@@ -90,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--no-redirects", action="store_true")
     asyncio.run(run(parser.parse_args()))
 
 
