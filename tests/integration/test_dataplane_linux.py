@@ -120,7 +120,8 @@ async def test_switching_tunnel_replaces_vxlan_with_host_gw(lab: Lab) -> None:
         await planes[i].sync_remote_nodes(hostgw[i], [lab.remote(3 - i)])
     assert netns.run(lab.node_ns(1), ["ip", "link", "show", "vxlan0"]).returncode != 0
     assert " ".join(routes(lab.node_ns(1)).split()) == (
-        "10.128.2.0/23 via 198.51.100.12 dev eth0 src 10.128.0.1"
+        "10.128.2.0/23 via 198.51.100.12 dev eth0 src 10.128.0.1 "
+        "172.30.0.0/16 dev br0 scope link src 10.128.0.1 linkdown"
     )
     a_ns, a = lab.pod(1, 10, "a")
     _, c = lab.pod(2, 10, "c")
@@ -178,7 +179,25 @@ async def test_sync_remote_nodes_applies_only_the_difference(lab: Lab) -> None:
     assert "10.128.99.0" in sh(n1, "ip", "neigh", "show", "dev", "vxlan0"), "and neighbours"
 
     await planes[1].sync_remote_nodes(node, [])
-    assert routes(n1).strip() == ""
+    assert routes(n1).split() == (
+        f"{node.service_network} dev br0 scope link src 10.128.0.1 linkdown".split()
+    )
+
+
+async def test_the_service_network_is_routed_onto_the_bridge(lab: Lab) -> None:
+    """Without it a node's own connection to a cluster IP is "network unreachable", and a
+    pod's packet to a service without endpoints dies in routing before the proxy's
+    reject; the route is podnet's like the remote ones, so drift is repaired."""
+    planes = await up(lab, [1])
+    node, n1 = lab.network(1), lab.node_ns(1)
+    service_ip = str(next(node.service_network.hosts()))
+    await planes[1].sync_remote_nodes(node, [lab.remote(2)])
+    assert "dev br0 src 10.128.0.1" in sh(n1, "ip", "route", "get", service_ip)
+    sh(n1, "ip", "route", "del", str(node.service_network))  # drift
+    gone = netns.run(n1, ["ip", "route", "get", service_ip], timeout=30)
+    assert gone.returncode != 0 or "br0" not in gone.stdout
+    await planes[1].sync_remote_nodes(node, [lab.remote(2)])
+    assert "dev br0 src 10.128.0.1" in sh(n1, "ip", "route", "get", service_ip)
 
 
 async def test_host_gw_refuses_a_node_that_is_not_adjacent(lab: Lab) -> None:

@@ -18,7 +18,7 @@ import pytest
 from podnet import netns
 from podnet.services.model import Endpoint, ServicePort
 from podnet.testing.lab import EXTERNAL_IP, sh
-from podnet.testing.servicelab import Cluster, outside, route_services, service_cluster
+from podnet.testing.servicelab import Cluster, outside, service_cluster
 
 pytestmark = [pytest.mark.root]
 ECHO = [sys.executable, "-m", "podnet.cluster.echo"]
@@ -39,7 +39,7 @@ async def test_cluster_ip_spreads_over_every_endpoint(cluster: Cluster) -> None:
         counts = seen.by_pod()
         assert set(counts) == {"a", "b", "c"}, counts
         assert max(counts.values()) <= 150, counts  # none gets more than half
-    route_services(cluster.lab, 2)
+    # the node itself, through the data plane's service route and the output hook
     from_node = cluster.client(cluster.lab.node_ns(2), web.cluster_ip, count=30)
     assert from_node.errors == {} and sum(from_node.by_pod().values()) == 30
 
@@ -56,8 +56,6 @@ async def test_no_endpoints_is_refused_not_blackholed(cluster: Cluster) -> None:
     empty = cluster.service("empty", 12)
     udp_empty = cluster.service("empty", 12, protocol="udp")
     await cluster.apply(empty, udp_empty, cluster.service("np", 13, node_port=30012))
-    for node in (1, 2):  # without a route, a pod's packet ends in "no route", not here
-        route_services(cluster.lab, node)
     for client in (cluster.netns_of["b"], cluster.netns_of["c"], cluster.lab.node_ns(1)):
         assert cluster.client(client, empty.cluster_ip).errors == {"refused": 1}, client
     udp = cluster.client(cluster.netns_of["b"], udp_empty.cluster_ip, proto="udp", sport=40001)

@@ -111,7 +111,8 @@ def test_vxlan_entries_follow_flannel() -> None:
     mac = vtep_mac(IP("203.0.113.12"))
     gw = IP("10.128.2.0")
     assert want.routes == {
-        RouteEntry(IPv4Network("10.128.2.0/23"), gw, "vxlan0", True, IP("10.128.0.1"))
+        RouteEntry(IPv4Network("10.128.2.0/23"), gw, "vxlan0", True, IP("10.128.0.1")),
+        desired.service_route(node()),
     }
     assert want.neighbours == {NeighEntry(gw, mac, "vxlan0")}
     assert want.fdb == {FdbEntry(mac, IP("203.0.113.12"), "vxlan0")}
@@ -124,7 +125,8 @@ def test_host_gw_entries_are_routes_via_the_node_ip() -> None:
     assert want.routes == {
         RouteEntry(
             IPv4Network("10.128.2.0/23"), IP("203.0.113.12"), "eth0", False, IP("10.128.0.1")
-        )
+        ),
+        desired.service_route(node("host-gw")),
     }
     assert not want.neighbours and not want.fdb
 

@@ -212,6 +212,8 @@ class LinuxHarness(Harness):
         vtep_of = {n["dst"]: n.get("lladdr") for n in _json(self.ns, "ip", "neigh", "show")}
         node_of = {f["mac"]: f.get("dst") for f in _json(self.ns, "bridge", "fdb", "show")}
         for route in _json(self.ns, "ip", "route", "show", "proto", "80"):
+            if "gateway" not in route:  # the service network onto br0: node set-up
+                continue
             via = route["gateway"]
             if route["dev"] == VXLAN:  # via the remote subnet's .0, a VTEP, a node IP
                 via = node_of.get(vtep_of.get(via))

@@ -24,7 +24,7 @@ from typing import Any
 from podnet import netns
 from podnet.dataplane.linux import LinuxDataPlane
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
-from podnet.testing.lab import SERVICES, Lab, built_lab, sh
+from podnet.testing.lab import SERVICES, Lab, built_lab
 
 PODS = {"a": (1, 10), "b": (1, 11), "c": (2, 10)}  # pod -> (node, host part)
 PORT = 8080
@@ -177,17 +177,6 @@ async def start_cluster(cluster: Cluster) -> Cluster:
         cluster.servers.append(server)
         assert server.stdout is not None and server.stdout.readline() == "ready\n"
     return cluster
-
-
-def route_services(lab: Lab, node: int) -> None:
-    """Let the node itself reach cluster IPs (the output hook): lab nodes have no default
-    route, which real hosts send service traffic on its way with. The route goes back out
-    of br0, so the node would send ICMP redirects to pods, and a redirect takes the
-    per-host ICMP token that a port unreachable needs: turned off here."""
-    ns = lab.node_ns(node)
-    sh(ns, "ip", "route", "add", str(SERVICES), "dev", "br0")
-    for conf in ("all", "br0"):
-        sh(ns, "sysctl", "-q", "-w", f"net.ipv4.conf.{conf}.send_redirects=0")
 
 
 def stop_servers(cluster: Cluster) -> None:

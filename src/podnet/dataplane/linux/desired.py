@@ -119,9 +119,13 @@ class PodPort:
 # --- remote nodes ----------------------------------------------------------------------
 
 
+NO_GATEWAY = IPv4Address(0)  # a route straight onto its device (scope link)
+
+
 @dataclass(frozen=True, order=True)
 class RouteEntry:
-    """A route podnet owns (protocol ``ROUTE_PROTO``, main table)."""
+    """A route podnet owns (protocol ``ROUTE_PROTO``, main table); ``gateway`` is
+    ``NO_GATEWAY`` for a route onto the device itself."""
 
     dst: IPv4Network
     gateway: IPv4Address
@@ -181,15 +185,27 @@ def remote_entries(
 ) -> RemoteEntries:
     """The routes, neighbours and FDB entries for ``remotes`` under ``node.tunnel``."""
     chosen = usable_remotes(node, remotes)
+    service = service_route(node)
     if node.tunnel == "host-gw":
-        return RemoteEntries(routes=frozenset(_host_gw_route(node, r, underlay) for r in chosen))
+        routes = {_host_gw_route(node, r, underlay) for r in chosen}
+        return RemoteEntries(routes=frozenset({service, *routes}))
     return RemoteEntries(
-        routes=frozenset(_vxlan_route(node, r) for r in chosen),
+        routes=frozenset({service, *(_vxlan_route(node, r) for r in chosen)}),
         neighbours=frozenset(
             NeighEntry(r.subnet.network_address, vtep_mac(r.node_ip), VXLAN) for r in chosen
         ),
         fdb=frozenset(FdbEntry(vtep_mac(r.node_ip), r.node_ip, VXLAN) for r in chosen),
     )
+
+
+def service_route(node: NodeNetwork) -> RouteEntry:
+    """The service network, on the bridge without a gateway (OpenShift SDN routes it to
+    tun0). The service proxy rewrites a cluster IP in prerouting and output, but the
+    kernel needs a route before it gets there: without one, a node's own connection to a
+    cluster IP fails with "network unreachable", and a pod's packet to a service without
+    endpoints meets "no route to host" instead of the proxy's reset. Nothing is ever
+    sent on this route: every service address is DNATed or rejected first."""
+    return RouteEntry(node.service_network, NO_GATEWAY, BRIDGE, False, node.gateway.ip)
 
 
 def _vxlan_route(node: NodeNetwork, remote: RemoteNode) -> RouteEntry:

@@ -19,7 +19,13 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError
 
 from podnet.dataplane.interface import DataPlaneError
-from podnet.dataplane.linux.desired import ROUTE_PROTO, FdbEntry, NeighEntry, RouteEntry
+from podnet.dataplane.linux.desired import (
+    NO_GATEWAY,
+    ROUTE_PROTO,
+    FdbEntry,
+    NeighEntry,
+    RouteEntry,
+)
 
 IFF_UP = 0x1
 RTNH_F_ONLINK = 0x4
@@ -28,6 +34,7 @@ NUD_NOARP = 0x40
 NTF_SELF = 0x2
 AF_INET = 2
 MAIN_TABLE = 254
+SCOPE_LINK = 253
 _ABSENT = (errno.ENODEV, errno.ENOENT, errno.ESRCH, errno.EADDRNOTAVAIL)
 
 
@@ -174,10 +181,10 @@ class Netlink:
         """Add (or replace) a podnet route; ``index`` is ``entry.dev``'s index."""
         attrs: dict[str, Any] = {
             "dst": str(entry.dst),
-            "gateway": str(entry.gateway),
             "oif": index,
             "proto": ROUTE_PROTO,
             "table": MAIN_TABLE,
+            **_next_hop(entry),
         }
         if entry.onlink:
             attrs["flags"] = RTNH_F_ONLINK
@@ -190,7 +197,7 @@ class Netlink:
 
     def delete_route(self, entry: RouteEntry, index: int) -> None:
         """Delete one podnet route (fine if gone)."""
-        attrs = {"dst": str(entry.dst), "gateway": str(entry.gateway), "oif": index}
+        attrs = {"dst": str(entry.dst), "oif": index, **_next_hop(entry)}
         nl_call(
             f"deleting route {entry.dst}",
             self.ipr.route,
@@ -291,6 +298,13 @@ def _link(msg: Any) -> Link:
         alias=msg.get_attr("IFLA_IFALIAS") or "",
         info=info,
     )
+
+
+def _next_hop(entry: RouteEntry) -> dict[str, Any]:
+    """The gateway, or for a route onto the device itself, link scope."""
+    if entry.gateway == NO_GATEWAY:
+        return {"scope": SCOPE_LINK}
+    return {"gateway": str(entry.gateway)}
 
 
 def _route(msg: Any, names: Mapping[int, str]) -> RouteEntry:

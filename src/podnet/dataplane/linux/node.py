@@ -121,6 +121,16 @@ def bridge_netfilter_wrong(node: NodeNetwork) -> list[tuple[Path, str]]:
     return wrong
 
 
+def redirects_on() -> list[Path]:
+    """The ``send_redirects`` switches that are on (the kernel ORs ``all`` with br0's).
+    The service network is routed back out of br0, so every pod packet to a cluster IP
+    would make the node send the pod an ICMP redirect, and a redirect spends the
+    per-host ICMP allowance that the proxy's "port unreachable" (UDP to a service
+    without endpoints) needs."""
+    switches = [Path(f"/proc/sys/net/ipv4/conf/{dev}/send_redirects") for dev in ("all", BRIDGE)]
+    return [s for s in switches if s.exists() and s.read_text().strip() != "0"]
+
+
 def describe(name: str, link: Link, fixes: dict[str, Any]) -> list[str]:
     """Problems for ``fixes`` found on ``link``."""
     have = {"mtu": link.mtu, "address": link.mac, "state": "down"}
@@ -146,6 +156,7 @@ def check(nl: Netlink, node: NodeNetwork) -> list[str]:
         problems.append(str(err))
     else:
         problems += [f"net.bridge.{s.name} is not {want}" for s, want in wrong]
+    problems += [f"net.ipv4.conf.{s.parent.name}.send_redirects is on" for s in redirects_on()]
     problems += _vxlan_problems(nl, node, underlay)
     problems += nft_problems(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
     bridge = nl.link(BRIDGE)
@@ -212,6 +223,8 @@ def setup(nl: Netlink, node: NodeNetwork) -> None:
     for switch, want in bridge_netfilter_wrong(node):
         switch.write_text(want)
     bridge = _ensure_bridge(nl, node)
+    for switch in redirects_on():
+        switch.write_text("0")
     _ensure_gateway(nl, bridge, node)
     if node.tunnel == "vxlan":
         _ensure_vxlan(nl, node, underlay)
