@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from podnet.client.backoff import WATCH_BACKOFF, Backoff
@@ -125,7 +125,9 @@ class Informers:
         shared = self._shared.get((kind.plural, namespace))
         return len(shared.fanout.queues) if shared is not None else 0
 
-    async def watch(self, kind: Kind, namespace: str | None = None) -> AsyncIterator[WatchEvent]:
+    async def watch(
+        self, kind: Kind, namespace: str | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
         """``LISTED``, then every change of ``kind`` (in ``namespace``, or all), for ever."""
         key = (kind.plural, namespace)
         shared = self._shared.get(key)
