@@ -281,6 +281,8 @@ class FieldRequirement:
 
 def _split_unescaped(text: str, separator: str) -> list[str]:
     """Split on ``separator`` where it is not escaped by a backslash; keep the escapes."""
+    if "\\" not in text:
+        return text.split(separator)  # nothing escaped: the same parts, without the loop
     parts, start, escaped = [], 0, False
     for i, char in enumerate(text):
         if char == separator and not escaped:
