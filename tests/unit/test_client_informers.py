@@ -1,5 +1,5 @@
 """Shared watches (``podnet.client.informers``): one list + watch per kind whatever the
-number of subscribers, the same events for each, a synthetic listing for a late one,
+number of subscribers, the same events for each, a listing of its own for a late one,
 relists and permanent errors reaching all, nothing lost by a slow one; and the fanout's
 bookkeeping under any interleaving (hypothesis)."""
 
@@ -58,9 +58,11 @@ async def test_has_listed_after_the_first_listing_only(api: MemoryApi) -> None:
     assert not hub.has_listed(POD, "shop")  # another selector is another watch
 
 
-async def test_a_late_subscriber_gets_a_synthetic_listing_then_the_changes(
+async def test_a_late_subscriber_gets_a_listing_of_its_own_then_the_changes(
     api: MemoryApi,
 ) -> None:
+    """The hub keeps no objects, so a subscriber joining after the shared listing lists
+    for itself; the early one's stream is not disturbed."""
     hub = Informers(api, backoff=FAST)
     early = hub.watch(POD)
     await take(early, 1)
@@ -78,7 +80,15 @@ async def test_a_late_subscriber_gets_a_synthetic_listing_then_the_changes(
     await api.put("shop", "d")
     assert [names(e) for e in await take(late, 1)] == [("ADDED", ["d"])]
     assert [names(e) for e in await take(early, 1)] == [("ADDED", ["d"])]
-    assert calls(api, "list") == 1
+    assert (calls(api, "list"), hub.started, hub.subscribers(POD)) == (2, 2, 1)
+
+
+def test_the_fanout_refuses_a_subscriber_after_the_listing() -> None:
+    fanout = Fanout()
+    fanout.subscribe()
+    fanout.publish(listed((), 5))
+    with pytest.raises(RuntimeError, match="its own"):
+        fanout.subscribe()
 
 
 async def test_a_relist_after_410_reaches_every_subscriber(api: MemoryApi) -> None:
@@ -185,44 +195,30 @@ def _fold(state: dict[str, Obj], event: WatchEvent) -> None:
 
 @given(
     events=histories(),
-    joins=st.lists(st.integers(0, 30), min_size=1, max_size=4),
+    subscribers=st.integers(1, 4),
     reads=st.lists(st.integers(0, 3), max_size=120),
 )
 def test_fanout_any_interleaving_gives_each_subscriber_the_same_view(
-    events: list[WatchEvent], joins: list[int], reads: list[int]
+    events: list[WatchEvent], subscribers: int, reads: list[int]
 ) -> None:
-    """Subscribers join at arbitrary points, read at arbitrary moments: each receives
-    the published events after its join in order, preceded (when it joined after a
-    listing) by a synthetic listing equal to the state folded so far; all end equal."""
+    """Subscribers (joined before the listing) read at arbitrary moments while events
+    are published: each receives every event in order, and all end in the same state."""
     fanout = Fanout()
-    queues: dict[int, Any] = {}
-    got: dict[int, list[WatchEvent]] = {}
+    queues = [fanout.subscribe() for _ in range(subscribers)]
+    got: list[list[WatchEvent]] = [[] for _ in range(subscribers)]
     truth: dict[str, Obj] = {}
     reading = iter(reads)
-    for position in range(len(events) + 1):
-        for subscriber, join in enumerate(joins):
-            if join == position or (join > len(events) and position == len(events)):
-                queues[subscriber] = fanout.subscribe()
-                got[subscriber] = []
-                if position > 0:
-                    synthetic = queues[subscriber].get_nowait()
-                    got[subscriber].append(synthetic)
-                    assert synthetic.type == LISTED
-                    assert {o["metadata"]["name"]: o for o in synthetic.items} == truth
-        if position == len(events):
-            break
-        fanout.publish(events[position])
-        _fold(truth, events[position])
+    for event in events:
+        fanout.publish(event)
+        _fold(truth, event)
         reader = next(reading, None)
-        if reader is not None and reader in queues and not queues[reader].empty():
+        if reader is not None and reader < subscribers and not queues[reader].empty():
             got[reader].append(queues[reader].get_nowait())
-    for subscriber, queue in queues.items():
+    for queue, seen in zip(queues, got, strict=True):
         while not queue.empty():
-            got[subscriber].append(queue.get_nowait())
+            seen.append(queue.get_nowait())
         state: dict[str, Obj] = {}
-        for event in got[subscriber]:
+        for event in seen:
             _fold(state, event)
         assert state == truth
-        join = min(joins[subscriber], len(events))
-        live = got[subscriber][1:] if join > 0 else got[subscriber]
-        assert live == events[join:]
+        assert seen == events

@@ -10,9 +10,11 @@ decoded once:
 - ``watch(kind)`` has the signature and stream of ``Reflectors.watch``: ``LISTED`` first,
   then ``ADDED``/``MODIFIED``/``DELETED``, and after a relist (410 Expired, resync) the
   reflector's tombstones and a new ``LISTED``, which reach every subscriber.
-- A subscriber that joins after the listing gets a synthetic ``LISTED`` of the current
-  objects (the ``Fanout`` keeps them: the objects the subscribers were handed, shared,
-  not copies), then the changes that follow.
+- A subscriber that joins after the shared listing was delivered gets a reflector of its
+  own (its own list + watch). The hub keeps no objects: a late joiner would need them,
+  and keeping every object in full (150,000 Pods) for that costs far more than one more
+  watch. The agent subscribes every consumer before the first listing arrives, so this
+  is the exception (``started`` counts the reflectors).
 - Each subscriber has its own unbounded queue: a slow one falls behind and loses
   nothing, and never holds up the others.
 - A permanent error of the reflector (403, 404) is raised to every subscriber; the
@@ -20,7 +22,7 @@ decoded once:
   When the last subscriber leaves, the shared watch is closed.
 - ``has_listed(kind)``: whether the kind's first listing has arrived.
 
-Consumers slim what they keep themselves; the hub only holds what it was given.
+Consumers slim what they keep themselves; the hub holds no objects, only queued events.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ from dataclasses import dataclass, field
 
 from podnet.client.backoff import WATCH_BACKOFF, Backoff
 from podnet.client.objectapi import ListWatch
-from podnet.client.paths import metadata
-from podnet.client.reflector import Key, reflect
-from podnet.client.watch import BOOKMARK, DELETED, LISTED, Obj, ResourceVersion, WatchEvent, listed
+from podnet.client.reflector import reflect
+from podnet.client.watch import LISTED, ResourceVersion, WatchEvent
 from podnet.model.kinds import Kind
 
 Source = Callable[[], AsyncIterator[WatchEvent]]  # a reflector's stream, started on call
@@ -42,27 +43,21 @@ Item = WatchEvent | BaseException | None  # what a subscriber's queue holds (Non
 SharedKey = tuple[str, str | None]  # (kind plural, namespace or None for all)
 
 
-def _key(obj: Obj) -> Key:
-    meta = metadata(obj)
-    return (meta.get("namespace") or "", meta.get("name") or "")
-
-
 @dataclass(eq=False)
 class Fanout:
-    """The bookkeeping of one shared stream, without I/O: the current objects, the
+    """The bookkeeping of one shared stream, without I/O: whether it has listed, the
     version, and one queue per subscriber."""
 
-    objects: dict[Key, Obj] = field(default_factory=dict)
     version: ResourceVersion = 0
     listed: bool = False
     queues: list[asyncio.Queue[Item]] = field(default_factory=list)
 
     def subscribe(self) -> asyncio.Queue[Item]:
-        """A new subscriber's queue; it starts with a synthetic ``LISTED`` of the current
-        objects when the stream has listed already."""
-        queue: asyncio.Queue[Item] = asyncio.Queue()
+        """A new subscriber's queue, which receives every event from the listing on;
+        only before the listing (a later one needs a stream of its own)."""
         if self.listed:
-            queue.put_nowait(listed(tuple(self.objects.values()), self.version))
+            raise RuntimeError("the shared stream has listed: a late subscriber needs its own")
+        queue: asyncio.Queue[Item] = asyncio.Queue()
         self.queues.append(queue)
         return queue
 
@@ -72,15 +67,9 @@ class Fanout:
             self.queues.remove(queue)
 
     def publish(self, event: WatchEvent) -> None:
-        """Fold ``event`` into the current objects and queue it for every subscriber."""
+        """Queue ``event`` for every subscriber."""
         self.version = max(self.version, event.resource_version)
-        if event.type == LISTED:
-            self.objects = {_key(obj): obj for obj in event.items}
-            self.listed = True
-        elif event.type == DELETED:
-            self.objects.pop(_key(event.object), None)
-        elif event.type != BOOKMARK:  # ADDED, MODIFIED
-            self.objects[_key(event.object)] = event.object
+        self.listed = self.listed or event.type == LISTED
         for queue in self.queues:
             queue.put_nowait(event)
 
@@ -131,6 +120,11 @@ class Informers:
         """``LISTED``, then every change of ``kind`` (in ``namespace``, or all), for ever."""
         key = (kind.plural, namespace)
         shared = self._shared.get(key)
+        if shared is not None and shared.fanout.listed:  # late: a reflector of its own
+            self.started += 1
+            async for event in self._source(kind, namespace)():
+                yield event
+            return
         if shared is None:
             shared = self._shared[key] = _Shared(Fanout())
             source = self._source(kind, namespace)
