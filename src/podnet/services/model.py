@@ -17,7 +17,7 @@ PROTOCOLS = ("tcp", "udp", "sctp")
 DEFAULT_AFFINITY_SECONDS = 10800  # Kubernetes' default sessionAffinityConfig timeout
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)  # 50,000 of them at scale
 class Endpoint:
     """One ready backend address and port; ``local`` when its pod runs on this node."""
 
