@@ -1,5 +1,6 @@
-"""The compiler keeps slim records (``service_record``, ``slice_record``), not the API
-objects: the table it gives is the one a compile that reads the whole objects gives."""
+"""The proxy's memory: the compiler keeps slim records (``service_record``,
+``slice_record``), not the API objects, and the table it gives is the one a compile that
+reads the whole objects gives; the heap is trimmed after large applies."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from podnet.dataplane.linux.services import trim_heap
 from podnet.services.compile import ServiceCompiler, service_record
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
 
@@ -126,3 +128,7 @@ def test_slim_records_give_the_table_the_whole_objects_give(raw: list[Any]) -> N
         )
     ]
     assert compiler.table() == ServiceTable(tuple(sorted(want, key=lambda p: p.key)))
+
+
+def test_the_heap_is_trimmed_through_glibc() -> None:
+    assert trim_heap()  # this project runs on glibc: malloc_trim is there and runs

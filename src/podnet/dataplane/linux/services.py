@@ -14,14 +14,22 @@ UDP has no connection to end: a client that keeps sending to a cluster IP keeps 
 conntrack entry, which still points to the endpoint chosen first. When a UDP endpoint
 leaves the table, the entries DNATed to it are deleted, so the client's next datagram
 picks a live endpoint (kube-proxy does the same).
+
+After a large transaction or a read-back (a build, a restart, a resync) the heap's freed
+memory is given back to the kernel (glibc's ``malloc_trim``): building 5,000 service
+chains leaves ~200 MB of freed parse buffers in the node thread's malloc arena otherwise.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import socket
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
 from podnet.dataplane.linux import nftables
@@ -37,6 +45,7 @@ from podnet.services.model import ServiceTable
 
 log = logging.getLogger(__name__)
 IPS_DST_NAT = 0x20  # conntrack status bit: the original destination was rewritten
+TRIM_AFTER = 256 * 1024  # characters of script after which to trim the heap
 
 
 class ServiceTableSync:
@@ -56,7 +65,8 @@ class ServiceTableSync:
         if self._renderer is None or self._renderer.node != node:
             self._renderer = ServiceRenderer(node)
         want = self._renderer.render(table)
-        if not self._known or table is self._last:  # at start, and a resync: read it
+        read = not self._known or table is self._last  # at start, and a resync: read it
+        if read:
             self._have = read_table()
             self._known = True
         script = transaction(self._have, want)
@@ -74,6 +84,8 @@ class ServiceTableSync:
         if self._udp is not None and self._udp - udp:
             flush_udp_conntrack(self._udp - udp)
         self._udp, self._last = udp, table
+        if read or len(script) > TRIM_AFTER:
+            trim_heap()
         return bool(script)
 
     @property
@@ -90,6 +102,23 @@ class ServiceTableSync:
         if self._nft is not None:
             self._nft.close()
             self._nft = None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    return cast("Callable[[int], int] | None", trim)
+
+
+def trim_heap() -> bool:
+    """Give the heap's free memory back to the kernel; False where the C library has no
+    ``malloc_trim`` (not glibc)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def read_table() -> ServiceNft | None:
