@@ -25,9 +25,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import itertools
 import logging
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -61,16 +63,21 @@ class ServiceTableSync:
         self._nft: NftRunner | None = None  # made on the node thread, at the first sync
 
     def sync(self, node: NodeNetwork, table: ServiceTable) -> bool:
-        """Make the kernel's table equal ``table``; True when something changed."""
+        """Make the kernel's table equal ``table``; True when something changed. A sync
+        that reads the kernel or changes it logs where its time went."""
+        marks = [time.perf_counter()]
         if self._renderer is None or self._renderer.node != node:
             self._renderer = ServiceRenderer(node)
         want = self._renderer.render(table)
         read = not self._known or table is self._last  # at start, and a resync: read it
+        marks.append(time.perf_counter())
         if read:
             self._have = read_table()
             self._known = True
+        marks.append(time.perf_counter())
         script = transaction(self._have, want)
         udp = udp_endpoints(table)
+        marks.append(time.perf_counter())
         if script:
             if self._nft is None:
                 self._nft = NftRunner()
@@ -81,11 +88,20 @@ class ServiceTableSync:
                 raise
             self.transactions += 1
             self._have = want if want.chains else None
+        marks.append(time.perf_counter())
         if self._udp is not None and self._udp - udp:
             flush_udp_conntrack(self._udp - udp)
         self._udp, self._last = udp, table
         if read or len(script) > TRIM_AFTER:
             trim_heap()
+        marks.append(time.perf_counter())
+        if read or script:
+            spans = (f"{(b - a) * 1000:.1f}" for a, b in itertools.pairwise(marks))
+            log.info(
+                "service table sync (ms): render %s, read-back %s, diff %s, nft %s, "
+                "conntrack+trim %s",
+                *spans,
+            )
         return bool(script)
 
     @property
