@@ -41,7 +41,6 @@ from podnet.dataplane.linux.servicetable import (
     TABLE_KEY,
     ServiceNft,
     ServiceRenderer,
-    udp_endpoints,
 )
 from podnet.services.model import ServiceTable
 
@@ -76,7 +75,7 @@ class ServiceTableSync:
             self._known = True
         marks.append(time.perf_counter())
         script = transaction(self._have, want)
-        udp = udp_endpoints(table)
+        udp = self._renderer.udp_endpoints()
         marks.append(time.perf_counter())
         if script:
             if self._nft is None:

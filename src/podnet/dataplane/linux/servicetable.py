@@ -138,7 +138,8 @@ def duration(seconds: int) -> str:
 
 class ServiceRenderer:
     """Renders tables for one node, incrementally: only the ports that changed since the
-    last render (by identity, then value) are rendered and swapped in."""
+    last render (by identity, then value) are rendered and swapped in; when the keys are
+    where they were (the compiler keeps unchanged ports), found walking both side by side."""
 
     def __init__(self, node: NodeNetwork) -> None:
         self.node = node
@@ -147,24 +148,39 @@ class ServiceRenderer:
         self._chains: dict[str, Chain] = dict(fixed_chains(node))
         self._sets: dict[str, NftSet] = {}
         self._elements: dict[str, Counter[str]] = {}
+        self._udp: Counter[tuple[str, int]] = Counter()  # UDP endpoints, per port using them
+        self._last: tuple[ServicePort, ...] = ()  # the ports last rendered
 
     def render(self, table: ServiceTable) -> ServiceNft:
         """The nftables table for ``table`` (empty value: no table at all)."""
-        ports = {p.key: p for p in table.ports}
-        for key, old in list(self._ports.items()):
-            new = ports.get(key)
-            if new is not old and new != old:
+        changes, self._last = self._changes(table.ports), ()  # () until all are in
+        for key, port in changes:
+            if key in self._ports:
                 self._take_out(key)
-        for key, port in ports.items():
-            if key not in self._ports:
+            if port is not None:
                 self._put_in(key, port)
-        if not ports:
+        self._last = table.ports
+        if not table.ports:
             return ServiceNft()
         sets = dict(self._sets)
         nodes = Counter(str(ip) for ip in table.node_ips)
         for fixed in fixed_sets(self.node, {**self._elements, NODE_IPS: nodes}):
             sets[fixed.name] = fixed
         return ServiceNft(sets, dict(self._chains))
+
+    def udp_endpoints(self) -> frozenset[tuple[str, int]]:
+        """The UDP endpoints (address, port) last rendered (for the conntrack flush)."""
+        return frozenset(self._udp)
+
+    def _changes(self, ports: tuple[ServicePort, ...]) -> list[tuple[str, ServicePort | None]]:
+        """(key, new port or None: gone) of every port that differs from the last render."""
+        if len(self._last) == len(ports):
+            pairs = [(a, b) for a, b in zip(self._last, ports, strict=True) if a is not b]
+            if all(a.key == b.key for a, b in pairs):
+                return [(b.key, b) for a, b in pairs if a != b]
+        wanted: dict[str, ServicePort | None] = {p.key: p for p in ports}
+        gone = {key: None for key in self._ports if key not in wanted}
+        return [(k, p) for k, p in {**wanted, **gone}.items() if p is not self._ports.get(k) != p]
 
     def _put_in(self, key: str, port: ServicePort) -> None:
         part = port_parts(port, self.node)
@@ -173,9 +189,11 @@ class ServiceRenderer:
         self._sets.update((s.name, s) for s in part.sets)
         for name, element in part.elements:
             self._elements.setdefault(name, Counter())[element] += 1
+        if port.protocol == "udp":
+            self._udp.update((str(e.ip), e.port) for e in port.endpoints)
 
     def _take_out(self, key: str) -> None:
-        del self._ports[key]
+        port = self._ports.pop(key)
         part = self._parts.pop(key)
         for chain in part.chains:
             self._chains.pop(chain.name, None)
@@ -186,6 +204,10 @@ class ServiceRenderer:
             counts[element] -= 1
             if counts[element] <= 0:
                 del counts[element]
+        for udp in [(str(e.ip), e.port) for e in port.endpoints if port.protocol == "udp"]:
+            self._udp[udp] -= 1
+            if self._udp[udp] <= 0:
+                del self._udp[udp]
 
 
 def fixed_sets(node: NodeNetwork, elements: Mapping[str, Counter[str]]) -> list[NftSet]:
@@ -376,10 +398,3 @@ def choose(
         rules.append(f"ip saddr @{aff} goto {chain}")
         pick.append(f"{when}goto {chain}")
     return [*rules, *pick], chains, sets
-
-
-def udp_endpoints(table: ServiceTable) -> frozenset[tuple[str, int]]:
-    """Every UDP endpoint (address, port) in ``table``: the conntrack flush compares them."""
-    return frozenset(
-        (str(e.ip), e.port) for p in table.ports if p.protocol == "udp" for e in p.endpoints
-    )

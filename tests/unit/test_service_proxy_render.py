@@ -1,0 +1,64 @@
+"""The renderer is incremental: after any sequence of tables (unchanged ports kept as the
+same objects, as the compiler keeps them, or rebuilt equal, or changed, added, removed)
+it gives what a fresh renderer gives for the last table, and the UDP endpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from podnet.dataplane.interface import NodeNetwork
+from podnet.dataplane.linux.servicetable import ServiceRenderer
+from podnet.services.model import Endpoint, ServicePort, ServiceTable
+
+NODE = NodeNetwork(
+    "node-1",
+    IPv4Address("198.51.100.11"),
+    IPv4Network("10.128.0.0/23"),
+    (IPv4Network("10.128.0.0/14"),),
+    IPv4Network("172.30.0.0/16"),
+    1450,
+)
+
+
+def port(name: str, protocol: str, hosts: list[int]) -> ServicePort:
+    endpoints = tuple(sorted(Endpoint(IPv4Address(f"10.128.2.{h}"), 53) for h in set(hosts)))
+    ip = IPv4Address(f"172.30.0.{ord(name[0])}")
+    return ServicePort("default", name, "", protocol, 53, ip, endpoints=endpoints)
+
+
+STEPS = st.lists(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.sampled_from(["put", "copy", "remove"]),
+            st.sampled_from(["tcp", "udp"]),
+            st.lists(st.integers(2, 5), max_size=3),
+        ),
+        max_size=3,
+    ),
+    max_size=8,
+)
+
+
+@given(STEPS)
+@settings(max_examples=100, deadline=None)
+def test_incremental_render_equals_a_fresh_render(steps: list[list[Any]]) -> None:
+    renderer = ServiceRenderer(NODE)
+    ports: dict[str, ServicePort] = {}
+    for changes in steps:
+        for name, verb, protocol, hosts in changes:
+            if verb == "put":
+                ports[name] = port(name, protocol, hosts)
+            elif verb == "copy" and name in ports:
+                ports[name] = dataclasses.replace(ports[name])  # equal, not the same
+            else:
+                ports.pop(name, None)
+        table = ServiceTable(tuple(ports[k] for k in sorted(ports)))
+        assert renderer.render(table) == ServiceRenderer(NODE).render(table)
+        udp = {(str(e.ip), e.port) for p in table.ports if p.protocol == "udp" for e in p.endpoints}
+        assert renderer.udp_endpoints() == udp
