@@ -113,7 +113,8 @@ def test_agent_sigkill_during_iperf3_through_a_cluster_ip(cluster: Cluster) -> N
             return done.returncode == 0
 
         wait_for(short_run_works, SETTLE, "a short iperf3 run through the cluster IP", 0.5)
-        restarted = [cluster.state().nodes["node1"], cluster.state().nodes["node3"]]
+        state = cluster.state()
+        restarted = [state.nodes["node1"], state.nodes["node3"]]
         before = {node.name: nft_table(node.netns) for node in restarted}
         applied = {node.name: applied_count(cluster, node.name) for node in restarted}
         stream = subprocess.Popen(
@@ -124,7 +125,6 @@ def test_agent_sigkill_during_iperf3_through_a_cluster_ip(cluster: Cluster) -> N
         )
         try:
             wait_for(lambda: established(client.netns, ip), 15, "the iperf3 stream", 0.05)
-            state = cluster.state()
             for node in restarted:
                 nodes.stop_agent(node, signal.SIGKILL, timeout=5)
             for node in restarted:

@@ -179,13 +179,17 @@ def prepare_node_files(state: ClusterState, node: NodeRecord, state_dir: Path) -
 
 
 def start_agent(state: ClusterState, node: NodeRecord, state_dir: Path) -> None:
-    """Start the node's agent inside its namespace (it must not be running)."""
+    """Start the node's agent inside its namespace (it must not be running), and record
+    its PID in ``state`` (also when ``node`` is a record of another copy of the state:
+    an agent whose PID is not saved could never be stopped by ``cluster down``)."""
     paths = node_paths(state_dir, node.name)
     command = agent_command(state, node, paths)
     # $KUBECONFIG too: `podnet` hoists a --kubeconfig given after the sub-command to the
     # global option, and the agent falls back to $KUBECONFIG.
     env = {"KUBECONFIG": str(paths.kubeconfig)}
     node.agent = spawn(command, paths.agent_log, agent_needle(paths), env=env)
+    if node.name in state.nodes:
+        state.nodes[node.name].agent = node.agent
     state.save(state_dir)
 
 
