@@ -5,10 +5,7 @@
 from __future__ import annotations
 
 import ipaddress
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +15,14 @@ import httpx
 import pytest
 
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import client_for, kubeconfig_parts, node
+from podnet.testing.api import client_for, node
 from podnet.testing.e2e import wait_for
-from podnet.testing.processes import MasterProcess, launch_master
+from podnet.testing.processes import (
+    MasterProcess,
+    controllers_command,
+    launch_master,
+    stop_process,
+)
 
 HS = "/apis/network.openshift.io/v1/hostsubnets"
 NETNS = "/apis/network.openshift.io/v1/netnamespaces"
@@ -57,18 +59,17 @@ def run_controllers(
     api_only_master: MasterProcess, tmp_path: Path
 ) -> Iterator[Callable[[str], Controllers]]:
     """Start ``podnet controllers`` processes against the master; each is stopped by PID."""
-    server, ca, token = kubeconfig_parts(api_only_master.kubeconfig)
-    token_file, ca_file = tmp_path / "token", tmp_path / "ca.pem"
-    token_file.write_text(token + "\n")
-    ca_file.write_bytes(ca)
+    command = controllers_command(
+        api_only_master.kubeconfig,
+        tmp_path,
+        "--network-plugin",
+        "multitenant",
+        "--lease-seconds",
+        "3",
+    )
     started: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> Controllers:
-        command = [
-            *(sys.executable, "-m", "podnet", "controllers", "--server", server),
-            *("--token-file", str(token_file), "--certificate-authority", str(ca_file)),
-            *("--network-plugin", "multitenant", "--lease-seconds", "3"),
-        ]
         log = tmp_path / f"{name}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -77,17 +78,7 @@ def run_controllers(
 
     yield start
     for process in started:
-        _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 def _get(api: httpx.Client, path: str) -> dict[str, Any] | None:
@@ -148,7 +139,7 @@ def test_a_second_controllers_process_takes_over_the_lease(
         lease = _get(api, LEASE) or {}
         assert lease["spec"]["holderIdentity"].endswith(first.identity_suffix)
         assert "acquired leadership" not in second.log.read_text()
-        _stop(first.process)  # releases the Lease: the second takes it at once
+        stop_process(first.process)  # releases the Lease: the second takes it at once
 
         def second_leads() -> bool:
             current = _get(api, LEASE) or {}

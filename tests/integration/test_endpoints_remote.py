@@ -4,10 +4,7 @@ runs in production. Endpoints and slices follow a pod's readiness the same way."
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +13,14 @@ import httpx
 import pytest
 
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import client_for, kubeconfig_parts, namespace
+from podnet.testing.api import client_for, namespace
 from podnet.testing.e2e import wait_for
-from podnet.testing.processes import MasterProcess, launch_master
+from podnet.testing.processes import (
+    MasterProcess,
+    controllers_command,
+    launch_master,
+    stop_process,
+)
 
 NS = "remote"
 CORE = f"/api/v1/namespaces/{NS}"
@@ -32,24 +34,13 @@ def master_and_controllers(
     """A master without controllers, and one ``podnet controllers`` process (stopped by
     PID, killed if it does not stop)."""
     master = launch_master(etcd, tmp_path / "master", prefix, "--no-controllers")
-    server, ca, token = kubeconfig_parts(master.kubeconfig)
-    (tmp_path / "token").write_text(token + "\n")
-    (tmp_path / "ca.pem").write_bytes(ca)
-    command = [sys.executable, "-m", "podnet", "controllers", "--server", server]
-    command += ["--token-file", str(tmp_path / "token")]
-    command += ["--certificate-authority", str(tmp_path / "ca.pem"), "--no-leader-elect"]
+    command = controllers_command(master.kubeconfig, tmp_path, "--no-leader-elect")
     with open(tmp_path / "controllers.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield master
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        stop_process(process)
         master.stop()
 
 
