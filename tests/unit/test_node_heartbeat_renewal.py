@@ -17,7 +17,7 @@ from podnet.client.watch import Obj
 from podnet.client.wire import Call
 from podnet.model.kinds import LEASE, NAMESPACE
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
-from podnet.testing.api import namespace, node_api_server
+from podnet.testing.api import namespace, node_api_client
 
 NODE = "node-a"
 
@@ -36,13 +36,9 @@ class CountingClient(AsyncApiClient):
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[tuple[Registry, CountingClient]]:
-    async with node_api_server(tmp_path, NODE) as (registry, _, config):
+    async with node_api_client(tmp_path, NODE, CountingClient) as (registry, client):
         await registry.create(NAMESPACE, namespace(NODE_LEASE_NAMESPACE))
-        client = CountingClient(config)
-        try:
-            yield registry, client
-        finally:
-            await client.close()
+        yield registry, client
 
 
 async def test_renewals_write_over_the_last_lease_without_reading_it(

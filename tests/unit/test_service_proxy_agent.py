@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 from typing import Any
 
 import pytest
@@ -14,22 +14,15 @@ import pytest
 from podnet.agent.services import ServiceSync, pacing
 from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.fake import FakeDataPlane
-from podnet.dataplane.interface import NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
 from podnet.reconcile import APPLIED, PARTIAL, Pacing
 from podnet.services.compile import compile_services
 from podnet.services.model import ServiceTable
 from podnet.testing.e2e import eventually
+from podnet.testing.nodenetwork import node_network
 
 Obj = dict[str, Any]
-NODE = NodeNetwork(
-    "node-1",
-    IPv4Address("198.51.100.11"),
-    IPv4Network("10.128.0.0/23"),
-    (IPv4Network("10.128.0.0/14"),),
-    IPv4Network("172.30.0.0/16"),
-    1450,
-)
+NODE = node_network("node-1", "198.51.100.11", "10.128.0.0/23")
 
 
 class ScriptedWatches:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +17,14 @@ from podnet.api.registry import Registry
 from podnet.client.aio import AsyncApiClient
 from podnet.client.reflector import Reflectors
 from podnet.dataplane.fake import FakeDataPlane
-from podnet.dataplane.interface import NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, NAMESPACE, SERVICE
 from podnet.services.model import Endpoint
-from podnet.testing.api import node_api_server
+from podnet.testing.api import node_api_client
 from podnet.testing.e2e import eventually
+from podnet.testing.nodenetwork import node_network
 
 Obj = dict[str, Any]
-NODE = NodeNetwork(
-    "node-a",
-    IPv4Address("192.0.2.10"),
-    IPv4Network("10.128.0.0/23"),
-    (IPv4Network("10.128.0.0/14"),),
-    IPv4Network("172.30.0.0/16"),
-    1450,
-)
+NODE = node_network("node-a", "192.0.2.10", "10.128.0.0/23")
 
 
 def service() -> Obj:
@@ -59,12 +52,8 @@ def endpoint_slice(*ips: str) -> Obj:
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[Registry, AsyncApiClient]]:
-    async with node_api_server(tmp_path, NODE.node_name) as (registry, _, config):
-        client = AsyncApiClient(config)
-        try:
-            yield registry, client
-        finally:
-            await client.close()
+    async with node_api_client(tmp_path, NODE.node_name, AsyncApiClient) as (registry, client):
+        yield registry, client
 
 
 async def test_services_and_slices_from_the_api_reach_the_data_plane(

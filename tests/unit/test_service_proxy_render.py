@@ -5,24 +5,17 @@ it gives what a fresh renderer gives for the last table, and the UDP endpoints."
 from __future__ import annotations
 
 import dataclasses
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.servicetable import ServiceRenderer
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
+from podnet.testing.nodenetwork import node_network
 
-NODE = NodeNetwork(
-    "node-1",
-    IPv4Address("198.51.100.11"),
-    IPv4Network("10.128.0.0/23"),
-    (IPv4Network("10.128.0.0/14"),),
-    IPv4Network("172.30.0.0/16"),
-    1450,
-)
+NODE = node_network("node-1", "198.51.100.11", "10.128.0.0/23")
 
 
 def port(name: str, protocol: str, hosts: list[int]) -> ServicePort:

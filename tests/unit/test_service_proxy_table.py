@@ -3,13 +3,12 @@ nftables table, the transaction between two tables, and reading a listing back."
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.servicescript import parse_duration, parse_listing, transaction
 from podnet.dataplane.linux.servicetable import (
     NO_ENDPOINT_IPS,
@@ -24,16 +23,10 @@ from podnet.dataplane.linux.servicetable import (
 )
 from podnet.services.compile import ServiceCompiler, compile_services
 from podnet.services.model import Endpoint, ServicePort, ServiceTable, table_problems
+from podnet.testing.nodenetwork import node_network
 
 Obj = dict[str, Any]
-NODE = NodeNetwork(
-    "node-1",
-    IPv4Address("198.51.100.11"),
-    IPv4Network("10.128.0.0/23"),
-    (IPv4Network("10.128.0.0/14"),),
-    IPv4Network("172.30.0.0/16"),
-    1450,
-)
+NODE = node_network("node-1", "198.51.100.11", "10.128.0.0/23")
 
 
 def service(name: str, ip: str | None, *ports: Obj, ns: str = "default", **spec: Any) -> Obj:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -17,8 +17,11 @@ from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
 from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
+from podnet.client.aio import AsyncApiClient
 from podnet.kubeconfig import ClientConfig
 from podnet.store.memory import MemoryStore
+
+ClientT = TypeVar("ClientT", bound=AsyncApiClient)
 
 
 def kubeconfig_parts(path: Path) -> tuple[str, bytes, str]:
@@ -129,3 +132,17 @@ async def node_api_server(
         yield registry, server, ClientConfig(server.address, pki.ca_pem(), node_token)
     finally:
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def node_api_client(
+    state_dir: Path, node_name: str, client_type: Callable[[ClientConfig], ClientT]
+) -> AsyncIterator[tuple[Registry, ClientT]]:
+    """``node_api_server``'s registry and a ``client_type`` client with the node's own
+    token; the client is closed, then the server stopped, on exit."""
+    async with node_api_server(state_dir, node_name) as (registry, _, config):
+        client = client_type(config)
+        try:
+            yield registry, client
+        finally:
+            await client.close()
