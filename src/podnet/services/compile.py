@@ -185,12 +185,6 @@ def compile_services(
     return compiler.table()
 
 
-def service_ports(service: Obj, slices: list[Obj], node_name: str) -> tuple[ServicePort, ...]:
-    """One service's ports with their endpoints (none for ExternalName)."""
-    records = [r for r in (slice_record(s, node_name) for s in slices) if r is not None]
-    return with_endpoints(service_record(service), records)
-
-
 def service_record(service: Obj) -> tuple[ServicePort, ...]:
     """A Service's ports as the table has them, without endpoints (none for
     ExternalName, nor for a port with neither cluster IP, node port nor external IP)."""
