@@ -10,31 +10,12 @@ import pytest
 from podnet.testing.api import client_for, namespace, pod
 from podnet.testing.cli import run_kubectl
 from podnet.testing.processes import MasterProcess
+from podnet.testing.protobuf import field, vfield
 
 NS = "/api/v1/namespaces"
 PODS = "/api/v1/namespaces/default/pods"
 PROTOBUF = {"Content-Type": "application/vnd.kubernetes.protobuf"}
 kubectl_only = pytest.mark.usefixtures("kubectl")
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes | str) -> bytes:
-    """One length-delimited protobuf field (strings, bytes and messages)."""
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def vfield(number: int, value: int) -> bytes:
-    """One varint protobuf field (ints, bools)."""
-    return _varint(number << 3) + _varint(value)
 
 
 def envelope(api_version: str, kind: str, raw: bytes) -> bytes:

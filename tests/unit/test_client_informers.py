@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_client_reflector import FAST, MemoryApi, names, take
+from test_client_reflector import FAST, MemoryApi, names, shop_api, take
 
 from podnet.client import ADDED, DELETED, LISTED, MODIFIED, StatusError, WatchEvent
 from podnet.client.informers import Fanout, Informers
@@ -23,10 +23,7 @@ Obj = dict[str, Any]
 
 @pytest.fixture
 async def api() -> MemoryApi:
-    memory = MemoryApi()
-    await memory.put("shop", "a")
-    await memory.put("shop", "b")
-    return memory
+    return await shop_api()
 
 
 def calls(api: MemoryApi, what: str) -> int:

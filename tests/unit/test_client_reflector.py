@@ -154,12 +154,17 @@ async def take(stream: AsyncIterator[WatchEvent], count: int) -> list[WatchEvent
     return got
 
 
-@pytest.fixture
-async def api() -> MemoryApi:
+async def shop_api() -> MemoryApi:
+    """An API holding pods ``shop/a`` and ``shop/b``."""
     memory = MemoryApi()
     await memory.put("shop", "a")
     await memory.put("shop", "b")
     return memory
+
+
+@pytest.fixture
+async def api() -> MemoryApi:
+    return await shop_api()
 
 
 async def test_listing_then_live_changes(api: MemoryApi) -> None:

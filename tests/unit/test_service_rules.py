@@ -9,6 +9,7 @@ import pytest
 from podnet.model import kinds as K
 from podnet.model.errors import ApiError
 from podnet.model.validation import validate
+from podnet.testing.protobuf import field, vfield
 
 
 def svc(spec: dict[str, Any], name: str = "web") -> dict[str, Any]:
@@ -246,33 +247,15 @@ def test_type_changes_drop_what_the_new_type_does_not_use() -> None:
 # --- protobuf (client-go's default for typed objects) ------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes | str) -> bytes:
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _int(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value)
-
-
 def test_protobuf_services_carry_the_policy_fields() -> None:
     from podnet.api.protobuf import SERVICE, decode_message
 
-    affinity = _field(1, _int(1, 600))  # clientIP.timeoutSeconds
-    spec = _field(1, _int(3, 80) + _field(2, "UDP")) + _field(4, "NodePort")
-    spec += _field(5, "192.0.2.10") + _field(7, "ClientIP") + _field(11, "Local")
-    spec += _int(13, 1) + _field(14, affinity) + _field(17, "SingleStack")
-    spec += _field(19, "IPv4") + _field(22, "Local")
-    decoded = decode_message(_field(1, _field(1, "pb")) + _field(2, spec), SERVICE)
+    affinity = field(1, vfield(1, 600))  # clientIP.timeoutSeconds
+    spec = field(1, vfield(3, 80) + field(2, "UDP")) + field(4, "NodePort")
+    spec += field(5, "192.0.2.10") + field(7, "ClientIP") + field(11, "Local")
+    spec += vfield(13, 1) + field(14, affinity) + field(17, "SingleStack")
+    spec += field(19, "IPv4") + field(22, "Local")
+    decoded = decode_message(field(1, field(1, "pb")) + field(2, spec), SERVICE)
     out = validate(K.SERVICE, decoded)["spec"]
     assert out["externalIPs"] == ["192.0.2.10"] and out["externalTrafficPolicy"] == "Local"
     assert out["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": 600}}
