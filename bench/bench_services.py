@@ -38,6 +38,7 @@ import sys
 import time
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -186,14 +187,22 @@ async def changes(cluster: Cluster, args: argparse.Namespace) -> None:
     print(f"full build after the table was lost: {time.perf_counter() - started:.2f} s")
 
 
-def compile_changes(args: argparse.Namespace) -> list[float]:
-    compiler = ServiceCompiler("node-1")
-    services, slices = [], []
+def service_objects(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``args.services`` Services (``bench/s00000``...), each with one EndpointSlice of
+    ``args.endpoints`` endpoints."""
+    services: list[dict[str, Any]] = []
+    slices: list[dict[str, Any]] = []
     for i in range(args.services):
         name = f"s{i:05d}"
         spec = {"clusterIP": str(SERVICES.network_address + 256 + i), "ports": [{"port": 80}]}
         services.append({"metadata": {"namespace": "bench", "name": name}, "spec": spec})
         slices.append(endpoint_slice(name, i * args.endpoints, args.endpoints))
+    return services, slices
+
+
+def compile_changes(args: argparse.Namespace) -> list[float]:
+    compiler = ServiceCompiler("node-1")
+    services, slices = service_objects(args)
     compiler.replace_services(services)
     compiler.replace_slices(slices)
     compiler.table()
@@ -218,12 +227,7 @@ def memory(args: argparse.Namespace) -> None:
     from podnet.testing.lab import CLUSTER
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    services, slices = [], []
-    for i in range(args.services):
-        name = f"s{i:05d}"
-        spec = {"clusterIP": str(SERVICES.network_address + 256 + i), "ports": [{"port": 80}]}
-        services.append({"metadata": {"namespace": "bench", "name": name}, "spec": spec})
-        slices.append(endpoint_slice(name, i * args.endpoints, args.endpoints))
+    services, slices = service_objects(args)
     compiler = ServiceCompiler("node-1")
     compiler.replace_services(services)
     compiler.replace_slices(slices)
