@@ -68,6 +68,18 @@ async def enforce(cluster: Cluster, rules: RuleSet) -> None:
         await plane.sync_policy(cluster.lab.network(i, isolation=True), rules)
 
 
+async def enforce_multitenant(cluster: Cluster) -> RuleSet:
+    """Projects x (VNID 10) and y (11) isolated, default (VNID 0) global, on every node."""
+    netnamespaces = [
+        {"metadata": {"name": "x"}, "netname": "x", "netid": 10},
+        {"metadata": {"name": "y"}, "netname": "y", "netid": 11},
+        {"metadata": {"name": "default"}, "netname": "default", "netid": 0},
+    ]
+    rules = compile_rules(MULTITENANT, pod_objects(cluster), namespaces(), netnamespaces, [])
+    await enforce(cluster, rules)
+    return rules
+
+
 def verdicts(cluster: Cluster, rules: RuleSet) -> dict[tuple[str, str], tuple[bool, bool, bool]]:
     """(client, endpoint) -> (through the cluster IP, to the pod IP, what evaluate says)."""
     found = {}
@@ -122,13 +134,7 @@ async def test_network_policy_applies_to_the_endpoint_behind_a_cluster_ip(
 async def test_multitenant_pods_reach_only_their_projects_and_global_services(
     cluster: Cluster,
 ) -> None:
-    netnamespaces = [
-        {"metadata": {"name": "x"}, "netname": "x", "netid": 10},
-        {"metadata": {"name": "y"}, "netname": "y", "netid": 11},
-        {"metadata": {"name": "default"}, "netname": "default", "netid": 0},
-    ]
-    rules = compile_rules(MULTITENANT, pod_objects(cluster), namespaces(), netnamespaces, [])
-    await enforce(cluster, rules)
+    rules = await enforce_multitenant(cluster)
     found = verdicts(cluster, rules)
     assert_agree(found)
     assert found[("x/a", "y/b")][0] is False  # another project's service, same node
@@ -142,13 +148,7 @@ async def test_a_node_port_is_no_way_around_isolation(cluster: Cluster) -> None:
     """x/a (node-1) to node-2's port of a service whose endpoint y/b is back on node-1:
     masqueraded there, it would reach y/b from node-2's address, which every project
     admits. Other nodes' pods get node-2's own endpoints only: none here."""
-    netnamespaces = [
-        {"metadata": {"name": "x"}, "netname": "x", "netid": 10},
-        {"metadata": {"name": "y"}, "netname": "y", "netid": 11},
-        {"metadata": {"name": "default"}, "netname": "default", "netid": 0},
-    ]
-    rules = compile_rules(MULTITENANT, pod_objects(cluster), namespaces(), netnamespaces, [])
-    await enforce(cluster, rules)
+    await enforce_multitenant(cluster)
     to_b = cluster.service("np-b", 30, "y/b", namespace="y", node_port=30030)
     to_c = cluster.service("np-c", 31, "y/c", namespace="y", node_port=30031)
     await cluster.apply(*services(cluster), to_b, to_c)
