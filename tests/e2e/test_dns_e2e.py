@@ -33,7 +33,7 @@ from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, EXTERNAL_OFFSET
 from podnet.model.kinds import SERVICE
 from podnet.testing.cli import run_podnet
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import cluster_down_with_logs, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -154,11 +154,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 pods.run_pod(state_dir, f"ask{k}", NS, f"node{k}", {"role": "asker"})
             yield Cluster(state_dir, log, ips)
     finally:
-        state = ClusterState.load(state_dir)
-        for name in state.nodes if state else ():
-            log_path = nodes.node_paths(state_dir, name).agent_log
-            print(f"--- {log_path} (tail)\n{nodes.log_tail(log_path, 15)}")
-        lifecycle.cluster_down(state_dir, say=print)
+        cluster_down_with_logs(state_dir)
 
 
 ASKERS = ("ask1", "ask2")

@@ -27,9 +27,8 @@ from podnet import netns
 from podnet.client import StatusError
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.readiness import ReadinessCheck
-from podnet.cluster.state import ClusterState
 from podnet.model.kinds import CLUSTER_NETWORK, POD, SERVICE
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import cluster_down_with_logs, wait_for
 from podnet.testing.servicecluster import (
     SETTLE,
     Cluster,
@@ -65,11 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             pods.run_pod(state_dir, f"c{k}", NS, f"node{k}", {"role": "client"})
         yield found
     finally:
-        state = ClusterState.load(state_dir)
-        for name in state.nodes if state else ():
-            log = nodes.node_paths(state_dir, name).agent_log
-            print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")  # shown when a test failed
-        lifecycle.cluster_down(state_dir, say=print)
+        cluster_down_with_logs(state_dir)
 
 
 def all_web() -> set[str]:

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from podnet.cluster import lifecycle, nodes
-from podnet.cluster.state import ClusterState
 from podnet.testing import servicematrix
 from podnet.testing.cli import run_podnet
 
@@ -38,17 +36,8 @@ EVERYONE = "\n".join(f"{key} 11111" for key in PODS)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     state_dir = tmp_path_factory.mktemp("pn-svc-mt")
-    try:
-        spec = lifecycle.ClusterSpec(nodes=NODES, plugin="multitenant")
-        lifecycle.cluster_up(state_dir, spec, say=print)
-        servicematrix.run_pods(state_dir, PODS, NODES)
+    with servicematrix.matrix_cluster(state_dir, "multitenant", PODS, NODES):
         yield state_dir
-    finally:
-        state = ClusterState.load(state_dir)
-        for name in state.nodes if state else ():
-            log = nodes.node_paths(state_dir, name).agent_log
-            print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")
-        lifecycle.cluster_down(state_dir, say=print)
 
 
 def matrix_becomes(state_dir: Path, expected: str) -> None:

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from podnet.cluster import lifecycle, nodes, pods
-from podnet.cluster.state import ClusterState
+from podnet.cluster import pods
 from podnet.model.kinds import NETWORK_POLICY
 from podnet.testing import servicematrix
 
@@ -66,17 +65,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     state_dir = tmp_path_factory.mktemp("pn-svc-np")
-    try:
-        spec = lifecycle.ClusterSpec(nodes=NODES, plugin="networkpolicy")
-        lifecycle.cluster_up(state_dir, spec, say=print)
-        servicematrix.run_pods(state_dir, PODS, NODES)
+    with servicematrix.matrix_cluster(state_dir, "networkpolicy", PODS, NODES):
         yield state_dir
-    finally:
-        state = ClusterState.load(state_dir)
-        for name in state.nodes if state else ():
-            log = nodes.node_paths(state_dir, name).agent_log
-            print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")
-        lifecycle.cluster_down(state_dir, say=print)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from podnet import netns
+from podnet.cluster import lifecycle, nodes
 from podnet.cluster.state import ClusterState
 
 
@@ -115,4 +116,15 @@ def load_state(state_dir: Path) -> ClusterState:
     state = ClusterState.load(state_dir)
     if state is None:
         raise RuntimeError(f"no cluster at {state_dir}")
+    return state
+
+
+def cluster_down_with_logs(state_dir: Path) -> ClusterState | None:
+    """Print the tail of each agent's log (pytest shows it for a failed test), tear the
+    local cluster at ``state_dir`` down, and give back the state it had."""
+    state = ClusterState.load(state_dir)
+    for name in state.nodes if state else ():
+        log = nodes.node_paths(state_dir, name).agent_log
+        print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")
+    lifecycle.cluster_down(state_dir, say=print)
     return state

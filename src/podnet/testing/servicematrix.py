@@ -10,13 +10,14 @@ trace is ``podnet trace``'s own code, run in process on one read of the objects.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from podnet import netns
 from podnet.cli.trace_service import service_trace
-from podnet.cluster import pods
+from podnet.cluster import lifecycle, pods
 from podnet.cluster.matrix import Endpoint, tcp_probe
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
@@ -24,7 +25,7 @@ from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import SERVICE
 from podnet.policy.servicetrace import expected_reach
 from podnet.policy.trace import fetch_objects
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import cluster_down_with_logs, wait_for
 
 PORT = 80
 TARGET = 8080
@@ -52,6 +53,22 @@ def run_pods(state_dir: Path, keys: Sequence[str], nodes: int) -> None:
                 },
             }
             api.create(SERVICE, body, namespace=ns)
+
+
+@contextlib.contextmanager
+def matrix_cluster(
+    state_dir: Path, plugin: str, keys: Sequence[str], node_count: int
+) -> Iterator[Path]:
+    """A local cluster of ``node_count`` nodes with ``plugin`` in ``state_dir``, the pods
+    ``keys`` and their Services (``run_pods``); on exit, even when a test failed, each
+    agent log's tail is printed (shown for a failed test) and the cluster is torn down."""
+    try:
+        spec = lifecycle.ClusterSpec(nodes=node_count, plugin=plugin)
+        lifecycle.cluster_up(state_dir, spec, say=print)
+        run_pods(state_dir, keys, node_count)
+        yield state_dir
+    finally:
+        cluster_down_with_logs(state_dir)
 
 
 def cluster_ips(state_dir: Path, keys: Sequence[str]) -> dict[str, str]:
