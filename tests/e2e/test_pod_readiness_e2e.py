@@ -69,13 +69,13 @@ class Cluster:
         return self.pod(name)
 
 
-def gate_service() -> dict[str, Any]:
-    """A Service in front of the ``tcpgate`` pod."""
+def port_80_service(name: str, selector: dict[str, str]) -> dict[str, Any]:
+    """A Service ``name`` in NS: its port 80 to port 8080 of the pods ``selector`` picks."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": "gate", "namespace": NS},
-        "spec": {"selector": {"app": "tcpgate"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": selector, "ports": [{"port": 80, "targetPort": 8080}]},
     }
 
 
@@ -214,7 +214,7 @@ def endpoint_ips(cluster: Cluster, name: str) -> tuple[list[str], list[str]]:
 
 def test_tcp_readiness_follows_the_port_and_endpoints_follow(cluster: Cluster) -> None:
     with pods.admin_api(cluster.state_dir) as api:
-        api.create(SERVICE, gate_service(), namespace=NS)
+        api.create(SERVICE, port_80_service("gate", {"app": "tcpgate"}), namespace=NS)
     pod = cluster.run("tcpgate", readiness=fast(tcp_port=9091))
     assert pod.prober is not None and pod.prober.alive()
     wait_condition(cluster, "tcpgate", "False")
@@ -296,12 +296,7 @@ def test_the_real_cni_result_carries_dns(cluster: Cluster) -> None:
 def test_trace_and_describe_through_a_service(cluster: Cluster) -> None:
     from podnet.testing.cli import run_podnet
 
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "echo", "namespace": NS},
-        "spec": {"selector": {"role": "echo"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    }
+    service = port_80_service("echo", {"role": "echo"})
     with pods.admin_api(cluster.state_dir) as api:
         api.create(SERVICE, service, namespace=NS)
     backends = [
@@ -329,12 +324,7 @@ def test_trace_and_describe_through_a_service(cluster: Cluster) -> None:
 
 def test_a_pod_resolves_a_service_by_its_short_name(cluster: Cluster) -> None:
     """The pod's resolv.conf (search list, ndots) with the node's DNS server and glibc."""
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "named", "namespace": NS},
-        "spec": {"selector": {"role": "named"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    }
+    service = port_80_service("named", {"role": "named"})
     with pods.admin_api(cluster.state_dir) as api:
         ip = api.create(SERVICE, service, namespace=NS)["spec"]["clusterIP"]
     cluster.run("asker")
