@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podnet.dataplane.linux.services import trim_heap
 from podnet.services.compile import ServiceCompiler, service_record
+from podnet.services.heap import trim_heap
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
 
 Obj = dict[str, Any]

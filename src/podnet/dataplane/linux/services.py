@@ -22,16 +22,12 @@ chains leaves ~200 MB of freed parse buffers in the node thread's malloc arena o
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import itertools
 import logging
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
-from typing import cast
+from collections.abc import Iterable
 
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
 from podnet.dataplane.linux import nftables
@@ -42,6 +38,7 @@ from podnet.dataplane.linux.servicetable import (
     ServiceNft,
     ServiceRenderer,
 )
+from podnet.services.heap import trim_heap
 from podnet.services.model import ServiceTable
 
 log = logging.getLogger(__name__)
@@ -117,23 +114,6 @@ class ServiceTableSync:
         if self._nft is not None:
             self._nft.close()
             self._nft = None
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    return cast("Callable[[int], int] | None", trim)
-
-
-def trim_heap() -> bool:
-    """Give the heap's free memory back to the kernel; False where the C library has no
-    ``malloc_trim`` (not glibc)."""
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 def read_table() -> ServiceNft | None:
