@@ -11,7 +11,6 @@ which changes only what differs. A failed apply is retried with backoff; a perio
 resync applies the same table again (a no-op in the kernel unless something drifted). A
 table the data plane refuses is bisected by service: the services at fault are left out,
 named in the log and the node's ``podnet.io/reconcile`` note, and the rest is forwarded.
-After the first apply that follows a listing the heap is trimmed (``services.heap``).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
 from podnet.services.compile import ServiceCompiler
-from podnet.services.heap import trim_heap
 from podnet.services.model import ServiceTable
 
 log = logging.getLogger("podnet.agent.services")
@@ -62,7 +60,6 @@ class ServiceSync:
         self.applied_at: float | None = None  # time.monotonic() of the last of them
         self._pending: list[Change] = []
         self._node_ips: dict[str, IPv4Address] = {}  # HostSubnet name -> hostIP
-        self._listed = False  # a listing arrived since the last apply: trim after the next
         self.loop = ReconcileLoop(self, pacing, inputs=[kind.plural for kind in KINDS], **loop)
         self.synced = self.loop.synced
         self.ready = self.loop.ready
@@ -91,7 +88,6 @@ class ServiceSync:
         payload = event.items if event.type == LISTED else event.object
         self._pending.append((kind.plural, event.type, payload))
         if event.type == LISTED:
-            self._listed = True
             self.loop.listed(kind.plural)
         else:
             self.loop.changed()
@@ -145,9 +141,6 @@ class ServiceSync:
                 (record.seconds - record.compile_seconds) * 1000,
             )
         self.last_table = desired
-        if self._listed:  # the listing's objects are compiled and dropped: free their pages
-            self._listed = False
-            trim_heap()
 
     def _compile(self, changes: list[Change], node_ips: list[IPv4Address]) -> ServiceTable:
         """Runs in a worker thread, one at a time: the compiler is not shared."""
