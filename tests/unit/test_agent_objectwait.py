@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from podnet.agent import cniplugin
 from podnet.agent.agent import NodeAgent
 from podnet.agent.config import AgentConfig, hostsubnet_problem
 from podnet.agent.objectwait import ObjectWait, wait_for_object
@@ -197,18 +196,6 @@ async def test_a_permanent_error_ends_the_wait(api: Api) -> None:
         await asyncio.wait_for(wait_for_object(client, EVENT, "e", lambda _: "no", NODE), WAIT)
     assert (denied.value.code, denied.value.reason) == (403, "Forbidden")
     assert client.calls == [("list", "events", "metadata.name=e")]
-
-
-@pytest.fixture
-def no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stand-in CNI plugin: the real shim build is covered by the integration test."""
-
-    def install(bin_dir: Path, python: str) -> Path:
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        (bin_dir / "podnet").write_text("#!/bin/false\n")
-        return bin_dir / "podnet"
-
-    monkeypatch.setattr(cniplugin, "install_shim", install)
 
 
 async def test_the_agent_gets_its_subnet_through_the_watch(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from podnet.agent import cnierrors, cniplugin, cniserver
+from podnet.agent import cnierrors, cniserver
 from podnet.agent.agent import NodeAgent
 from podnet.agent.config import AgentConfig
 from podnet.agent.podcleanup import plan_gc, plan_restart_cleanup
@@ -388,15 +388,8 @@ def agent_config(tmp_path: Path, resync: float = 30.0) -> AgentConfig:
 
 
 @pytest.fixture(autouse=True)
-def no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Install a stand-in plugin: the real shim build is covered by the integration test."""
-
-    def install(bin_dir: Path, python: str) -> Path:
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        (bin_dir / "podnet").write_text("#!/bin/false\n")
-        return bin_dir / "podnet"
-
-    monkeypatch.setattr(cniplugin, "install_shim", install)
+def stand_in_plugin(no_compiler: None) -> None:
+    """Every test here runs with the stand-in CNI plugin (tests/unit/conftest.py)."""
 
 
 class RunningAgent:
