@@ -13,9 +13,10 @@ export PODNET_STATE_DIR="${PODNET_STATE_DIR:-/var/lib/podnet/cluster}"
 NODES="${PODNET_NODES:-3}"
 TUNNEL="${PODNET_TUNNEL:-${PODNET_BACKEND:-vxlan}}"  # PODNET_BACKEND: its older name
 PLUGIN="${PODNET_PLUGIN:-subnet}"
+DATAPLANE="${PODNET_DATAPLANE:-linux}"  # linux (bridge + nftables) or ovs (Open vSwitch)
 
-echo "== podnet cluster up --nodes $NODES --tunnel $TUNNEL --plugin $PLUGIN"
-"$PODNET" cluster up --nodes "$NODES" --tunnel "$TUNNEL" --plugin "$PLUGIN"
+echo "== podnet cluster up --nodes $NODES --tunnel $TUNNEL --plugin $PLUGIN --dataplane $DATAPLANE"
+"$PODNET" cluster up --nodes "$NODES" --tunnel "$TUNNEL" --plugin "$PLUGIN" --dataplane "$DATAPLANE"
 
 echo "== podnet pod run (2 pods per node)"
 for node in $(seq 1 "$NODES"); do

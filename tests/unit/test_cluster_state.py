@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,29 @@ def test_up_refuses_to_switch_tunnel(tmp_path: Path) -> None:
     spec = lifecycle.ClusterSpec(nodes=1, tunnel="host-gw")
     with pytest.raises(lifecycle.ClusterError, match="vxlan tunnel"):
         lifecycle.cluster_up(tmp_path, spec, lambda _line: None)
+
+
+def test_up_refuses_to_switch_dataplane(tmp_path: Path) -> None:
+    state = make_state()
+    state.save(tmp_path)
+    before = (tmp_path / "state.json").read_text()
+    spec = lifecycle.ClusterSpec(nodes=1, dataplane="ovs")
+    with pytest.raises(lifecycle.ClusterError, match="runs the linux data plane"):
+        lifecycle.cluster_up(tmp_path, spec, lambda _line: None)
+    assert (tmp_path / "state.json").read_text() == before
+
+
+def test_up_refuses_an_unknown_dataplane_before_anything_starts(tmp_path: Path) -> None:
+    spec = lifecycle.ClusterSpec(nodes=1, dataplane="fake")
+    with pytest.raises(lifecycle.ClusterError, match="unknown data plane 'fake'"):
+        lifecycle.cluster_up(tmp_path / "new", spec, lambda _line: None)
+    assert not (tmp_path / "new").exists()
+
+
+def test_old_state_files_run_the_linux_dataplane(tmp_path: Path) -> None:
+    data = asdict(make_state())
+    del data["dataplane"]
+    assert ClusterState.from_dict(data).dataplane == "linux"
 
 
 def read_request(conn: Any) -> bytes:

@@ -15,7 +15,7 @@ import click
 
 from podnet.cli.master_cmd import PLUGIN_ALIASES
 from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane
-from podnet.cluster.state import ClusterState
+from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState
 from podnet.dataplane.interface import TUNNELS
 
 STATE_DIR = click.option(
@@ -50,6 +50,13 @@ def cluster() -> None:
 )
 @click.option(
     "--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True
+)
+@click.option(
+    "--dataplane",
+    type=click.Choice(CLUSTER_DATAPLANES),
+    default="linux",
+    show_default=True,
+    help="The agents' data plane: Linux bridge + nftables, or Open vSwitch (OpenFlow)",
 )
 @click.option(
     "--cluster-network",
@@ -91,6 +98,7 @@ def up(
     node_count: int,
     tunnel: str,
     plugin: str,
+    dataplane: str,
     cluster_networks: tuple[str, ...],
     service_node_port_range: str | None,
     external_ip_cidrs: str | None,
@@ -117,6 +125,7 @@ def up(
         etcd_members=etcd_members or 0,
         masters=masters or 0,
         dns_upstreams=dns_upstreams or None,
+        dataplane=dataplane,
     )
     try:
         cluster_up(state_dir, spec, say=say)
@@ -169,7 +178,9 @@ def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
     from podnet.cluster.health import control_plane_health
 
     report = control_plane_health(state, ControlPlane(state_dir))
-    click.echo(f"cluster: {state.cluster_id or '-'} ({state.tunnel} tunnel)")
+    click.echo(
+        f"cluster: {state.cluster_id or '-'} ({state.tunnel} tunnel, {state.dataplane} data plane)"
+    )
     click.echo(f"plugin:  {PLUGIN_ALIASES.get(state.plugin, state.plugin)}")
     click.echo("etcd (TLS, client certificates):")
     for m in report.members:

@@ -26,7 +26,7 @@ from podnet.cluster.nodes import (
 )
 from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
-from podnet.cluster.state import ClusterState, locked, new_cluster_id
+from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
 from podnet.dataplane.interface import TUNNELS
 from podnet.dns.upstreams import MAX_NAMESERVERS, nameservers
@@ -52,6 +52,7 @@ class ClusterSpec:
     etcd_members: int = 0  # 0: as recorded, or 1
     masters: int = 0  # 0: as recorded, or 1
     dns_upstreams: tuple[str, ...] | None = None  # None: as recorded (none: the host's)
+    dataplane: str = "linux"  # a registry name: linux or ovs
 
 
 def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
@@ -60,12 +61,18 @@ def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
         state = state or ClusterState(plugin=spec.plugin)
         state.cluster_id = new_cluster_id()
         state.tunnel, state.underlay_cidr = spec.tunnel, spec.underlay_cidr
+        state.dataplane = spec.dataplane
         state.save(state_dir)
         return state
     if state.tunnel != spec.tunnel:
         raise ClusterError(
             f"the cluster runs the {state.tunnel} tunnel; `podnet cluster down` first "
             f"to use {spec.tunnel}"
+        )
+    if state.dataplane != spec.dataplane:
+        raise ClusterError(
+            f"the cluster runs the {state.dataplane} data plane; `podnet cluster down` "
+            f"first to use {spec.dataplane}"
         )
     if state.plugin != spec.plugin and ControlPlane(state_dir).running():
         raise ClusterError(
@@ -79,6 +86,9 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
     """Ensure the control plane, the underlay, the external host and ``spec.nodes`` nodes."""
     if spec.tunnel not in TUNNELS:
         raise ClusterError(f"unknown tunnel {spec.tunnel!r} (one of {', '.join(TUNNELS)})")
+    if spec.dataplane not in CLUSTER_DATAPLANES:
+        known = ", ".join(CLUSTER_DATAPLANES)
+        raise ClusterError(f"unknown data plane {spec.dataplane!r} (one of {known})")
     IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
     upstreams = checked_upstreams(spec.dns_upstreams)
     with locked(state_dir):
@@ -86,7 +96,10 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         if upstreams is not None:
             state.dns_upstreams = upstreams
             state.save(state_dir)
-        say(f"cluster {state.cluster_id}: {spec.tunnel} tunnel, state in {state_dir}")
+        say(
+            f"cluster {state.cluster_id}: {spec.tunnel} tunnel, {spec.dataplane} data plane, "
+            f"state in {state_dir}"
+        )
         try:
             ControlPlane(state_dir).up(
                 spec.plugin, list(spec.master_args), say, spec.etcd_members, spec.masters

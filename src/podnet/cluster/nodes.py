@@ -138,7 +138,7 @@ def agent_command(state: ClusterState, node: NodeRecord, paths: NodePaths) -> li
         "--ipam-dir",
         str(paths.ipam_dir),
         "--dataplane",
-        "linux",
+        state.dataplane,
         "--dns-upstream-resolv-conf",
         str(paths.upstream_resolv_conf),
     ]

@@ -254,6 +254,9 @@ def _pod(data: dict[str, Any]) -> PodRecord:
     return PodRecord(**data, process=process, prober=prober)
 
 
+CLUSTER_DATAPLANES = ("linux", "ovs")  # the registry names a real cluster can run
+
+
 @dataclass
 class ClusterState:
     """What ``cluster up`` started, as recorded on disk."""
@@ -267,6 +270,7 @@ class ClusterState:
     extra: dict[str, object] = field(default_factory=dict)
     cluster_id: str = ""
     tunnel: str = "vxlan"  # "backend" in state files written before issue 9
+    dataplane: str = "linux"  # the agents' data plane implementation (registry name)
     underlay_cidr: str = ""
     namespaces: list[str] = field(default_factory=list)  # every netns, in creation order
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
