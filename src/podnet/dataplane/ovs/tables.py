@@ -35,6 +35,15 @@ NOTE: Final = 253
 REG_SRC_VNID: Final = "reg0"  # the sender's VNID (0: global, the host, the outside)
 REG_DST_VNID: Final = "reg1"  # the local destination pod's VNID
 REG_OUT_PORT: Final = "reg2"  # the local destination pod's ofport
+UNASSIGNED_VNID: Final = 0xFFFFFFFF  # reg0/reg1 of a pod whose project has no VNID yet:
+# it meets only VNID 0 (two unassigned pods do not meet each other)
+
+# Conntrack (zone 0, shared with the policy tables): CLASSIFY tracks every IP packet
+# first (``ct(table=0)``), so tables 21 and 80 see ``+trk`` already. A connection a pod
+# opened through the host (a service: DNATed by the host's nftables, it comes back from
+# tun0 with the pod's address) is committed with ``CT_MARK_VIA_HOST``; ROUTE sends its
+# replies back to tun0, so the host's conntrack undoes the DNAT.
+CT_MARK_VIA_HOST: Final = 0x1
 
 VXLAN_PORT: Final = 1  # ofport of vxlan0
 TUN_PORT: Final = 2  # ofport of tun0, the gateway: the host's side of br0
