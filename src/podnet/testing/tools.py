@@ -39,6 +39,8 @@ TOOLS: dict[str, Tool] = {
         Tool("iperf3", "Debian package iperf3"),
         Tool("gcc", "Debian packages gcc and libc6-dev (the C CNI shim)"),
         Tool("podman", "Debian package podman"),
+        Tool("ovs-vswitchd", "Debian package openvswitch-switch"),
+        Tool("ovs-ofctl", "Debian package openvswitch-common"),
         Tool("runc", "Debian package runc"),
         Tool("busybox", "Debian package busybox-static", "/bin/busybox", ()),
         Tool(
