@@ -4,7 +4,8 @@ how a free cluster IP or node port is chosen.
 - Cluster IPs come from the service network (the ClusterNetwork's ``serviceNetwork``).
   The network and broadcast addresses are never used, and the first host address
   (172.30.0.1 in 172.30.0.0/16) is kept for the ``kubernetes`` service, as
-  kube-apiserver does: it is given only to a Service that asks for it by name.
+  kube-apiserver does: only ``default/kubernetes`` may have it
+  (``podnet.api.masterservice``).
 - Node ports come from ``--service-node-port-range`` (30000-32767 by default), one
   claim per port and protocol.
 - externalIPs must lie inside one of ``--external-ip-cidrs`` (OpenShift's

@@ -23,11 +23,13 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from podnet.api.claims import NODE_PORT, Claim, cluster_ip_path, node_port_path
+from podnet.api.masterservice import reserved_ip_problems
 from podnet.api.servicealloc import (
     Network,
     ServiceRanges,
     free_ip,
     free_port,
+    kubernetes_service_ip,
     node_ports_held,
     ports_wanting_node_port,
     random_ip,
@@ -92,6 +94,7 @@ class ServiceAllocator:
         network = await self.service_network()
         problems = requested_problems(spec, old_spec, self.ranges, network)
         problems += self._family_problems(spec, network)
+        problems += reserved_ip_problems(new, old_spec, kubernetes_service_ip(network))
         if problems:
             raise errors.invalid(SERVICE.kind, new["metadata"]["name"], problems)
         spec = {**spec, "ports": [dict(p) for p in spec.get("ports") or []]}

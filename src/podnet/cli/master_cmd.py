@@ -28,6 +28,10 @@ PLUGIN_ALIASES = {
 
 
 NODE_PORTS_HELP = "node ports of NodePort/LoadBalancer Services  [default: 30000-32767]"
+ADVERTISE_HELP = (
+    "the address at which nodes and pods reach this master: the endpoints of the "
+    "default/kubernetes Service (default: none, the Service has no endpoints)"
+)
 EXTERNAL_IPS_HELP = "CIDRs a Service's externalIPs may come from, comma-separated (default: none)"
 
 
@@ -150,6 +154,13 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option("--service-node-port-range", default="30000-32767", help=NODE_PORTS_HELP)
 @click.option("--external-ip-cidrs", default="", help=EXTERNAL_IPS_HELP)
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
+@click.option("--advertise-address", default="", help=ADVERTISE_HELP)
+@click.option(
+    "--advertise-port",
+    default=0,
+    type=click.IntRange(0, 65535),
+    help="the port at --advertise-address  [default: --listen's]",
+)
 @click.option(
     "--controllers/--no-controllers",
     "run_controllers",
@@ -172,6 +183,8 @@ def master(
     service_node_port_range: str,
     external_ip_cidrs: str,
     leader_elect: bool,
+    advertise_address: str,
+    advertise_port: int,
     run_controllers: bool,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
@@ -193,9 +206,27 @@ def master(
         leader_elect=leader_elect,
         run_controllers=run_controllers,
         services=services,
+        advertise_address=_advertise_address(advertise_address),
+        advertise_port=advertise_port,
     )
     log_to_stderr()
     asyncio.run(run_until_signalled(Master(options), "podnet.master"))
+
+
+def _advertise_address(value: str) -> str:
+    """An address the kubernetes Service's endpoints may hold ('' : none)."""
+    from podnet.model.schemas_endpoints import special_ip_problem
+
+    if not value:
+        return ""
+    try:
+        address = str(ipaddress.ip_address(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--advertise-address") from exc
+    problem = special_ip_problem(address)
+    if problem:
+        raise click.BadParameter(f"{address} {problem}", param_hint="--advertise-address")
+    return address
 
 
 def _service_ranges(network: NetworkConfig, node_ports: str, external_cidrs: str) -> ServiceRanges:

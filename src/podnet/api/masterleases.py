@@ -1,0 +1,94 @@
+"""Master leases: which masters are alive, and at which address the nodes reach them.
+
+Each master that advertises an address (``--advertise-address``) keeps one etcd key,
+``<prefix>masterleases/<address>``, bound to an etcd lease of ``ttl`` seconds that it
+renews on every round of the ``kubernetes`` Service reconciler. A master that dies stops
+renewing and its key vanishes with the lease, at most ``ttl`` later; a master that stops
+cleanly revokes it at once. This is kube-apiserver's ``lease`` endpoint reconciler:
+the live keys are the addresses that go into ``default/kubernetes``'s endpoints. The
+value is the master's port, which all masters must share (one port per Endpoints subset).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from podnet.store.base import StoreUnavailable
+from podnet.store.etcd import EtcdStore
+
+log = logging.getLogger("podnet.api.masterleases")
+DEFAULT_TTL = 15
+
+
+@dataclass(frozen=True)
+class MasterAddress:
+    """Where one live master is reached."""
+
+    ip: str
+    port: int
+
+
+class Leases(Protocol):
+    """The master leases, as the reconciler uses them (etcd, or a fake in unit tests)."""
+
+    async def hold(self, address: MasterAddress) -> None: ...
+
+    async def live(self) -> list[MasterAddress]: ...
+
+    async def release(self) -> None: ...
+
+
+class EtcdMasterLeases:
+    """Master leases as etcd keys bound to etcd leases."""
+
+    def __init__(self, store: EtcdStore, prefix: str, ttl: int = DEFAULT_TTL) -> None:
+        if ttl < 2:
+            raise ValueError("the master lease ttl must be at least 2 seconds")
+        self.store = store
+        self.prefix = f"{prefix}masterleases/"
+        self.ttl = ttl
+        self._lease_id: int | None = None
+        self._key: str | None = None
+
+    async def hold(self, address: MasterAddress) -> None:
+        """Renew this master's lease, or take a new one if it lapsed; (re)write the key."""
+        client = self.store.client
+        try:
+            if self._lease_id is not None:
+                renewed = await client.refresh_lease(self._lease_id)
+                if int(getattr(renewed, "TTL", 0)) <= 0:
+                    log.warning("master lease %x lapsed; taking a new one", self._lease_id)
+                    self._lease_id = None
+            if self._lease_id is None:
+                self._lease_id = int((await client.lease(self.ttl)).id)
+            self._key = f"{self.prefix}{address.ip}"
+            value = json.dumps({"port": address.port}).encode()
+            await client.put(self._key.encode(), value, lease=self._lease_id)
+        except Exception as exc:
+            raise StoreUnavailable(f"master lease not renewed: {exc}") from exc
+
+    async def live(self) -> list[MasterAddress]:
+        """Every master whose lease holds."""
+        kvs, _ = await self.store.list(self.prefix)
+        out = []
+        for kv in kvs:
+            try:
+                port = int(json.loads(kv.value)["port"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring malformed master lease %s", kv.key)
+                continue
+            out.append(MasterAddress(kv.key[len(self.prefix) :], port))
+        return out
+
+    async def release(self) -> None:
+        """Revoke this master's lease: its key (its address in the endpoints) goes now."""
+        lease_id, self._lease_id = self._lease_id, None
+        if lease_id is None:
+            return
+        try:
+            await self.store.client.revoke_lease(lease_id)
+        except Exception as exc:  # it expires by itself
+            log.warning("could not revoke master lease %x: %s", lease_id, exc)
