@@ -27,6 +27,7 @@ class Kind(IntEnum):
     ISOLATION = 0x04  # multitenant: one VNID's rules
     POLICY = 0x05  # networkpolicy: one NetworkPolicy's conjunctions
     POLICY_POD = 0x06  # networkpolicy: one pod's isolation state
+    POLICY_MATCH = 0x07  # networkpolicy: one shared match (a peer, a port block)
     NOTE = 0x7F  # the version note, written last
 
 

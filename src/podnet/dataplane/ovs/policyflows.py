@@ -1,0 +1,302 @@
+"""Isolation and NetworkPolicy as OpenFlow: tables EGRESS_POLICY (21) and ISOLATION (80).
+
+Pure: ``policy_groups`` turns one node's view (its name, its local pods, its own
+addresses) and the compiled ``RuleSet`` into flows grouped by cookie. The contract with
+the pipeline (``tables``): a pod's packets reach 21 with its VNID in reg0 and must leave
+it by ``goto_table:30`` or be dropped; packets for a local pod reach 80 with the
+destination VNID in reg1 and its port in reg2, and leave by ``output:NXM_NX_REG2[]`` or
+are dropped. Identity is the IP address: the pipeline has checked every pod's source.
+
+- subnet: 21 passes, 80 delivers.
+- multitenant (``RuleSet.isolation``): 80 delivers when reg0 or reg1 is 0, and, per VNID
+  of a local pod, when both are that VNID; the rest is dropped. A pod whose project has no
+  VNID carries ``UNASSIGNED_VNID``, which has no flow of its own, so it meets only VNID 0.
+  A join, isolate or global changes VNIDs only (the pipeline's loads, a group here).
+- networkpolicy: 21 judges the egress of local pods, 80 the ingress of local pods, each
+  from conntrack state (``ct_state``; CLASSIFY has tracked every IP packet already, the
+  ``-trk`` flow is a safety net):
+
+  * replies (``+rpl``) and related packets pass; a packet of an established connection
+    passes when this table has allowed it before (``ct_mark`` bit ``MARK_EGRESS`` or
+    ``MARK_INGRESS``, set by the commit of an allowed packet), otherwise it is judged
+    like a new one. That is what keeps a connection that passed 21 but not 80 on the
+    same node out: its next packets are established but lack ``MARK_INGRESS``. In 80 a
+    reply from a local pod also needs ``MARK_INGRESS`` (that pod's ingress allowed it).
+  * the node's own addresses and a pod itself (a service hairpin) always pass;
+  * a pod isolated for the direction needs a rule: one conjunction per compiled rule with
+    up to three dimensions, the local targets (``nw_src`` in 21, ``nw_dst`` in 80), the
+    peers (pod IPs and ipBlock networks on the other field) and the ports (each range as
+    aligned ``tp_dst`` blocks, named ports as ``nw_dst,tp_dst`` entries). A rule with a
+    single dimension (every address, every packet) is one plain flow per target;
+  * an isolated pod without a matching rule is dropped; any other packet is allowed.
+
+  Allowed packets are committed to conntrack with the table's mark bit.
+
+Flows grow as pods + policies: one flow per local pod per direction, per distinct peer
+and port block, and per rule (``conj_id``); never pods x pods. Groups (cookies): the
+mode's fixed flows, one per VNID, one per local pod (its target and isolation flows, whose
+actions list every conjunction naming it), one per shared match (a peer, a port block),
+and one per policy (its ``conj_id`` flows). Changing a policy changes its own group and
+the groups of the pods, peers and ports its rules name, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+
+from podnet.dataplane.ovs import tables as t
+from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids
+from podnet.dataplane.ovs.flow import Flow, Kind, cookie
+from podnet.dataplane.ovs.portmasks import port_matches
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
+from podnet.policy.model import EGRESS, GLOBAL_VNID, CompiledPolicy, PolicyRule, RuleSet
+
+Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
+
+MARK_EGRESS = 0x2  # ct_mark bit: table 21 allowed this connection (0x1 is the pipeline's)
+MARK_INGRESS = 0x4  # ct_mark bit: table 80 allowed this connection
+DELIVER = f"output:NXM_NX_{t.REG_OUT_PORT.upper()}[]"
+TO_ROUTE = f"goto_table:{t.ROUTE}"
+
+# priorities, highest first
+P_UNTRACKED = 400
+P_REPLY_INGRESS = 310  # 80: a reply the local pod's ingress allowed
+P_REPLY_UNCHECKED = 305  # 80: a reply from a local pod whose ingress never allowed it
+P_REPLY = 302
+P_ESTABLISHED = 301
+P_RELATED = 299
+P_ALWAYS = 250  # the node's own addresses, a pod to itself
+P_PLAIN_RULE = 201
+P_CONJUNCTION = 200
+P_ISOLATED = 100
+P_OPEN = 50
+P_DEFAULT = 0
+
+
+@dataclass(frozen=True)
+class LocalView:
+    """What one node knows of itself: its name, its pods (IP → ofport), its addresses."""
+
+    node: str
+    pods: Mapping[IPv4Address, int]
+    addresses: frozenset[IPv4Address] = frozenset()
+
+
+def mode_cookie(plugin: str) -> int:
+    """The group of a mode's fixed flows."""
+    return cookie(Kind.ISOLATION, f"mode/{plugin}")
+
+
+def vnid_cookie(vnid: int) -> int:
+    """Multitenant: the group letting one VNID reach itself."""
+    return cookie(Kind.ISOLATION, f"vnid/{vnid}")
+
+
+def pod_cookie(ip: IPv4Address) -> int:
+    """Networkpolicy: one local pod's isolation and target flows."""
+    return cookie(Kind.POLICY_POD, f"pod/{ip}")
+
+
+def policy_cookie(policy: CompiledPolicy) -> int:
+    """Networkpolicy: one policy's ``conj_id`` flows."""
+    return cookie(Kind.POLICY, f"policy/{policy.key}")
+
+
+def match_cookie(table: int, match: str) -> int:
+    """Networkpolicy: one shared peer or port match of ``table``."""
+    return cookie(Kind.POLICY_MATCH, f"match/{table}/{match}")
+
+
+def policy_groups(view: LocalView, rules: RuleSet | None) -> Groups:
+    """Tables 21 and 80 for ``view``'s node, by cookie (``rules`` None: subnet)."""
+    plugin = SUBNET if rules is None else rules.plugin
+    if plugin == SUBNET:
+        return _group(
+            [
+                Flow(t.EGRESS_POLICY, P_DEFAULT, "", TO_ROUTE, mode_cookie(SUBNET)),
+                Flow(t.ISOLATION, P_DEFAULT, "", DELIVER, mode_cookie(SUBNET)),
+            ]
+        )
+    assert rules is not None
+    if plugin == MULTITENANT:
+        return _group(_multitenant(view, rules))
+    if plugin == NETWORKPOLICY:
+        return _group(_NetworkPolicy(view, rules).flows())
+    raise ValueError(f"unknown network plugin {plugin!r}")
+
+
+def policy_flows(view: LocalView, rules: RuleSet | None) -> list[Flow]:
+    """Every flow of tables 21 and 80, in a stable order."""
+    return sorted(flow for flows in policy_groups(view, rules).values() for flow in flows)
+
+
+def _group(flows: Iterable[Flow]) -> Groups:
+    found: Groups = {}
+    for flow in sorted(flows):
+        found.setdefault(flow.cookie, []).append(flow)
+    return found
+
+
+# --- multitenant ---------------------------------------------------------------------------
+
+
+def _multitenant(view: LocalView, rules: RuleSet) -> list[Flow]:
+    assert rules.isolation is not None
+    by_ip = rules.isolation.by_ip
+    if t.UNASSIGNED_VNID in by_ip.values():
+        raise ValueError(
+            f"VNID {t.UNASSIGNED_VNID:#x} is reserved for pods without a VNID; "
+            "no project may have it"
+        )
+    fixed = mode_cookie(MULTITENANT)
+    src, dst = t.REG_SRC_VNID, t.REG_DST_VNID
+    flows = [
+        Flow(t.EGRESS_POLICY, P_DEFAULT, "", TO_ROUTE, fixed),
+        Flow(t.ISOLATION, 210, f"{src}={GLOBAL_VNID}", DELIVER, fixed),
+        Flow(t.ISOLATION, 200, f"{dst}={GLOBAL_VNID}", DELIVER, fixed),
+        Flow(t.ISOLATION, P_DEFAULT, "", "drop", fixed),
+    ]
+    local_vnids = {by_ip[ip] for ip in view.pods if ip in by_ip}
+    for vnid in sorted(local_vnids - {GLOBAL_VNID}):
+        match = f"{src}={vnid:#x},{dst}={vnid:#x}"
+        flows.append(Flow(t.ISOLATION, 100, match, DELIVER, vnid_cookie(vnid)))
+    return flows
+
+
+# --- networkpolicy -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Direction:
+    """One direction's table and how it speaks of the local pod and the other end."""
+
+    table: int
+    subject: str  # the field holding the local pod judged here
+    peer: str  # the field holding the other end
+    passes: str  # actions of a packet this table lets through
+    mark: int  # its ct_mark bit
+
+    @property
+    def allows(self) -> str:
+        """Actions of an allowed packet: commit with this table's mark, then pass."""
+        commit = f"ct(commit,exec(set_field:{self.mark:#x}/{self.mark:#x}->ct_mark))"
+        return f"{commit},{self.passes}"
+
+
+EGRESS_SIDE = _Direction(t.EGRESS_POLICY, "nw_src", "nw_dst", TO_ROUTE, MARK_EGRESS)
+INGRESS_SIDE = _Direction(t.ISOLATION, "nw_dst", "nw_src", DELIVER, MARK_INGRESS)
+
+
+@dataclass
+class _NetworkPolicy:
+    view: LocalView
+    rules: RuleSet
+    _flows: list[Flow] = field(default_factory=list)
+
+    def flows(self) -> list[Flow]:
+        local = frozenset(self.view.pods)
+        for side in (EGRESS_SIDE, INGRESS_SIDE):
+            self._fixed(side, local)
+            egress = side is EGRESS_SIDE
+            isolated = (
+                self.rules.egress_isolated if egress else self.rules.ingress_isolated
+            ) & local
+            for ip in sorted(isolated):
+                match = f"ip,{side.subject}={ip}"
+                self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
+            wanted = EGRESS if egress else "ingress"
+            chosen = [
+                (policy, rule)
+                for policy in self.rules.policies
+                for rule in policy.rules
+                if rule.direction == wanted and rule.targets & isolated
+            ]
+            ids = conjunction_ids(rule.id for _, rule in chosen)
+            conjunctions = Conjunctions(side.table, P_CONJUNCTION)
+            plain: set[Flow] = set()
+            for policy, rule in chosen:
+                self._rule(side, policy, rule, rule.targets & isolated, ids[rule.id],
+                           conjunctions, plain)  # fmt: skip
+            self._flows += conjunctions.flows()
+            self._flows += plain
+        return self._flows
+
+    def _fixed(self, side: _Direction, local: frozenset[IPv4Address]) -> None:
+        """The mode's fixed flows of one table, the node's addresses and pod hairpins."""
+        fixed, table = mode_cookie(NETWORKPOLICY), side.table
+        specs = [
+            (P_UNTRACKED, "ip,ct_state=-trk", f"ct(table={table})"),
+            (P_ESTABLISHED, f"ip,ct_state=+est+trk,ct_mark={side.mark:#x}/{side.mark:#x}",
+             side.passes),
+            (P_RELATED, "ip,ct_state=+rel+trk", side.passes),
+            (P_OPEN, "ip", side.allows),
+            (P_DEFAULT, "", side.passes),
+        ]  # fmt: skip
+        if side is INGRESS_SIDE:
+            mark = f"{MARK_INGRESS:#x}/{MARK_INGRESS:#x}"
+            specs.append((P_REPLY_INGRESS, f"ip,ct_state=+rpl+trk,ct_mark={mark}", DELIVER))
+        specs.append((P_REPLY, "ip,ct_state=+rpl+trk", side.passes))
+        for address in sorted(self.view.addresses):
+            specs.append((P_ALWAYS, f"ip,{side.peer}={address}", side.passes))
+        self._flows += [Flow(table, prio, match, actions, fixed) for prio, match, actions in specs]
+        for ip in sorted(local):
+            group = pod_cookie(ip)
+            self._flows.append(Flow(table, P_ALWAYS, f"ip,nw_src={ip},nw_dst={ip}", side.passes,
+                                    group))  # fmt: skip
+            if side is INGRESS_SIDE:
+                match = f"ip,ct_state=+rpl+trk,nw_src={ip}"
+                self._flows.append(Flow(table, P_REPLY_UNCHECKED, match, "drop", group))
+
+    def _rule(
+        self,
+        side: _Direction,
+        policy: CompiledPolicy,
+        rule: PolicyRule,
+        targets: frozenset[IPv4Address],
+        conj_id: int,
+        conjunctions: Conjunctions,
+        plain: set[Flow],
+    ) -> None:
+        """One compiled rule: a conjunction of its dimensions, or plain flows."""
+        dimensions: list[list[tuple[str, int]]] = [
+            [(f"ip,{side.subject}={ip}", pod_cookie(ip)) for ip in sorted(targets)]
+        ]
+        table = side.table
+        if not rule.peers.every_address:
+            peers = [_address_match(side.peer, ip) for ip in sorted(rule.peers.pods)]
+            peers += [_address_match(side.peer, net) for net in rule.peers.blocks]
+            if not peers:
+                return  # no peer at all: the rule allows nothing
+            dimensions.append([(m, match_cookie(table, m)) for m in peers])
+        if not rule.ports.every_packet:
+            ports = [m for span in rule.ports.ranges for m in port_matches(span)]
+            ports += [
+                f"{proto.lower()},nw_dst={ip},tp_dst={port}"
+                for ip, proto, port in sorted(rule.ports.named_keys)
+                if side is EGRESS_SIDE or ip in targets
+            ]
+            if not ports:
+                return  # no port resolved: the rule allows nothing
+            dimensions.append([(m, match_cookie(table, m)) for m in ports])
+        if len(dimensions) == 1:
+            for match, group in dimensions[0]:
+                plain.add(Flow(table, P_PLAIN_RULE, match, side.allows, group))
+            return
+        for k, members in enumerate(dimensions, start=1):
+            for match, group in members:
+                conjunctions.add(match, group, conj_id, k, len(dimensions))
+        self._flows.append(
+            Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows, policy_cookie(policy))
+        )
+
+
+def _address_match(fieldname: str, address: IPv4Address | IPv4Network) -> str:
+    if isinstance(address, IPv4Network):
+        if address.prefixlen == 0:
+            return "ip"
+        if address.prefixlen < 32:
+            return f"ip,{fieldname}={address}"
+        address = address.network_address
+    return f"ip,{fieldname}={address}"
