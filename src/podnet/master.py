@@ -20,11 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token, node_user
+from podnet.api.kubernetesservice import MasterServiceReconciler
+from podnet.api.masterleases import EtcdMasterLeases
+from podnet.api.masterservice import SERVICE_NAMES
 from podnet.api.metrics import ApiMetrics
 from podnet.api.pki import Pki, ensure_pki
 from podnet.api.registry import DEFAULT_PREFIX, Registry
 from podnet.api.server import ApiServer
-from podnet.api.servicealloc import ServiceRanges
+from podnet.api.servicealloc import ServiceRanges, kubernetes_service_ip
+from podnet.api.serviceallocator import ServiceAllocator
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
@@ -53,6 +57,11 @@ class MasterOptions:
     run_controllers: bool = True  # False: serve the API only (controllers run elsewhere)
     services: ServiceRanges | None = None  # node ports, external IPs (default: kube's)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # Where nodes (and pods, through default/kubernetes) reach this master; none: the
+    # kubernetes Service has no endpoints from this master. Port 0: listen_port.
+    advertise_address: str = ""
+    advertise_port: int = 0
+    master_service_interval: float = 10.0
 
     @property
     def tokens_path(self) -> Path:
@@ -74,10 +83,12 @@ class Master:
         self.options = options
         self.store = EtcdStore(options.etcd, tls=options.etcd_tls)
         services = options.services or ServiceRanges(options.network.service_network)
+        self.registry_ranges = services
         self.registry = Registry(self.store, prefix=options.etcd_prefix, services=services)
         self.metrics = ApiMetrics()
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None
+        self.master_service: MasterServiceReconciler | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def _ready(self) -> bool:
@@ -89,7 +100,7 @@ class Master:
         opts = self.options
         opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         await self.store.connect()
-        pki = ensure_pki(opts.pki_dir, [opts.listen_host, *opts.extra_hosts])
+        pki = ensure_pki(opts.pki_dir, self._certificate_hosts())
         admin_token = ensure_admin_token(opts.tokens_path)
         self.server = ApiServer(
             self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready
@@ -98,9 +109,32 @@ class Master:
         server = opts.kubeconfig_server or self.server.address
         write_kubeconfig(opts.kubeconfig_path, server, pki.ca_pem(), admin_token)
         log.info("admin kubeconfig written to %s", opts.kubeconfig_path)
+        self._start_master_service(self.server)
         if opts.run_controllers:
             self._start_controllers(self.server)
         self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
+
+    def _certificate_hosts(self) -> list[str]:
+        """The serving certificate's names: the listen and advertised addresses, the
+        extra hosts, and the kubernetes Service's cluster IP and DNS names."""
+        opts = self.options
+        service_ip = kubernetes_service_ip(opts.network.service_network)
+        hosts = [opts.listen_host, opts.advertise_address, *opts.extra_hosts, service_ip]
+        return list(dict.fromkeys(h for h in [*hosts, *SERVICE_NAMES] if h))
+
+    def _start_master_service(self, server: ApiServer) -> None:
+        """Keep default/kubernetes, with this master in its endpoints while it runs."""
+        opts = self.options
+        allocator = ServiceAllocator(self.registry, self.registry_ranges)
+        self.master_service = MasterServiceReconciler(
+            InProcessApi(self.registry, server.cache),
+            allocator.service_network,
+            opts.advertise_port or opts.listen_port,
+            EtcdMasterLeases(self.store, opts.etcd_prefix),
+            opts.advertise_address or None,
+            opts.master_service_interval,
+        )
+        self.master_service.start()
 
     def _start_controllers(self, server: ApiServer) -> None:
         opts = self.options
@@ -146,6 +180,8 @@ class Master:
                 await task
         if self.controllers:
             await self.controllers.stop()
+        if self.master_service:
+            await self.master_service.stop()
         if self.server:
             await self.server.stop()
         await self.store.close()
