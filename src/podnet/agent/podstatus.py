@@ -27,6 +27,7 @@ _NOT_DNS = re.compile(r"[^a-z0-9.-]+")
 CONTAINER_ANNOTATION = "podnet.io/container-id"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 WRITES_IN_FLIGHT = 4
+FINISHED = ("Succeeded", "Failed")  # phases the agent never overwrites with Running
 API_CHECK_TIMEOUT = 5.0  # an ADD's read of its Pod; etcd without quorum answers in ~7 s
 
 
@@ -156,6 +157,8 @@ class PodStatusWriter:
         ip = str(wish.ip)
         status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
         status["hostIP"] = str(self.node_ip)
+        if ((pod or {}).get("status") or {}).get("phase") in FINISHED:
+            del status["phase"]  # its process ended (the runtime wrote it): it stays ended
         if pod is None:
             await self.api.create(POD, self._new_pod(ref, wish, status), ref.namespace)
         elif any((pod.get("status") or {}).get(k) != v for k, v in status.items()):

@@ -167,6 +167,8 @@ def stop_processes(state: ClusterState, say: Say) -> None:
             say(f"{node.name} agent stopped (pid {node.agent.pid})")
         if node.relay and node.relay.stop(timeout=5):
             say(f"{node.name} API relay stopped (pid {node.relay.pid})")
+        if node.podwatch and node.podwatch.stop(timeout=5):
+            say(f"{node.name} pod exit watcher stopped (pid {node.podwatch.pid})")
     if state.external and state.external.echo and state.external.echo.stop(timeout=5):
         say(f"external echo server stopped (pid {state.external.echo.pid})")
 

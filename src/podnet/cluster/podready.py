@@ -1,7 +1,9 @@
 """Readiness of the local cluster's pods: a pod with a readiness check gets its prober
 (``podnet.cluster.prober``, started in its node's namespace with the node's identity); a
 pod without one is Ready once its process runs, as in Kubernetes, written once by the
-runtime (the admin, which created the Pod)."""
+runtime (the admin, which created the Pod). Every pod's process is registered with its
+node's exit watcher (``podnet.cluster.podwatch``), which writes the pod not Ready,
+Succeeded or Failed, with its exit code, when the process ends."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from podnet import netns
-from podnet.cluster.nodes import node_paths
+from podnet.cluster.nodes import NodePaths, node_paths
+from podnet.cluster.podwatch import register, unregister
 from podnet.cluster.readiness import ReadinessCheck, readiness_status, rfc3339
 from podnet.cluster.sandbox import Sandbox
 from podnet.cluster.state import ClusterState, PodRecord, ProcessRecord, spawn
@@ -63,3 +66,29 @@ def mark_running_ready(api: Any, pod: PodRecord) -> None:
     old = api.get(POD, pod.name, pod.namespace).get("status")
     patch = {"status": readiness_status(True, True, rfc3339(datetime.now(UTC)), old)}
     api.patch(POD, pod.name, patch, pod.namespace, subresource="status")
+
+
+def podwatch_needle(paths: NodePaths) -> str:
+    return f"podnet.cluster.podwatch --kubeconfig {paths.kubeconfig} "
+
+
+def watch_exit(state: ClusterState, state_dir: Path, pod: PodRecord) -> None:
+    """Register the pod's process with its node's exit watcher (``podnet.cluster.podwatch``,
+    one per node), started here unless it runs."""
+    node = state.nodes[pod.node]
+    paths = node_paths(state_dir, node.name)
+    if pod.process is None:
+        raise ValueError(f"pod {pod.key} has no process to watch")
+    register(paths.root, pod.namespace, pod.name, pod.process)
+    if node.podwatch is not None and node.podwatch.alive():
+        return
+    argv = [sys.executable, "-m", "podnet.cluster.podwatch"]
+    argv += ["--kubeconfig", str(paths.kubeconfig), "--node-dir", str(paths.root)]
+    log = paths.root / "podwatch.log"
+    node.podwatch = spawn(netns.command(node.netns, argv), log, podwatch_needle(paths))
+    state.save(state_dir)
+
+
+def unwatch_exit(state_dir: Path, pod: PodRecord) -> None:
+    """Forget the pod at its node's watcher (before its process is stopped)."""
+    unregister(node_paths(state_dir, pod.node).root, pod.namespace, pod.name)

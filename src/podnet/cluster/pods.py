@@ -47,7 +47,7 @@ from podnet.cluster.podprocess import (
     process_ids,
     spawn_in_pod,
 )
-from podnet.cluster.podready import mark_running_ready, start_prober
+from podnet.cluster.podready import mark_running_ready, start_prober, unwatch_exit, watch_exit
 from podnet.cluster.podresolv import remove_resolv_conf, write_resolv_conf
 from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.sandbox import POD_SYSCTLS, ROOT
@@ -152,7 +152,8 @@ def pod_object(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
-        "spec": {"nodeName": pod.node, "containers": [container]},
+        # The local runtime never restarts a process: a pod that ended stays ended.
+        "spec": {"nodeName": pod.node, "containers": [container], "restartPolicy": "Never"},
     }
 
 
@@ -277,6 +278,7 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
     except PodProcessError as exc:
         raise PodError(str(exc)) from exc
     state.save(state_dir)
+    watch_exit(state, state_dir, pod)
     for port in launch.listening:
         wait_listening(pod, port)
     _start_readiness(state, state_dir, pod, launch)
@@ -319,6 +321,7 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
 
     if pod.prober is not None:
         pod.prober.stop(timeout=5)
+    unwatch_exit(state_dir, pod)
     if pod.process is not None:
         pod.process.stop(timeout=5)
     try:

@@ -93,6 +93,8 @@ class PodStatusReporter:
         try:
             pod = self.api.get(POD, self.name, self.namespace)
             status = readiness_status(ready, running, rfc3339(datetime.now(UTC)), pod.get("status"))
+            if not running:  # how the container ended is the node's exit watcher's to write
+                status = {"conditions": status["conditions"]}
             patch = {"status": status}
             self.api.patch(POD, self.name, patch, self.namespace, subresource="status")
         except NotFound:

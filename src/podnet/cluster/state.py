@@ -183,6 +183,7 @@ class NodeRecord:
     ip: str
     agent: ProcessRecord | None = None
     relay: ProcessRecord | None = None
+    podwatch: ProcessRecord | None = None  # the node's pod exit watcher
 
 
 @dataclass
@@ -246,7 +247,8 @@ def _process(data: Any) -> ProcessRecord | None:
 
 def _node(data: dict[str, Any]) -> NodeRecord:
     agent, relay = _process(data.pop("agent", None)), _process(data.pop("relay", None))
-    return NodeRecord(**data, agent=agent, relay=relay)
+    podwatch = _process(data.pop("podwatch", None))
+    return NodeRecord(**data, agent=agent, relay=relay, podwatch=podwatch)
 
 
 def _pod(data: dict[str, Any]) -> PodRecord:

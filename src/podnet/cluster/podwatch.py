@@ -1,0 +1,243 @@
+"""The pod exit watcher of one local-cluster node: the kubelet's "container died" path,
+one process per node for all its pods (not one per pod).
+
+``podnet pod run`` registers each pod it starts on the node as a file
+``<node dir>/pods/<namespace>_<name>.json`` (PID, start time, command line) and removes
+it with the pod. The watcher runs in the node's namespace with the node's identity (as a
+kubelet does) and waits, in one ``select``, on:
+
+- a pidfd per registered pod process: readable when the process has ended;
+- one proc connector socket (netlink, ``podnet.cluster.podexit``), which the kernel only
+  serves in the initial network namespace, so it is opened there (a socket stays in the
+  namespace it was made in): it carries each exit's wait status, which a pidfd does not
+  give to a process that is not the parent. Only the statuses of registered PIDs are
+  kept.
+
+When a pod's process ends the watcher writes the Pod's status (phase Succeeded/Failed by
+the exit code, not Ready, the container ``terminated``), so the endpoints controller
+drops the pod, and renames the registration to ``.done`` (a restarted watcher does not
+report twice). A process that is gone when first seen is reported with its exit code
+unknown. The registrations are read again every ``RESCAN`` seconds. SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster.podexit import (
+    CN_IDX_PROC,
+    NETLINK_CONNECTOR,
+    UNKNOWN,
+    Ended,
+    exits,
+    listen_request,
+    terminated_status,
+)
+from podnet.cluster.readiness import rfc3339
+from podnet.cluster.state import ProcessRecord, proc_start_time
+
+log = logging.getLogger("podnet.cluster.podwatch")
+RESCAN = 0.5
+INITIAL_NETNS = "/proc/1/ns/net"
+RECEIVE = 1 << 16
+
+
+def registration_dir(node_dir: Path) -> Path:
+    return node_dir / "pods"
+
+
+def registration(node_dir: Path, namespace: str, name: str) -> Path:
+    return registration_dir(node_dir) / f"{namespace}_{name}.json"
+
+
+def register(node_dir: Path, namespace: str, name: str, process: ProcessRecord) -> None:
+    """Tell the node's watcher about a pod's process (written atomically)."""
+    path = registration(node_dir, namespace, name)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    body = {"namespace": namespace, "name": name, "pid": process.pid}
+    body |= {"start": process.start, "needle": process.needle}
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(body))
+    temporary.replace(path)
+
+
+def unregister(node_dir: Path, namespace: str, name: str) -> None:
+    path = registration(node_dir, namespace, name)
+    path.unlink(missing_ok=True)
+    path.with_suffix(".done").unlink(missing_ok=True)
+
+
+def open_exit_events() -> socket.socket:
+    """A proc connector socket (in the initial network namespace) subscribed to exits."""
+    with netns.entered(INITIAL_NETNS):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((0, CN_IDX_PROC))
+    sock.send(listen_request(sock.getsockname()[0]))
+    sock.setblocking(False)
+    return sock
+
+
+class Watched:
+    """One registered pod process and its pidfd (None: it was gone when first seen)."""
+
+    def __init__(self, path: Path, body: dict[str, Any]) -> None:
+        self.path = path
+        self.namespace, self.name = str(body["namespace"]), str(body["name"])
+        self.process = ProcessRecord(int(body["pid"]), str(body["needle"]), int(body["start"]))
+        self.started_at = rfc3339(datetime.now(UTC))
+        self.fd: int | None = None
+        if self.process.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.fd = os.pidfd_open(self.process.pid)
+        if self.fd is not None and proc_start_time(self.process.pid) != self.process.start:
+            os.close(self.fd)  # the PID was reused between the check and the open
+            self.fd = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class PodWatcher:
+    """The loop of one node's watcher (see the module docstring)."""
+
+    def __init__(self, api: Any, node_dir: Path, events: socket.socket) -> None:
+        self.api = api
+        self.directory = registration_dir(node_dir)
+        self.events = events
+        self.watched: dict[Path, Watched] = {}
+        self.statuses: dict[int, int] = {}  # PID -> wait status, of watched PIDs
+        self.ended: dict[Path, Ended] = {}  # reports not yet written
+        self.stopping = False
+
+    def rescan(self) -> None:
+        present = set(self.directory.glob("*.json")) if self.directory.is_dir() else set()
+        for path in list(self.watched):
+            if path not in present:  # the pod was deleted
+                self.watched.pop(path).close()
+                self.ended.pop(path, None)
+        for path in present - set(self.watched):
+            try:
+                watched = Watched(path, json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring registration %s: %s", path, exc)
+                continue
+            self.watched[path] = watched
+            if watched.fd is None:
+                self.ended[path] = UNKNOWN
+
+    def drain_events(self) -> None:
+        pids = {w.process.pid for w in self.watched.values()}
+        while True:
+            try:
+                data = self.events.recv(RECEIVE)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # ENOBUFS: events were lost; the pidfds still tell
+                log.warning("process events lost: %s", exc)
+                continue
+            for pid, status in exits(data):
+                if pid in pids:
+                    self.statuses[pid] = status
+
+    def turn(self, timeout: float = RESCAN) -> None:
+        """Wait for exits (at most ``timeout``), then report every pod found ended."""
+        fds = {w.fd: p for p, w in self.watched.items() if w.fd is not None}
+        readable, _, _ = select.select([self.events.fileno(), *fds], [], [], timeout)
+        self.drain_events()
+        for fd in readable:
+            if fd in fds:
+                path = fds[fd]
+                watched = self.watched[path]
+                status = self.statuses.pop(watched.process.pid, None)
+                self.ended[path] = UNKNOWN if status is None else Ended.from_wait_status(status)
+                watched.close()
+        for path, ended in list(self.ended.items()):
+            if self.report(self.watched[path], ended):
+                del self.ended[path]
+                self.watched.pop(path).close()
+                with contextlib.suppress(OSError):
+                    path.replace(path.with_suffix(".done"))
+
+    def report(self, watched: Watched, ended: Ended) -> bool:
+        """Write the pod's terminated status; False to try again next turn."""
+        from podnet.client import ClientError, NotFound
+        from podnet.model.kinds import POD
+
+        now = rfc3339(datetime.now(UTC))
+        try:
+            pod = self.api.get(POD, watched.name, watched.namespace)
+            started = _started_at(pod) or watched.started_at
+            status = terminated_status(ended, started, now, pod.get("status"))
+            self.api.patch(
+                POD, watched.name, {"status": status}, watched.namespace, subresource="status"
+            )
+        except NotFound:
+            return True
+        except ClientError as exc:
+            log.warning("pod %s/%s: exit not written: %s", watched.namespace, watched.name, exc)
+            return False
+        log.info(
+            "pod %s/%s: process %d ended, exit code %d%s",
+            watched.namespace,
+            watched.name,
+            watched.process.pid,
+            ended.exit_code,
+            "" if ended.known else " (not seen: unknown)",
+        )
+        return True
+
+    def run(self) -> None:
+        while not self.stopping:
+            self.rescan()
+            self.turn()
+
+
+def _started_at(pod: Any) -> str | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        running = (status.get("state") or {}).get("running") or {}
+        if running.get("startedAt"):
+            return str(running["startedAt"])
+    return (pod.get("status") or {}).get("startTime")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m podnet.cluster.podwatch --kubeconfig K --node-dir D``."""
+    from podnet.client.sync import ApiClient
+    from podnet.kubeconfig import load_client_config
+
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--kubeconfig", required=True, help="the node's")
+    parser.add_argument("--node-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    events = open_exit_events()
+    with ApiClient(load_client_config(args.kubeconfig)) as api:
+        watcher = PodWatcher(api, args.node_dir, events)
+
+        def stop(*_: object) -> None:
+            watcher.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        print(f"podwatch: watching {registration_dir(args.node_dir)}", flush=True)
+        watcher.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
