@@ -121,13 +121,13 @@ def bridge_netfilter_wrong(node: NodeNetwork) -> list[tuple[Path, str]]:
     return wrong
 
 
-def redirects_on() -> list[Path]:
+def redirects_on(device: str = BRIDGE) -> list[Path]:
     """The ``send_redirects`` switches that are on (the kernel ORs ``all`` with br0's).
     The service network is routed back out of br0, so every pod packet to a cluster IP
     would make the node send the pod an ICMP redirect, and a redirect spends the
     per-host ICMP allowance that the proxy's "port unreachable" (UDP to a service
-    without endpoints) needs."""
-    switches = [Path(f"/proc/sys/net/ipv4/conf/{dev}/send_redirects") for dev in ("all", BRIDGE)]
+    without endpoints) needs. (``device``: the gateway's interface, ovs: tun0.)"""
+    switches = [Path(f"/proc/sys/net/ipv4/conf/{dev}/send_redirects") for dev in ("all", device)]
     return [s for s in switches if s.exists() and s.read_text().strip() != "0"]
 
 

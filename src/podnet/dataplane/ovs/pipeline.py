@@ -32,6 +32,7 @@ from podnet.dataplane.interface import NodeNetwork, RemoteNode
 from podnet.dataplane.linux.desired import usable_remotes
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
+from podnet.dataplane.ovs.policyflows import LocalView, policy_groups
 from podnet.policy.model import RuleSet
 
 Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
@@ -39,7 +40,8 @@ Vnids = Mapping[IPv4Address, int | None]  # cluster pod IP -> VNID (None: unassi
 
 TUN_ID_TO_REG0 = f"move:NXM_NX_TUN_ID[0..31]->NXM_NX_{t.REG_SRC_VNID.upper()}[]"
 REG0_TO_TUN_ID = f"move:NXM_NX_{t.REG_SRC_VNID.upper()}[]->NXM_NX_TUN_ID[0..31]"
-MARK_VIA_HOST = f"ct(commit,exec(set_field:{t.CT_MARK_VIA_HOST:#x}->ct_mark))"
+VIA_HOST = f"{t.CT_MARK_VIA_HOST:#x}/{t.CT_MARK_VIA_HOST:#x}"  # the bit alone: policy has others
+MARK_VIA_HOST = f"ct(commit,exec(set_field:{VIA_HOST}->ct_mark))"
 
 
 @dataclass(frozen=True, order=True)
@@ -107,7 +109,7 @@ def node_flows(node: NodeNetwork) -> list[Flow]:
         (t.VXLAN_IN, 0, "", "drop"),
         (t.POD_IN, 0, "", "drop"),
         (t.HOST_IN, 0, "", f"goto_table:{t.ROUTE}"),
-        (t.ROUTE, 400, f"ip,ct_state=+trk+rpl,ct_mark={t.CT_MARK_VIA_HOST:#x}", f"output:{tun}"),
+        (t.ROUTE, 400, f"ip,ct_state=+trk+rpl,ct_mark={VIA_HOST}", f"output:{tun}"),
         (t.ROUTE, 300, f"arp,arp_tpa={gw}", f"output:{tun}"),
         (t.ROUTE, 300, f"ip,nw_dst={gw}", f"output:{tun}"),
         (t.ROUTE, 200, f"arp,arp_tpa={subnet}", f"goto_table:{t.ARP_LOCAL}"),
@@ -198,16 +200,11 @@ def source_vnid_flows(ip: IPv4Address, vnid: int | None) -> list[Flow]:
 
 
 def policy_flows(node: NodeNetwork, rules: RuleSet | None, pods: Iterable[LocalPod]) -> Groups:
-    """Tables 21 (egress policy) and 80 (isolation). A stand-in until ``policyflows``
-    lands: pass everything (21 to ROUTE, 80 to the port in reg2)."""
-    group = cookie(Kind.POLICY, "stand-in")
-    return {
-        group: _flows(
-            group,
-            (t.EGRESS_POLICY, 0, "", f"goto_table:{t.ROUTE}"),
-            (t.ISOLATION, 0, "", f"output:NXM_NX_{t.REG_OUT_PORT.upper()}[]"),
-        )
-    }
+    """Tables 21 (egress policy) and 80 (isolation), from ``policyflows``: this node's
+    view is its name, its pods' ports and its own addresses (node IP, gateway)."""
+    ports = {pod.ip: pod.ofport for pod in pods}
+    view = LocalView(node.node_name, ports, frozenset({node.node_ip, node.gateway.ip}))
+    return policy_groups(view, rules)
 
 
 def desired(
