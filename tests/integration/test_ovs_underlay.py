@@ -1,0 +1,284 @@
+"""VXLAN between two real OVS nodes on the userspace datapath, through br-phy.
+
+Two node namespaces on a lab underlay (``podnet.testing.lab``), each with its own
+``ovsdb-server``/``ovs-vswitchd``, br0 and a pod. ``UnderlaySetup`` sets up br-phy and
+vxlan0; the test writes br0's few forwarding flows itself (the pipeline is not under
+test here): to the other node's subnet with the VNID in ``tun_id``, and from the tunnel
+only with that VNID. Every namespace, process and directory is removed by exact name and
+PID, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from ipaddress import IPv4Address, IPv4Interface
+from pathlib import Path
+
+import pytest
+
+from podnet import netns
+from podnet.dataplane.interface import NodeSetupRefused
+from podnet.dataplane.ovs import tables
+from podnet.dataplane.ovs.daemons import VSWITCHD, OvsDaemons, stop_instance
+from podnet.dataplane.ovs.ofctl import OfctlRunner
+from podnet.dataplane.ovs.ovsdb import Ovsdb
+from podnet.dataplane.ovs.underlay import UNDERLAY_BRIDGE, Underlay
+from podnet.dataplane.ovs.underlaysetup import NodeKernel, UnderlaySetup
+from podnet.testing import tools
+from podnet.testing.lab import CLUSTER, EXTERNAL_IP, MTU, Lab, ip, ping, sh, unique_run
+
+pytestmark = [pytest.mark.root]
+
+VNID = 0x123
+POD_PORT = 3
+BULK = """
+import socket, sys
+s = socket.socket(); s.settimeout(15)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); print("ready", flush=True)
+conn, _ = s.accept(); total = 0
+while chunk := conn.recv(65536):
+    total += len(chunk)
+conn.sendall(str(total).encode()); conn.close()
+"""
+SEND = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+c.sendall(b"x" * int(sys.argv[3])); c.shutdown(socket.SHUT_WR); print(c.recv(100).decode())
+"""
+
+
+@dataclass
+class Node:
+    index: int
+    ns: str
+    pod_ns: str
+    daemons: OvsDaemons
+    db: Ovsdb
+    runner: OfctlRunner
+    setup: UnderlaySetup
+    kernel: NodeKernel
+    underlay: Underlay
+
+    @property
+    def pod_ip(self) -> IPv4Address:
+        return IPv4Address(f"10.128.{2 * (self.index - 1)}.2")
+
+
+async def start_node(lab: Lab, index: int, base: Path) -> Node:
+    """OVS in node ``index`` with br0, a pod on ofport 3, and the underlay ensured."""
+    ns = lab.node_ns(index)
+    with netns.entered(ns):
+        daemons = OvsDaemons(base / f"n{index}")
+    await daemons.start()
+    db = await Ovsdb.connect(daemons.paths.db_socket)
+    await db.ensure_bridge(tables.BRIDGE, daemons.datapath)
+    pod_ns = lab.namespace(f"p{index}")
+    pod = IPv4Interface(f"10.128.{2 * (index - 1)}.2/{CLUSTER.prefixlen}")
+    ip(ns, f"link add pod{index} type veth peer name eth0 netns {pod_ns}")
+    ip(ns, f"link set pod{index} up")
+    ip(pod_ns, f"link set eth0 up mtu {MTU}")
+    ip(pod_ns, f"addr add {pod} dev eth0")
+    sh(pod_ns, "ethtool", "-K", "eth0", "tx", "off")  # veth checksum offload breaks TCP
+    await db.add_port(tables.BRIDGE, f"pod{index}", ofport=POD_PORT)
+    runner = OfctlRunner(daemons.paths)
+    with netns.entered(ns):
+        kernel = NodeKernel()
+    setup = UnderlaySetup(db, runner, kernel)
+    underlay = await setup.discover(lab.network(index), daemons.datapath)
+    node = Node(index, ns, pod_ns, daemons, db, runner, setup, kernel, underlay)
+    assert await setup.ensure(underlay), "a fresh node needs changes"
+    return node
+
+
+async def forward(node: Node, peer: Node, send_vnid: int = VNID) -> None:
+    """br0 of ``node``: pod traffic to ``peer``'s subnet into the tunnel with
+    ``send_vnid``; from the tunnel, only from ``peer`` with VNID, to the pod."""
+    subnet = f"10.128.{2 * (peer.index - 1)}.0/23"
+    tunnel = f"set_field:{peer.underlay.address.ip}->tun_dst,set_field:{send_vnid:#x}->tun_id"
+    out = f"{tunnel},output:{tables.VXLAN_PORT}"
+    flows = [
+        f"cookie=0x1,priority=100,ip,in_port={POD_PORT},nw_dst={subnet} actions={out}",
+        f"cookie=0x1,priority=100,arp,in_port={POD_PORT},arp_tpa={subnet} actions={out}",
+        f"cookie=0x1,priority=100,in_port={tables.VXLAN_PORT},"
+        f"tun_src={peer.underlay.address.ip},tun_id={VNID:#x} actions=output:{POD_PORT}",
+    ]
+    await node.runner.replace_flows(tables.BRIDGE, "".join(f + "\n" for f in flows))
+
+
+@contextlib.asynccontextmanager
+async def two_nodes() -> AsyncIterator[tuple[Lab, Node, Node]]:
+    tools.require("ovs-vswitchd")
+    lab = Lab(unique_run("ovu"))
+    base = Path(tempfile.mkdtemp(prefix="ovu-", dir="/tmp"))
+    nodes: list[Node] = []
+    try:
+        lab.build(2)
+        ip(lab.node_ns(1), f"route add default via {EXTERNAL_IP}")
+        for index in (1, 2):
+            nodes.append(await start_node(lab, index, base))
+        one, two = nodes
+        await forward(one, two)
+        await forward(two, one)
+        yield lab, one, two
+    finally:
+        for node in nodes:
+            node.kernel.close()
+            await node.db.close()
+            node.daemons.close()
+        for index in (1, 2):
+            stop_instance(base / f"n{index}", remove=True)
+        shutil.rmtree(base, ignore_errors=True)
+        await lab.close()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Lab, Node, Node]]:
+    async with two_nodes() as nodes:
+        yield nodes
+
+
+def bulk_tcp(client: Node, server: Node, size: int = 2_000_000) -> str:
+    """Send ``size`` bytes over TCP from ``client``'s pod to ``server``'s; the count the
+    server read."""
+    with subprocess.Popen(
+        netns.command(server.pod_ns, [sys.executable, "-c", BULK, "7000"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as listener:
+        try:
+            assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+            argv = [sys.executable, "-c", SEND, str(server.pod_ip), "7000", str(size)]
+            return sh(client.pod_ns, *argv).strip()
+        finally:
+            listener.kill()
+
+
+def uplink_addresses(node: Node) -> str:
+    return ip(node.ns, f"-4 -o addr show dev {node.underlay.uplink}")
+
+
+async def test_pods_reach_each_other_over_vxlan_with_the_vnid(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    _, one, two = cluster
+    assert one.underlay.native and one.underlay.gateway == EXTERNAL_IP
+    assert two.underlay.gateway is None
+    assert ping(one.pod_ns, two.pod_ip, count=5)
+    assert ping(two.pod_ns, one.pod_ip)
+    assert bulk_tcp(one, two) == "2000000"  # full-size segments: MTU 1450 + 50 fits
+    neighbours = await one.runner.appctl("tnl/neigh/show")
+    assert str(two.underlay.address.ip) in neighbours and UNDERLAY_BRIDGE in neighbours
+    # the receiver checks the VNID: the same packets with another one are dropped
+    await forward(one, two, send_vnid=VNID + 1)
+    assert not ping(one.pod_ns, two.pod_ip, count=2)
+    await forward(one, two)
+    assert ping(one.pod_ns, two.pod_ip)
+
+
+async def test_the_node_keeps_its_ip_and_its_own_traffic(cluster: tuple[Lab, Node, Node]) -> None:
+    _, one, two = cluster
+    assert f"{one.underlay.address}" in uplink_addresses(one)
+    routes = ip(one.ns, "-4 route show table main")
+    assert UNDERLAY_BRIDGE not in routes, routes
+    assert one.underlay.uplink in ip(one.ns, f"route get {two.underlay.address.ip}")
+    assert ping(one.ns, EXTERNAL_IP) and ping(one.ns, two.underlay.address.ip)
+    # not seen twice (the uplink and br-phy): no duplicate replies
+    done = netns.run(one.ns, ["ping", "-n", "-c", "3", "-i", "0.2", str(EXTERNAL_IP)])
+    assert "DUP!" not in done.stdout
+    route_show = await one.runner.appctl("ovs/route/show")
+    gateway = f"User: 0.0.0.0/0 dev {UNDERLAY_BRIDGE} GW {EXTERNAL_IP}"
+    assert gateway in route_show, route_show
+
+
+async def test_a_second_ensure_changes_nothing(cluster: tuple[Lab, Node, Node]) -> None:
+    lab, one, two = cluster
+    before = (
+        await one.runner.dump_flows(UNDERLAY_BRIDGE),
+        await one.runner.appctl("ovs/route/show"),
+        ip(one.ns, "-d addr show"),
+    )
+    for node in (one, two):
+        assert await node.setup.check(node.underlay) == []
+        assert await node.setup.ensure(node.underlay) == []
+    # an agent restart: a new setup on the same switch finds nothing to do
+    with netns.entered(one.ns):
+        kernel = NodeKernel()
+    try:
+        again = UnderlaySetup(one.db, one.runner, kernel)
+        underlay = await again.discover(lab.network(1), one.daemons.datapath)
+        assert underlay == one.underlay
+        assert await again.ensure(underlay) == []
+    finally:
+        kernel.close()
+    after = (
+        await one.runner.dump_flows(UNDERLAY_BRIDGE),
+        await one.runner.appctl("ovs/route/show"),
+        ip(one.ns, "-d addr show"),
+    )
+    assert after == before
+
+
+async def test_check_reports_drift_and_ensure_repairs_it(cluster: tuple[Lab, Node, Node]) -> None:
+    _, one, two = cluster
+    await one.runner.appctl("ovs/route/del", str(one.underlay.address.network))
+    await one.runner.bundle(UNDERLAY_BRIDGE, "delete cookie=0x0/0\n")  # every flow
+    address = f"{one.underlay.address}"
+    ip(one.ns, f"addr del {address} dev {UNDERLAY_BRIDGE}")
+    ip(one.ns, f"addr add {address} dev {UNDERLAY_BRIDGE}")  # with a prefix route: hijack
+    await one.db.delete_port(tables.BRIDGE, tables.VXLAN)
+    drift = await one.setup.check(one.underlay)
+    for words in ("route", "flows differ", "lacks", "kernel route", tables.VXLAN):
+        assert any(words in line for line in drift), (words, drift)
+    changed = await one.setup.ensure(one.underlay)
+    assert changed and await one.setup.check(one.underlay) == []
+    assert UNDERLAY_BRIDGE not in ip(one.ns, "-4 route show table main")
+    assert ping(one.pod_ns, two.pod_ip)
+
+
+async def test_restarted_vswitchd_is_restored(cluster: tuple[Lab, Node, Node]) -> None:
+    _, one, two = cluster
+    pid = one.daemons.pid(VSWITCHD)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert ping(one.ns, EXTERNAL_IP)  # the node's own traffic does not need OVS
+    assert await one.daemons.start() == [VSWITCHD]
+    drift = await one.setup.check(one.underlay)
+    assert any("flows differ" in line for line in drift), drift
+    assert any("OVS route" in line for line in drift), drift
+    await forward(one, two)  # the pipeline's part of a restore
+    assert await one.setup.ensure(one.underlay)
+    assert await one.setup.check(one.underlay) == []
+    assert ping(one.pod_ns, two.pod_ip, count=5)
+    assert f"{one.underlay.address}" in uplink_addresses(one)
+
+
+async def test_remove_leaves_the_uplink_to_the_kernel(cluster: tuple[Lab, Node, Node]) -> None:
+    _, one, two = cluster
+    await one.setup.remove()
+    assert await one.db.port(UNDERLAY_BRIDGE) is None
+    assert UNDERLAY_BRIDGE not in ip(one.ns, "-o link show")
+    assert "User:" not in await one.runner.appctl("ovs/route/show")
+    assert "PROMISC" not in ip(one.ns, f"link show dev {one.underlay.uplink}")
+    assert f"{one.underlay.address}" in uplink_addresses(one)
+    assert ping(one.ns, EXTERNAL_IP)
+    assert not ping(one.pod_ns, two.pod_ip, count=2)
+
+
+async def test_discover_refuses_a_missing_ip_or_a_small_mtu(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    lab, one, _ = cluster
+    elsewhere = replace(lab.network(1), node_ip=IPv4Address("192.0.2.77"))
+    with pytest.raises(NodeSetupRefused, match=r"192\.0\.2\.77"):
+        await one.setup.discover(elsewhere, "netdev")
+    with pytest.raises(NodeSetupRefused, match="MTU 1500 is below 1510"):
+        await one.setup.discover(replace(lab.network(1), mtu=1460), "netdev")
