@@ -76,10 +76,7 @@ def bundle_text(old: Mapping[int, object], new: Groups, cookies: Iterable[int]) 
 
 def same_flows(dumped: str, flows: Iterable[Flow]) -> bool:
     """Whether ``dump-flows`` text shows exactly ``flows`` (compared field by field)."""
-    found = [parse_flow(line) for line in dumped.splitlines() if line.strip()]
-    return sorted((f.table, f.priority, f.match, f.actions, f.cookie) for f in found) == sorted(
-        (f.table, f.priority, f.match, f.actions, f.cookie) for f in flows
-    )
+    return sorted(parse_flow(line) for line in dumped.splitlines() if line.strip()) == sorted(flows)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from podnet.dataplane.interface import DataPlaneError, DataPlaneRejected
 from podnet.dataplane.ovs.daemons import VSWITCHD, OvsPaths, binary
+from podnet.dataplane.ovs.flow import Flow
 
 TIMEOUT = 30.0  # seconds for one ovs-ofctl run or unixctl call
 # ovs-ofctl's words for input it refused: a line it cannot parse (``-:3: unknown action``)
@@ -132,26 +132,16 @@ async def _json_message(reader: asyncio.StreamReader, socket: str) -> dict[str, 
         return message
 
 
-@dataclass(frozen=True, order=True)
-class FakeFlow:
-    """One flow in a ``FakeFlowRunner``: an ``add-flows`` line split into its parts."""
-
-    table: int
-    priority: int
-    match: str
-    actions: str = field(compare=False)
-    cookie: int = field(compare=False, default=0)
-
-    def text(self) -> str:
-        """The line as ``dump-flows --no-stats`` would show it (roughly: a fake)."""
-        match = f",{self.match}" if self.match else ""
-        return (
-            f" cookie={self.cookie:#x}, table={self.table}, priority={self.priority}{match}"
-            f" actions={self.actions}"
-        )
+def dumped(flow: Flow) -> str:
+    """``flow`` as ``dump-flows --no-stats`` shows it (roughly: the fake's dump)."""
+    match = f",{flow.match}" if flow.match else ""
+    return (
+        f" cookie={flow.cookie:#x}, table={flow.table}, priority={flow.priority}{match}"
+        f" actions={flow.actions}"
+    )
 
 
-def parse_flow(line: str) -> FakeFlow:
+def parse_flow(line: str) -> Flow:
     """``cookie=..,table=..,priority=..,<match> actions=...``; DataPlaneRejected if not."""
     head, found, actions = line.partition("actions=")
     if not found or not actions.strip():
@@ -167,7 +157,7 @@ def parse_flow(line: str) -> FakeFlow:
                 raise DataPlaneRejected(f"ovs-ofctl: -:1: bad {name} in {line!r}") from error
         else:
             match.append(part)
-    return FakeFlow(
+    return Flow(
         numbers["table"], numbers["priority"], ",".join(match), actions.strip(), numbers["cookie"]
     )
 
@@ -181,19 +171,19 @@ class FakeFlowRunner:
     def __init__(self, refused: tuple[str, ...] = ("group:",)) -> None:
         self.refused = refused
         self.reachable = True
-        self.tables: dict[str, dict[tuple[int, int, str], FakeFlow]] = {}
+        self.tables: dict[str, dict[tuple[int, int, str], Flow]] = {}
         self.calls: list[tuple[str, str, str]] = []
 
     def restart(self) -> None:
         self.tables.clear()
 
-    def _check(self, op: str, bridge: str, text: str) -> dict[tuple[int, int, str], FakeFlow]:
+    def _check(self, op: str, bridge: str, text: str) -> dict[tuple[int, int, str], Flow]:
         if not self.reachable:
             raise DataPlaneError(f"ovs-ofctl {op}: {bridge} is not a bridge or a socket")
         self.calls.append((op, bridge, text))
         return dict(self.tables.get(bridge, {}))
 
-    def _parsed(self, line: str) -> FakeFlow:
+    def _parsed(self, line: str) -> Flow:
         flow = parse_flow(line)
         if any(word in flow.actions for word in self.refused):
             raise DataPlaneRejected(f"Error OFPBAC_BAD_OUT_GROUP for: ADD {line}")
@@ -221,4 +211,4 @@ class FakeFlowRunner:
         self._check("dump-flows", bridge, match)
         wanted = parse_flow(f"{match} actions=drop").table if match else None
         flows = sorted(self.tables.get(bridge, {}).values())
-        return "".join(f.text() + "\n" for f in flows if wanted in (None, f.table))
+        return "".join(dumped(f) + "\n" for f in flows if wanted in (None, f.table))
