@@ -34,6 +34,7 @@ from podnet.dataplane.ovs.underlay import UNDERLAY_BRIDGE, Underlay
 from podnet.dataplane.ovs.underlaysetup import NodeKernel, UnderlaySetup
 from podnet.testing import tools
 from podnet.testing.lab import CLUSTER, EXTERNAL_IP, MTU, Lab, ip, ping, sh, unique_run
+from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root]
 
@@ -282,3 +283,26 @@ async def test_discover_refuses_a_missing_ip_or_a_small_mtu(
         await one.setup.discover(elsewhere, "netdev")
     with pytest.raises(NodeSetupRefused, match="MTU 1500 is below 1510"):
         await one.setup.discover(replace(lab.network(1), mtu=1460), "netdev")
+
+
+async def test_tunnel_source_reaches_br0_so_forged_vxlan_is_refused(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    """The outer source survives decapsulation as ``tun_src``: a VXLAN datagram with the
+    right VNID and the pod's MAC is delivered from the peer node's IP, and dropped by
+    br0's ``tun_src`` check when the outside host sends it (OVS decapsulates it first:
+    the kernel's tunnel guard never sees OVS's copy)."""
+    lab, one, two = cluster
+    pod_mac = ip(two.pod_ns, "-br link show dev eth0").split()[2]
+    for sender, token in ((lab.run + "-ext", "forged"), (one.ns, "peer")):
+        # a veth leaves the UDP checksum to "hardware", and OVS drops VXLAN whose
+        # checksum is wrong: the kernel must write it (OVS's own VXLAN carries none)
+        sh(sender, "ethtool", "-K", "eth0", "tx", "off")
+        receiver = Receiver(two.pod_ns, 7001, stop=token, seconds=3)
+        source = IPv4Address("10.128.0.9")
+        inject(
+            sender,
+            Forgery(two.underlay.address.ip, 4789, VNID, pod_mac, source, two.pod_ip, 7001, token),
+        )
+        seen = receiver.lines()
+        assert (seen != []) == (token == "peer"), (sender, seen)
