@@ -20,6 +20,7 @@ from podnet.model.kinds import NAMESPACE, SERVICE
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for
+from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess, launch_master
 
 SERVICES = "/api/v1/namespaces/default/services"
@@ -95,13 +96,19 @@ def services_master(etcd: EtcdProcess, tmp_path: Path, prefix: str) -> Iterator[
 
 
 async def stored_keys(etcd: EtcdProcess, prefix: str) -> dict[str, bytes]:
+    """The Services' keys and claims in etcd, but the masters' own default/kubernetes."""
     store = EtcdStore(etcd.endpoint)
     await store.connect()
     try:
         kvs, _ = await store.list(prefix)
     finally:
         await store.close()
-    return {kv.key: kv.value for kv in kvs if "/services/" in kv.key}
+    masters = {
+        f"{prefix}core/services/default/kubernetes",
+        f"{prefix}claims/core/services/clusterIP/172.30.0.1",
+    }
+    assert masters <= {kv.key for kv in kvs}, "the masters keep default/kubernetes"
+    return {kv.key: kv.value for kv in kvs if "/services/" in kv.key and kv.key not in masters}
 
 
 def refused(api: httpx.Client, body: dict[str, Any], field: str, code: int = 422) -> str:
@@ -117,6 +124,8 @@ def test_a_real_master_allocates_refuses_and_releases(
     services_master: MasterProcess, etcd: EtcdProcess, prefix: str
 ) -> None:
     with client_for(services_master.kubeconfig) as api:
+        kept_by_masters = f"{SERVICES}/kubernetes"
+        wait_for(lambda: api.get(kept_by_masters).status_code == 200, what="default/kubernetes")
         made = api.post(SERVICES, json=svc("web", type="NodePort", externalIPs=["192.0.2.10"]))
         assert made.status_code == 201, made.text
         spec = made.json()["spec"]
@@ -176,7 +185,9 @@ def test_a_real_master_allocates_refuses_and_releases(
             "Age",
             "Selector",
         ]
-        cells = table.json()["rows"][0]["cells"]
+        rows = {r["cells"][0]: r["cells"] for r in table.json()["rows"]}
+        assert sorted(rows) == ["kubernetes", "web"]
+        cells = rows["web"]
         assert cells[:5] == ["web", "NodePort", ip, "192.0.2.10", f"80:{node_port}/TCP"]
 
         assert api.delete(f"{SERVICES}/web").status_code == 200

@@ -3,11 +3,14 @@ events (parsed from hand-built datagrams; a real one from the kernel)."""
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import socket
 import struct
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +24,8 @@ from podnet.cluster.podexit import (
     listen_request,
     terminated_status,
 )
+from podnet.cluster.podwatch import PodWatcher, open_exit_events, register
+from podnet.cluster.state import ProcessRecord
 
 
 def exit_message(pid: int, tgid: int, status: int, what: int = PROC_EVENT_EXIT) -> bytes:
@@ -86,3 +91,46 @@ def test_the_kernel_reports_a_real_exit() -> None:
                 seen = found[child.pid]
                 break
         assert seen is not None and Ended.from_wait_status(seen) == Ended(7)
+
+
+class RecordingApi:
+    """The node's client, as the watcher uses it: get a Pod, patch its status."""
+
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
+
+    def get(self, kind: object, name: str, namespace: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": namespace}, "status": {}}
+
+    def patch(
+        self, kind: object, name: str, body: dict[str, Any], namespace: str, **_: Any
+    ) -> None:
+        self.patches.append(body["status"])
+
+
+@pytest.mark.root
+def test_the_watcher_reports_each_exit_code_once(tmp_path: Path) -> None:
+    api = RecordingApi()
+    watcher = PodWatcher(api, tmp_path, open_exit_events())
+    children = {code: subprocess.Popen(["sleep", f"0.{code}"]) for code in (1, 2)}
+    for code, child in children.items():
+        register(tmp_path, "ns", f"p{code}", ProcessRecord.of(child.pid, "sleep"))
+    watcher.rescan()
+    assert len(watcher.watched) == 2
+    os.kill(children[2].pid, signal.SIGTERM)
+    for _ in range(500):  # each turn waits at most RESCAN
+        watcher.turn()
+        if len(api.patches) == 2:
+            break
+    for child in children.values():
+        child.wait(10)
+    ends = sorted(p["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in api.patches)
+    assert ends == [0, 128 + signal.SIGTERM]
+    assert sorted(p.name for p in tmp_path.joinpath("pods").iterdir()) == [
+        "ns_p1.done",
+        "ns_p2.done",
+    ]
+    watcher.rescan()
+    watcher.turn(0.05)
+    assert len(api.patches) == 2, "reported once"
+    watcher.events.close()

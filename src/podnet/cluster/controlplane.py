@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from podnet.cluster.masteraccess import advertise_args
 from podnet.cluster.processes import MasterProcess
 from podnet.cluster.state import (
     ClusterState,
@@ -196,6 +197,7 @@ class ControlPlane:
     def _master_process(self, state: ClusterState, index: int) -> MasterProcess:
         record = state.masters[index]
         args = ["--network-plugin", state.plugin, *state.master_args]
+        args += advertise_args(state, record)  # pods reach it through default/kubernetes
         if state.api_port:
             args += ["--kubeconfig-server", f"https://127.0.0.1:{state.api_port}"]
         process = MasterProcess(

@@ -16,6 +16,7 @@ from typing import Any
 
 from podnet import netns
 from podnet.cluster.controlplane import ControlPlane, ControlPlaneError
+from podnet.cluster.masteraccess import ensure_master_relays
 from podnet.cluster.matrix import Endpoint
 from podnet.cluster.nodes import (
     ensure_node,
@@ -110,6 +111,8 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         ensure_underlay(state, state_dir)
         host = ensure_external_host(state, state_dir)
         say(f"underlay {state.underlay_cidr} in {state.prefix()}-underlay; external host {host.ip}")
+        relayed = ensure_master_relays(state, state_dir)
+        say(f"masters on the underlay (default/kubernetes): {', '.join(relayed) or 'none'}")
         if len(state.nodes) > spec.nodes:
             say(f"the cluster has {len(state.nodes)} nodes; `cluster up` never removes nodes")
         write_upstream_resolv_confs(state, state_dir, max(spec.nodes, len(state.nodes)))
@@ -169,6 +172,9 @@ def stop_processes(state: ClusterState, say: Say) -> None:
             say(f"{node.name} API relay stopped (pid {node.relay.pid})")
         if node.podwatch and node.podwatch.stop(timeout=5):
             say(f"{node.name} pod exit watcher stopped (pid {node.podwatch.pid})")
+    for master in state.masters:
+        if master.relay and master.relay.stop(timeout=5):
+            say(f"master {master.index} underlay relay stopped (pid {master.relay.pid})")
     if state.external and state.external.echo and state.external.echo.stop(timeout=5):
         say(f"external echo server stopped (pid {state.external.echo.pid})")
 

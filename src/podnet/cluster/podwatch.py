@@ -8,10 +8,10 @@ kubelet does) and waits, in one ``select``, on:
 
 - a pidfd per registered pod process: readable when the process has ended;
 - one proc connector socket (netlink, ``podnet.cluster.podexit``), which the kernel only
-  serves in the initial network namespace, so it is opened there (a socket stays in the
-  namespace it was made in): it carries each exit's wait status, which a pidfd does not
-  give to a process that is not the parent. Only the statuses of registered PIDs are
-  kept.
+  serves in the initial network namespace: the watcher starts there, opens it, and then
+  enters the node's namespace for the rest (a socket stays where it was made). It
+  carries each exit's wait status, which a pidfd does not give to a process that is not
+  the parent. Only the statuses of registered PIDs are kept.
 
 When a pod's process ends the watcher writes the Pod's status (phase Succeeded/Failed by
 the exit code, not Ready, the container ``terminated``), so the endpoints controller
@@ -31,6 +31,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ from podnet.cluster.state import ProcessRecord, proc_start_time
 
 log = logging.getLogger("podnet.cluster.podwatch")
 RESCAN = 0.5
-INITIAL_NETNS = "/proc/1/ns/net"
+EVENT_GRACE = 2.0  # how long an ended process's exit status is awaited
+EVENT_POLL = 0.02
 RECEIVE = 1 << 16
 
 
@@ -80,9 +82,9 @@ def unregister(node_dir: Path, namespace: str, name: str) -> None:
 
 
 def open_exit_events() -> socket.socket:
-    """A proc connector socket (in the initial network namespace) subscribed to exits."""
-    with netns.entered(INITIAL_NETNS):
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+    """A proc connector socket subscribed to exits (in this process's network namespace,
+    which must be the initial one: the kernel serves the connector only there)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind((0, CN_IDX_PROC))
     sock.send(listen_request(sock.getsockname()[0]))
@@ -122,6 +124,7 @@ class PodWatcher:
         self.watched: dict[Path, Watched] = {}
         self.statuses: dict[int, int] = {}  # PID -> wait status, of watched PIDs
         self.ended: dict[Path, Ended] = {}  # reports not yet written
+        self.exited: dict[Path, float] = {}  # pidfd fired at (monotonic); status awaited
         self.stopping = False
 
     def rescan(self) -> None:
@@ -130,6 +133,7 @@ class PodWatcher:
             if path not in present:  # the pod was deleted
                 self.watched.pop(path).close()
                 self.ended.pop(path, None)
+                self.exited.pop(path, None)
         for path in present - set(self.watched):
             try:
                 watched = Watched(path, json.loads(path.read_text()))
@@ -155,17 +159,28 @@ class PodWatcher:
                     self.statuses[pid] = status
 
     def turn(self, timeout: float = RESCAN) -> None:
-        """Wait for exits (at most ``timeout``), then report every pod found ended."""
+        """Wait for exits (at most ``timeout``), then report every pod found ended.
+
+        The kernel wakes a pidfd (exit_notify) before it sends the exit event, so a
+        process whose pidfd fired waits up to ``EVENT_GRACE`` for its exit status."""
         fds = {w.fd: p for p, w in self.watched.items() if w.fd is not None}
-        readable, _, _ = select.select([self.events.fileno(), *fds], [], [], timeout)
+        wait = min(timeout, EVENT_POLL) if self.exited else timeout
+        readable, _, _ = select.select([self.events.fileno(), *fds], [], [], wait)
         self.drain_events()
+        now = time.monotonic()
         for fd in readable:
             if fd in fds:
-                path = fds[fd]
-                watched = self.watched[path]
-                status = self.statuses.pop(watched.process.pid, None)
-                self.ended[path] = UNKNOWN if status is None else Ended.from_wait_status(status)
-                watched.close()
+                self.exited[fds[fd]] = now
+                self.watched[fds[fd]].close()
+        for path, since in list(self.exited.items()):
+            status = self.statuses.pop(self.watched[path].process.pid, None)
+            if status is not None:
+                self.ended[path] = Ended.from_wait_status(status)
+            elif now - since >= EVENT_GRACE:
+                self.ended[path] = UNKNOWN
+            else:
+                continue
+            del self.exited[path]
         for path, ended in list(self.ended.items()):
             if self.report(self.watched[path], ended):
                 del self.ended[path]
@@ -223,10 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("--kubeconfig", required=True, help="the node's")
     parser.add_argument("--node-dir", required=True, type=Path)
+    parser.add_argument("--netns", required=True, help="the node's network namespace")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    events = open_exit_events()
-    with ApiClient(load_client_config(args.kubeconfig)) as api:
+    events = open_exit_events()  # first, here in the initial namespace; then the node's
+    with netns.entered(args.netns), ApiClient(load_client_config(args.kubeconfig)) as api:
         watcher = PodWatcher(api, args.node_dir, events)
 
         def stop(*_: object) -> None:

@@ -21,7 +21,10 @@ On a real host, ``--target HOST:PORT`` names masters elsewhere (the listening si
 
     python -m podnet.cluster.relay --port 6443 --target 10.0.0.21:6443 --target 10.0.0.22:6443
 
-The local cluster's relays are loopback only on both sides. SIGTERM ends it.
+The local cluster's relays are loopback only on both sides, but one per master in the
+external host's namespace, which listens on that master's underlay address
+(``--host``, see ``podnet.cluster.masteraccess``): the endpoint of ``default/kubernetes``.
+In the root namespace it only ever listens on 127.0.0.1. SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -40,15 +43,15 @@ CHUNK = 65536
 CONNECT_TIMEOUT = 3.0  # per master; a refused connect (dead master) fails at once
 
 
-def listen_in(namespace: str | None, port: int) -> socket.socket:
-    """A listening TCP socket on 127.0.0.1:``port`` inside ``namespace`` (None: here)."""
+def listen_in(namespace: str | None, port: int, host: str = "127.0.0.1") -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` inside ``namespace`` (None: here)."""
     if namespace is None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     else:
         with netns.entered(namespace):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    sock.bind((host, port))
     sock.listen(128)
     sock.setblocking(False)
     return sock
@@ -122,17 +125,24 @@ def connection_handler(target: int | list[int] | list[Address]) -> Handler:
     return handle
 
 
-async def relay(namespace: str | None, port: int, targets: int | list[int] | list[Address]) -> None:
+async def relay(
+    namespace: str | None,
+    port: int,
+    targets: int | list[int] | list[Address],
+    host: str = "127.0.0.1",
+) -> None:
     """Forward connections until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sock = listen_in(namespace, port)
+    if namespace is None and host != "127.0.0.1":
+        raise ValueError("in the root namespace the relay listens on 127.0.0.1 only")
+    sock = listen_in(namespace, port, host)
     handler = connection_handler(targets)
     server = await asyncio.start_server(handler, sock=sock)
     where = namespace or "root namespace"
-    print(f"relay: {where} 127.0.0.1:{port} -> {_addresses(targets)}", flush=True)
+    print(f"relay: {where} {host}:{port} -> {_addresses(targets)}", flush=True)
     try:
         await stop.wait()
     finally:
@@ -144,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m podnet.cluster.relay")
     parser.add_argument("--netns", default=None, help="default: the root namespace")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (other: --netns only)"
+    )
     parser.add_argument(
         "--target-port", type=int, action="append", default=[], help="repeat; default: --port"
     )
@@ -157,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         if not host or not port.isdigit():
             parser.error(f"--target {value!r}: expected HOST:PORT")
         targets.append((host.strip("[]"), int(port)))
-    asyncio.run(relay(args.netns, args.port, targets or [("127.0.0.1", args.port)]))
+    if args.netns is None and args.host != "127.0.0.1":
+        parser.error("--host other than 127.0.0.1 needs --netns (the root namespace: loopback)")
+    asyncio.run(relay(args.netns, args.port, targets or [("127.0.0.1", args.port)], args.host))
     return 0
 
 

@@ -231,6 +231,7 @@ class MasterRecord:
     index: int
     port: int
     process: ProcessRecord | None = None
+    relay: ProcessRecord | None = None  # its relay on the underlay (``masteraccess``)
 
 
 def _member(data: dict[str, Any]) -> EtcdMemberRecord:
@@ -238,7 +239,8 @@ def _member(data: dict[str, Any]) -> EtcdMemberRecord:
 
 
 def _master(data: dict[str, Any]) -> MasterRecord:
-    return MasterRecord(**{**data, "process": _process(data.get("process"))})
+    relay = _process(data.get("relay"))
+    return MasterRecord(**{**data, "process": _process(data.get("process")), "relay": relay})
 
 
 def _process(data: Any) -> ProcessRecord | None:
