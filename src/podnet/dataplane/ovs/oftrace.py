@@ -23,9 +23,12 @@ decision is made).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
 from typing import Protocol
+
+from podnet.dataplane.ovs import tables as t
 
 OUTPUT, DROP, CONTROLLER = "output", "drop", "controller"
 PROTOCOLS = {"TCP": "tcp", "UDP": "udp", "SCTP": "sctp", "ICMP": "icmp"}
@@ -85,9 +88,9 @@ class TracePacket:
             fields.append(f"dl_dst={self.dst_mac}")
         fields += [f"nw_src={self.src}", f"nw_dst={self.dst}"]
         if name != "icmp":
-            fields.append(f"tp_src={self.src_port}")
+            fields.append(f"{name}_src={self.src_port}")  # tp_src: TCP only in a trace
             if self.port is not None:
-                fields.append(f"tp_dst={self.port}")
+                fields.append(f"{name}_dst={self.port}")
         return ",".join(fields)
 
 
@@ -230,3 +233,67 @@ async def trace(
     for state in ct_next:
         args += ["--ct-next", state]
     return parse_trace(await switch.appctl("ofproto/trace", *args))
+
+
+# --- a packet's verdict across nodes -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TracedNode:
+    """One node as the cross-node verdict needs it: its switch, bridge, node IP, and its
+    pods (IP → (ofport, MAC))."""
+
+    name: str
+    switch: Appctl
+    node_ip: IPv4Address
+    pods: Mapping[IPv4Address, tuple[int, str]]
+    bridge: str = t.BRIDGE
+
+
+@dataclass(frozen=True)
+class OvsVerdict:
+    """Whether OVS lets the packet reach its destination, with the traces that say so
+    (node name, trace), source node first."""
+
+    allowed: bool
+    traces: tuple[tuple[str, OfTrace], ...]
+
+
+async def ovs_verdict(
+    nodes: Iterable[TracedNode],
+    src: IPv4Address,
+    dst: IPv4Address,
+    protocol: str = "TCP",
+    port: int | None = None,
+    tun_id: int = 0,
+) -> OvsVerdict:
+    """The verdict of OVS on every node the packet crosses. A source pod's packet is
+    traced from its port on its node; one for a pod of another node must leave on
+    vxlan0 and is traced again on that node from vxlan0 (``tun_id``: the VNID it carries,
+    the source's register value); a packet from outside the cluster's pods enters the
+    destination pod's node on tun0. It is allowed when it reaches the destination pod's
+    port, or tun0 for a destination that is not a pod."""
+    by_ip = {ip: node for node in nodes for ip in node.pods}
+    src_node, dst_node = by_ip.get(src), by_ip.get(dst)
+    traces: list[tuple[str, OfTrace]] = []
+    if src_node is not None:
+        ofport, mac = src_node.pods[src]
+        packet = TracePacket(ofport, src, dst, protocol, port, src_mac=mac)
+        first = await trace(src_node.switch, src_node.bridge, packet)
+        traces.append((src_node.name, first))
+        if dst_node is None:
+            return OvsVerdict(first.output_ports == (t.TUN_PORT,), tuple(traces))
+        if dst_node is src_node:
+            return OvsVerdict(first.output_ports == (dst_node.pods[dst][0],), tuple(traces))
+        if first.output_ports != (t.VXLAN_PORT,):
+            return OvsVerdict(False, tuple(traces))
+        packet = TracePacket(
+            t.VXLAN_PORT, src, dst, protocol, port, tun_id=tun_id, tun_src=src_node.node_ip
+        )
+    elif dst_node is not None:
+        packet = TracePacket(t.TUN_PORT, src, dst, protocol, port)
+    else:
+        raise ValueError(f"neither {src} nor {dst} is a pod of the traced nodes")
+    last = await trace(dst_node.switch, dst_node.bridge, packet)
+    traces.append((dst_node.name, last))
+    return OvsVerdict(last.output_ports == (dst_node.pods[dst][0],), tuple(traces))
