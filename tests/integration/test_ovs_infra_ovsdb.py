@@ -73,6 +73,16 @@ async def test_ports_of_each_type_get_their_ofport(node: OvsNode) -> None:
     assert [p.name for p in await node.db.ports("br0")] == ["tun0", "vxlan0"]
 
 
+async def test_interface_columns_are_set(node: OvsNode) -> None:
+    await node.db.add_port("br0", "tun0", type="internal", ofport=2)
+    await node.db.set_interface("tun0", mtu_request=1400, external_ids={"role": "gateway"})
+    assert vsctl(node, "get", "Interface", "tun0", "mtu_request") == "1400"
+    assert vsctl(node, "get", "Interface", "tun0", "external_ids:role") == "gateway"
+    assert "mtu 1400" in ip(node.ns, "link show tun0")
+    with pytest.raises(DataPlaneRejected, match="nosuch"):
+        await node.db.set_interface("nosuch", mtu_request=1400)
+
+
 async def test_a_port_without_a_device_is_an_error_and_removed(node: OvsNode) -> None:
     with pytest.raises(DataPlaneError, match=r"cannot open port nodev.*No such device"):
         await node.db.add_port("br0", "nodev", ofport=5)

@@ -11,7 +11,8 @@ its command line, so a recycled PID is never taken for it).
 
 ``supervise`` waits on a pidfd per daemon, restarts one that died and then tells the
 caller, which reprograms the flows (a restarted ``ovs-vswitchd`` starts with none).
-``stop``/``stop_instance`` end both by PID and leave no process, socket or pidfile.
+``stop``/``stop_instance`` end both by PID and leave no process, socket or pidfile. The
+layout on disk, which PID is really the daemon, and the stop by PID are in ``instance``.
 
 The bridge uses the kernel datapath where the ``openvswitch`` module is loaded or can be
 loaded, else the userspace one (``netdev``). ``--disable-system-route`` is deliberately
@@ -25,27 +26,28 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import shutil
-import signal
 import subprocess
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
-from podnet.dataplane.interface import DataPlaneError, NodeSetupRefused
+from podnet.dataplane.interface import DataPlaneError
+from podnet.dataplane.ovs.instance import (
+    DAEMONS,
+    OVSDB_SERVER,
+    VSWITCHD,
+    OvsDaemonError,
+    OvsPaths,
+    OvsUnavailable,
+    running_pid,
+    stop_instance,
+)
 
 log = logging.getLogger(__name__)
 
-OVSDB_SERVER: Final = "ovsdb-server"
-VSWITCHD: Final = "ovs-vswitchd"
-DAEMONS: Final = (OVSDB_SERVER, VSWITCHD)  # start order; stopped in reverse
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 KERNEL_MODULE = Path("/sys/module/openvswitch")
-SUN_PATH_MAX: Final = 107  # sun_path is 108 bytes, the last one the NUL
-BRIDGE_NAME_MAX: Final = 15  # a bridge is a network device: IFNAMSIZ - 1
-STOP_TIMEOUT: Final = 5.0  # SIGTERM, then SIGKILL after this many seconds
 RUN_TIMEOUT: Final = 30.0  # a daemon's start (it detaches once ready), ovsdb-tool, ovs-vsctl
 PACKAGES: Final = {
     OVSDB_SERVER: "openvswitch-switch",
@@ -56,15 +58,21 @@ PACKAGES: Final = {
     "nsenter": "util-linux",
 }
 
+__all__ = [  # also the instance's names, so one import serves the callers
+    "DAEMONS",
+    "OVSDB_SERVER",
+    "VSWITCHD",
+    "OvsDaemonError",
+    "OvsDaemons",
+    "OvsPaths",
+    "OvsUnavailable",
+    "binary",
+    "datapath_type",
+    "running_pid",
+    "stop_instance",
+]
+
 Restarted = Callable[[str], Awaitable[None]]
-
-
-class OvsUnavailable(NodeSetupRefused):
-    """Open vSwitch cannot run here as asked (a missing binary, a path too long...)."""
-
-
-class OvsDaemonError(DataPlaneError):
-    """A daemon failed to start or to stop (the message has its output)."""
 
 
 def binary(name: str) -> str:
@@ -85,144 +93,6 @@ def datapath_type(module: Path = KERNEL_MODULE) -> str:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run([modprobe, "-q", "openvswitch"], capture_output=True, timeout=10)
     return "system" if module.exists() else "netdev"
-
-
-@dataclass(frozen=True)
-class OvsPaths:
-    """Where one instance keeps its database, sockets, pidfiles and logs."""
-
-    base: Path
-
-    @property
-    def db(self) -> Path:
-        return self.base / "db" / "conf.db"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.base / "run"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.base / "log"
-
-    @property
-    def db_socket(self) -> Path:
-        return self.run_dir / "db.sock"
-
-    def pidfile(self, daemon: str) -> Path:
-        return self.run_dir / f"{daemon}.pid"
-
-    def unixctl(self, daemon: str) -> Path:
-        """The daemon's control socket (``ovs-appctl -t``, ``ofproto/trace``)."""
-        return self.run_dir / f"{daemon}.ctl"
-
-    def log(self, daemon: str) -> Path:
-        return self.log_dir / f"{daemon}.log"
-
-    def mgmt(self, bridge: str) -> Path:
-        """The bridge's OpenFlow socket, which ``ovs-ofctl`` finds through ``OVS_RUNDIR``."""
-        return self.run_dir / f"{bridge}.mgmt"
-
-    def env(self) -> dict[str, str]:
-        """The environment that points OVS's tools at this instance."""
-        return {
-            **os.environ,
-            "OVS_RUNDIR": str(self.run_dir),
-            "OVS_LOGDIR": str(self.log_dir),
-            "OVS_DBDIR": str(self.db.parent),
-        }
-
-    def check(self) -> None:
-        """OvsUnavailable unless every socket path fits ``sun_path`` (108 bytes)."""
-        longest = self.run_dir / f"{'b' * BRIDGE_NAME_MAX}.snoop"
-        for sock in (self.db_socket, self.unixctl(VSWITCHD), self.unixctl(OVSDB_SERVER), longest):
-            if len(os.fsencode(sock.absolute())) > SUN_PATH_MAX:
-                raise OvsUnavailable(
-                    f"OVS socket path {sock.absolute()} is longer than {SUN_PATH_MAX} bytes"
-                    f" (a unix socket's limit): choose a shorter base directory than {self.base}"
-                )
-
-
-def _proc_exe(pid: int) -> str:
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).removesuffix(" (deleted)")
-    except OSError:
-        return ""
-
-
-def _proc_args(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def running_pid(paths: OvsPaths, daemon: str) -> int | None:
-    """The PID of this instance's ``daemon`` if it runs: the pidfile's PID, alive, running
-    that daemon's binary with this pidfile on its command line; else None."""
-    try:
-        pid = int(paths.pidfile(daemon).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if pid <= 0 or _proc_exe(pid) != daemon:
-        return None
-    return pid if f"--pidfile={paths.pidfile(daemon)}" in _proc_args(pid) else None
-
-
-def _wait_exit(pidfd: int, timeout: float) -> bool:
-    """Whether the process behind ``pidfd`` exited within ``timeout`` seconds."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(timeout * 1000))
-
-
-def _stop_daemon(paths: OvsPaths, daemon: str, timeout: float) -> bool:
-    """SIGTERM this instance's ``daemon``, SIGKILL it after ``timeout``; True if it ran.
-    Signals go through a pidfd, so they reach that very process or none."""
-    pid = running_pid(paths, daemon)
-    if pid is None:
-        return False
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        if not _wait_exit(pidfd, timeout):
-            log.warning("%s (pid %d) ignored SIGTERM for %.1fs: SIGKILL", daemon, pid, timeout)
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            if not _wait_exit(pidfd, timeout):
-                raise OvsDaemonError(f"{daemon} (pid {pid}) survived SIGKILL for {timeout}s")
-    finally:
-        os.close(pidfd)
-    return True
-
-
-def _leftovers(paths: OvsPaths) -> Iterator[Path]:
-    """The sockets and pidfiles a daemon killed by SIGKILL leaves in the run directory."""
-    yield paths.db_socket
-    for daemon in DAEMONS:
-        yield paths.pidfile(daemon)
-        yield paths.unixctl(daemon)
-    if paths.run_dir.is_dir():
-        yield from paths.run_dir.glob("*.mgmt")
-        yield from paths.run_dir.glob("*.snoop")
-
-
-def stop_instance(base: Path, remove: bool = False, timeout: float = STOP_TIMEOUT) -> list[str]:
-    """Stop the instance under ``base`` by PID (vswitchd, then ovsdb-server) and remove its
-    sockets and pidfiles; with ``remove`` also its database and logs (all of ``base``).
-    Needs no namespace: this is how ``cluster down`` ends a node's OVS. Returns the names
-    of the daemons that were running."""
-    paths = OvsPaths(base)
-    stopped = [d for d in reversed(DAEMONS) if _stop_daemon(paths, d, timeout)]
-    for leftover in _leftovers(paths):
-        leftover.unlink(missing_ok=True)
-    if remove:
-        shutil.rmtree(base, ignore_errors=True)
-    return stopped
 
 
 class OvsDaemons:
@@ -341,9 +211,11 @@ class OvsDaemons:
             )
 
     async def supervise(self, restarted: Restarted, retry: float = 0.2) -> None:
-        """Run until cancelled or stopped: when a daemon dies, start it again and then await
-        ``restarted(name)`` (after ``ovs-vswitchd``, the bridges are back without flows).
-        A failed restart is retried every ``retry`` seconds, doubling up to 5 s."""
+        """Run until cancelled or stopped: when a daemon dies, start what is not running
+        (``ovsdb-server`` first: ``ovs-vswitchd`` needs its database), then await
+        ``restarted(name)`` for each daemon started (after ``ovs-vswitchd`` the bridges are
+        back, without flows). A failed start is retried after ``retry`` seconds, doubling
+        up to 5 s; an error raised by ``restarted`` is logged and supervision goes on."""
         delay = retry
         while not self._stopping:
             dead = await self._first_death()
@@ -351,14 +223,21 @@ class OvsDaemons:
                 return
             log.warning("%s under %s died: restarting it", dead, self.paths.base)
             try:
-                await asyncio.to_thread(self._ensure, dead)
+                started = await asyncio.to_thread(self._ensure_all)
             except DataPlaneError as error:
                 log.error("restarting %s failed, again in %.1fs: %s", dead, delay, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             delay = retry
-            await restarted(dead)
+            for daemon in started:
+                try:
+                    await restarted(daemon)
+                except Exception:  # the caller's own failure must not end supervision
+                    log.exception("reacting to the restart of %s failed", daemon)
+
+    def _ensure_all(self) -> list[str]:
+        return [daemon for daemon in DAEMONS if self._ensure(daemon)]
 
     async def _first_death(self) -> str:
         """Wait until one of the daemons is not running; return its name."""

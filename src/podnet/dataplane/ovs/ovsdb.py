@@ -191,6 +191,14 @@ class Ovsdb:
             f"delete port {name}", self._api.del_port(name, bridge=bridge, if_exists=True)
         )
 
+    async def set_interface(self, name: str, **columns: Any) -> None:
+        """Set columns of interface ``name`` (e.g. ``mtu_request=1450``); a map is merged
+        into what is there. DataPlaneRejected if there is no such interface."""
+        await self._write(
+            f"set {', '.join(columns)} of {name}",
+            self._api.db_set("Interface", name, *columns.items(), if_exists=False),
+        )
+
     async def port(self, name: str) -> Port | None:
         """Port ``name`` as the database shows it now, or None."""
 
