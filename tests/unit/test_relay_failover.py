@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from podnet.cluster.relay import Targets, connection_handler
+import pytest
+
+from podnet.cluster.relay import Targets, connection_handler, main, relay
 from podnet.store.etcd_process import free_port
 
 
@@ -65,3 +67,16 @@ def test_targets_rotate_from_the_last_that_worked() -> None:
     targets = Targets([("127.0.0.1", 1), ("127.0.0.1", 2), ("127.0.0.1", 3)])
     targets.worked(("127.0.0.1", 2))
     assert [p for _, p in targets.order()] == [2, 3, 1]
+
+
+def test_the_root_namespace_relay_listens_on_loopback_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Network safety: an address other than 127.0.0.1 needs --netns (a project
+    namespace); asked for in the root namespace, the relay refuses before it listens."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--port", str(free_port()), "--host", "192.168.100.241"])
+    assert exit_info.value.code == 2
+    assert "--host other than 127.0.0.1 needs --netns" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"127\.0\.0\.1 only"):
+        asyncio.run(relay(None, free_port(), [free_port()], "0.0.0.0"))
