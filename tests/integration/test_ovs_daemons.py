@@ -196,6 +196,37 @@ async def test_supervisor_restarts_a_killed_daemon_and_tells(node: OvsNode) -> N
             await supervisor
 
 
+async def test_both_killed_come_back_database_first_despite_a_failing_callback(
+    node: OvsNode,
+) -> None:
+    told: list[str] = []
+    all_told = asyncio.Event()
+
+    async def tell(name: str) -> None:
+        told.append(name)
+        if len(told) == len(DAEMONS):
+            all_told.set()
+        if name == OVSDB_SERVER:
+            raise RuntimeError("the caller's own failure")
+
+    supervisor = asyncio.create_task(node.daemons.supervise(tell))
+    try:
+        old = pids(node.daemons.paths)
+        for pid in old.values():
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+        await asyncio.wait_for(all_told.wait(), 20)
+        assert told == [OVSDB_SERVER, VSWITCHD]
+        new = pids(node.daemons.paths)
+        assert all(new[d] not in (None, old[d]) for d in DAEMONS)
+        assert not supervisor.done(), "supervision goes on after the callback failed"
+        await node.db.add_port("br0", "tun0", type="internal", ofport=2)  # db reachable
+    finally:
+        supervisor.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await supervisor
+
+
 async def test_stop_leaves_no_process_socket_or_pidfile(node: OvsNode) -> None:
     supervisor = asyncio.create_task(node.daemons.supervise(_nothing))
     before = pids(node.daemons.paths)

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -164,6 +165,8 @@ class OvsDaemons:
         if pid is not None:
             log.info("adopted %s (pid %d) under %s", daemon, pid, self.paths.base)
             return False
+        if daemon == VSWITCHD and not self._db_answers():  # it would wait for it, detached
+            raise OvsDaemonError(f"{OVSDB_SERVER} does not answer: {VSWITCHD} not started")
         for stale in (self.paths.pidfile(daemon), self.paths.unixctl(daemon)):
             stale.unlink(missing_ok=True)  # left by a SIGKILL; the daemon would refuse to start
         self._spawn(daemon)
@@ -173,6 +176,16 @@ class OvsDaemons:
                 f"{daemon} exited right after it started; see {self.paths.log(daemon)}"
             )
         log.info("started %s (pid %d) under %s", daemon, pid, self.paths.base)
+        return True
+
+    def _db_answers(self) -> bool:
+        """Whether ``ovsdb-server`` accepts connections (a dying one still looks alive)."""
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(RUN_TIMEOUT)
+            try:
+                probe.connect(str(self.paths.db_socket))
+            except OSError:
+                return False
         return True
 
     def _argv(self, daemon: str) -> list[str]:
@@ -237,7 +250,7 @@ class OvsDaemons:
                     log.exception("reacting to the restart of %s failed", daemon)
 
     def _ensure_all(self) -> list[str]:
-        return [daemon for daemon in DAEMONS if self._ensure(daemon)]
+        return [d for d in DAEMONS if not self._stopping and self._ensure(d)]
 
     async def _first_death(self) -> str:
         """Wait until one of the daemons is not running; return its name."""
