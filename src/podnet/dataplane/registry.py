@@ -83,5 +83,13 @@ async def _fake(options: DataPlaneOptions) -> DataPlane:
     return FakeDataPlane(state_file=options.state_dir / "fake-dataplane.json")
 
 
+async def _ovs(options: DataPlaneOptions) -> DataPlane:
+    from podnet.dataplane.ovs.backend import OvsDataPlane
+
+    options.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return await OvsDataPlane.create(options.state_dir / "ovs")
+
+
 register("linux", _linux, "Linux bridge br0, VXLAN or host-gw routes, nftables")
+register("ovs", _ovs, "Open vSwitch br0 (OpenShift SDN's OpenFlow pipeline), its own daemons")
 register("fake", _fake, "in memory, validating; state in the agent's state dir (tests only)")

@@ -9,8 +9,9 @@ view of what the implementation holds, in neutral terms: where each remote subne
 sent, what a pod sees from inside, whether a policy is in force, and a snapshot that
 changes when anything changes. ``drift_*`` break things the way an operator's hand would.
 
-A new implementation (``ovs``) adds its harness to ``HARNESSES``; until it does, the
-contract suite fails for it instead of leaving it untested.
+A new implementation adds its harness to ``HARNESSES``; until it does, the contract
+suite fails for it instead of leaving it untested. ``ovs`` runs like ``linux``, in node 1
+of a lab, with its own OVS daemons stopped by PID at the end.
 """
 
 from __future__ import annotations
@@ -209,9 +210,9 @@ class LinuxHarness(Harness):
 
     async def remote_routes(self) -> dict[IPv4Network, IPv4Address]:
         found = {}
-        vtep_of = {n["dst"]: n.get("lladdr") for n in _json(self.ns, "ip", "neigh", "show")}
-        node_of = {f["mac"]: f.get("dst") for f in _json(self.ns, "bridge", "fdb", "show")}
-        for route in _json(self.ns, "ip", "route", "show", "proto", "80"):
+        vtep_of = {n["dst"]: n.get("lladdr") for n in json_output(self.ns, "ip", "neigh", "show")}
+        node_of = {f["mac"]: f.get("dst") for f in json_output(self.ns, "bridge", "fdb", "show")}
+        for route in json_output(self.ns, "ip", "route", "show", "proto", "80"):
             if "gateway" not in route:  # the service network onto br0: node set-up
                 continue
             via = route["gateway"]
@@ -229,7 +230,7 @@ class LinuxHarness(Harness):
             return None
         (link,) = json.loads(done.stdout)
         (inet,) = [a for a in link["addr_info"] if a["family"] == "inet"]
-        routes = _json(pod.netns, "ip", "route", "show", "dev", pod.ifname)
+        routes = json_output(pod.netns, "ip", "route", "show", "dev", pod.ifname)
         return PodView(
             IPv4Interface(f"{inet['local']}/{inet['prefixlen']}"),
             link["address"],
@@ -264,9 +265,6 @@ class LinuxHarness(Harness):
         sh(self.ns, "ip", "route", "del", str(remote.subnet))
 
 
-HARNESSES: dict[str, type[Harness]] = {h.name: h for h in (FakeHarness, LinuxHarness)}
-
-
 def snapshot(ns: str) -> tuple[str, ...]:
     """Links (with their indexes), addresses, podnet's routes, permanent neighbours, tunnel
     FDB entries and the nft ruleset with rule handles, of namespace ``ns``: equal
@@ -275,7 +273,7 @@ def snapshot(ns: str) -> tuple[str, ...]:
     state, which settle just after a pod is wired, and what the bridge learns.)"""
     fdb = sh(ns, "bridge", "fdb", "show").splitlines()
     return (
-        "\n".join(_link_identity(link) for link in _json(ns, "ip", "-d", "link", "show")),
+        "\n".join(_link_identity(link) for link in json_output(ns, "ip", "-d", "link", "show")),
         sh(ns, "ip", "-4", "-o", "addr", "show"),
         sh(ns, "ip", "route", "show", "proto", "80"),
         sh(ns, "ip", "neigh", "show", "nud", "permanent"),
@@ -325,6 +323,15 @@ async def opened(name: str, state_dir: Path) -> AsyncIterator[Harness]:
             await lab.close()
 
 
-def _json(ns: str, *argv: str) -> list[dict[str, Any]]:
+def json_output(ns: str, *argv: str) -> list[dict[str, Any]]:
     """``argv`` with ``-j`` (JSON output) in namespace ``ns``."""
     return cast("list[dict[str, Any]]", json.loads(sh(ns, argv[0], "-j", *argv[1:]) or "[]"))
+
+
+def _with_ovs() -> dict[str, type[Harness]]:
+    from podnet.testing.ovsharness import OvsHarness  # it builds on LinuxHarness
+
+    return {h.name: h for h in (FakeHarness, LinuxHarness, OvsHarness)}
+
+
+HARNESSES: dict[str, type[Harness]] = _with_ovs()

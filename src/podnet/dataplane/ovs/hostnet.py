@@ -24,8 +24,15 @@ from podnet.dataplane.linux.desired import NFT_TABLE, NO_GATEWAY, VTEP_PEERS_SET
 from podnet.dataplane.linux.netlink import Link, Netlink
 from podnet.dataplane.linux.nftrules import render_inet_table
 from podnet.dataplane.ovs.tables import TUN
+from podnet.dataplane.ovs.underlaysetup import read_uplink
 
 INET_TABLE = f"inet {NFT_TABLE}"
+
+
+def uplink(nl: Netlink, node: NodeNetwork) -> Link:
+    """The node's uplink: the interface holding the node IP (not br-phy, which holds it
+    too for OVS's tunnels) or the one ``node`` names."""
+    return read_uplink(nl, node)[0]
 
 
 def gateway_mac(node: NodeNetwork) -> str:
@@ -52,7 +59,7 @@ def refused_remotes(nl: Netlink, node: NodeNetwork, remotes: Iterable[RemoteNode
     """host-gw: the remotes that are not on the underlay's L2 segment (none with vxlan)."""
     if node.tunnel != "host-gw":
         return []
-    underlay = linux_node.underlay_link(nl, node)
+    underlay = uplink(nl, node)
     nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
     return desired.non_adjacent(desired.usable_remotes(node, remotes), nets)
 
@@ -80,7 +87,7 @@ def problems(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode] | None) -
     """How the host differs from ``node``'s set-up (``remotes`` None: not known yet; their
     routes and peers are then not compared)."""
     try:
-        underlay = linux_node.underlay_link(nl, node)
+        underlay = uplink(nl, node)
     except NodeSetupRefused as err:
         return [str(err)]
     found = [p for p in [linux_node.mtu_problem(node, underlay)] if p]
@@ -125,7 +132,7 @@ def _routes(
 def ensure(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode] | None) -> None:
     """Build or repair the host's side, changing only what differs. tun0 must exist (OVS
     makes it); NodeSetupRefused if the underlay cannot carry the pod MTU."""
-    underlay = linux_node.underlay_link(nl, node)
+    underlay = uplink(nl, node)
     problem = linux_node.mtu_problem(node, underlay)
     if problem:
         raise NodeSetupRefused(problem)
@@ -165,15 +172,7 @@ def ensure_routes(
 
 
 def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
-    """Routes (host-gw) and the VXLAN peers for exactly ``remotes``; NodeSetupRefused
-    after the rest when a host-gw remote is not L2 adjacent (it gets no route)."""
-    refused = refused_remotes(nl, node, remotes)
-    chosen = [r for r in remotes if r.name not in refused]
-    underlay = linux_node.underlay_link(nl, node)
-    ensure_routes(nl, node, chosen, underlay)
-    linux_node.ensure_peers(node, underlay.name, peers_of(node, chosen))
-    if refused:
-        raise NodeSetupRefused(
-            f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on a subnet "
-            f"of {underlay.name}"
-        )
+    """Routes (host-gw) and the VXLAN peers for exactly ``remotes``."""
+    underlay = uplink(nl, node)
+    ensure_routes(nl, node, remotes, underlay)
+    linux_node.ensure_peers(node, underlay.name, peers_of(node, remotes))

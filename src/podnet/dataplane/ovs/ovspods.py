@@ -27,6 +27,8 @@ from ipaddress import IPv4Address, IPv4Interface
 from podnet import netns
 from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork, pod_mac
 from podnet.dataplane.linux import rtnl
+from podnet.dataplane.linux.desired import is_host_veth_name
+from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.pods import configure_pod
 from podnet.dataplane.linux.rtnl import NetlinkBatch
 
@@ -90,17 +92,29 @@ def wire(links: NetlinkBatch, pod: PodNetwork, host: str) -> None:
         configure_pod(pod)
         checksum_offload_off(pod.netns, pod.ifname)
     except BaseException:
-        unwire(links, host)
+        try:
+            unwire(links, host)
+        except DataPlaneError as err:  # keep the first error; set-up removes strays
+            log.warning("removing %s after a failed attach: %s", host, err)
         raise
 
 
 def unwire(links: NetlinkBatch, host: str) -> None:
     """Delete the veth (its pod end goes with it); fine if it is gone."""
-    try:
-        links.run([rtnl.delete_link(host)])
-    except DataPlaneError as err:
-        log.warning("deleting %s: %s", host, err)
-        raise
+    links.run([rtnl.delete_link(host)])
+
+
+def remove_stray_veths(nl: Netlink, ports: set[str]) -> list[str]:
+    """Delete podnet-named veths that are not among ``ports`` (br0's); their names."""
+    stray = [
+        link.name
+        for link in nl.links()
+        if link.kind == "veth" and is_host_veth_name(link.name) and link.name not in ports
+    ]
+    for name in stray:
+        log.info("removing stray pod veth %s", name)
+        nl.delete(name)
+    return stray
 
 
 def checksum_offload_off(sandbox: str, ifname: str) -> None:

@@ -41,7 +41,9 @@ Vnids = Mapping[IPv4Address, int | None]  # cluster pod IP -> VNID (None: unassi
 TUN_ID_TO_REG0 = f"move:NXM_NX_TUN_ID[0..31]->NXM_NX_{t.REG_SRC_VNID.upper()}[]"
 REG0_TO_TUN_ID = f"move:NXM_NX_{t.REG_SRC_VNID.upper()}[]->NXM_NX_TUN_ID[0..31]"
 VIA_HOST = f"{t.CT_MARK_VIA_HOST:#x}/{t.CT_MARK_VIA_HOST:#x}"  # the bit alone: policy has others
-MARK_VIA_HOST = f"ct(commit,exec(set_field:{VIA_HOST}->ct_mark))"
+# (written as the switch reads a masked set_field back, so that comparisons find it equal)
+_BIT = t.CT_MARK_VIA_HOST.bit_length() - 1
+MARK_VIA_HOST = f"ct(commit,exec(load:0x1->NXM_NX_CT_MARK[{_BIT}]))"
 
 
 @dataclass(frozen=True, order=True)

@@ -1,0 +1,330 @@
+"""``OvsDataPlane``: the DataPlane contract on Open vSwitch, OpenShift SDN's br0.
+
+The node's own ``ovsdb-server`` and ``ovs-vswitchd`` (``daemons``, under ``<state dir>/ovs``)
+run in the node's namespace and outlive the agent; a restarted agent adopts them. br0
+holds the pipeline (``pipeline``, tables 21/80 from ``policyflows``), kept equal to what the
+agent said by ``FlowSync``: one bundle per change, grouped by object, the note last; a
+whole-table ``replace-flows`` (only the difference is sent) when the plane starts, after
+``ovs-vswitchd`` restarted, at ``setup_node`` and at every ``sync_remote_nodes`` and
+policy resync, so drift is repaired. ``flowstate`` keeps the groups the agent has not told
+the plane about yet as the switch holds them, so a restarted agent changes nothing.
+
+Namespace rule (as ``linux``): construct the plane in the node's namespace. Kernel work
+(tun0, routes, nftables, veths) runs on worker threads made there (``linux.workers``);
+OVSDB and OpenFlow are unix sockets, reached from anywhere.
+
+    with podnet.netns.entered("node-1"):
+        plane = OvsDataPlane(state_dir / "ovs")
+    await plane.setup_node(node)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from podnet.dataplane.interface import (
+    DataPlane,
+    DataPlaneError,
+    DataPlaneStatus,
+    NodeNetwork,
+    NodeSetupRefused,
+    PodAttachment,
+    PodNetwork,
+    RemoteNode,
+)
+from podnet.dataplane.linux.desired import host_veth_name
+from podnet.dataplane.linux.netlink import Netlink
+from podnet.dataplane.linux.rtnl import NetlinkBatch
+from podnet.dataplane.linux.services import ServiceTableSync
+from podnet.dataplane.linux.workers import NamespaceWorker, namespace_id
+from podnet.dataplane.ovs import hostnet, ovspods
+from podnet.dataplane.ovs import tables as t
+from podnet.dataplane.ovs.daemons import OVSDB_SERVER, VSWITCHD, OvsDaemons
+from podnet.dataplane.ovs.flowstate import FlowState, parse_dump
+from podnet.dataplane.ovs.flowsync import FlowSync
+from podnet.dataplane.ovs.nodeports import NodePorts, flow_problems
+from podnet.dataplane.ovs.ofctl import OfctlRunner
+from podnet.dataplane.ovs.pipeline import LocalPod
+from podnet.policy.model import RuleSet
+from podnet.services.model import ServiceTable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+CALL_TIMEOUT = 10.0
+SETUP_TIMEOUT = 60.0
+POD_THREADS = 4
+
+
+class OvsDataPlane:
+    """The ``ovs`` backend (see the module docstring for the namespace rule)."""
+
+    def __init__(self, base: Path, *, timeout: float = CALL_TIMEOUT) -> None:
+        self.timeout = timeout
+        self.daemons = OvsDaemons(base)
+        namespace = namespace_id()
+        self._node_thread = NamespaceWorker(f"podnet-ovs-{namespace}")
+        self._pod_threads = NamespaceWorker(f"podnet-ovs-pods-{namespace}", POD_THREADS)
+        self._netlink: Netlink | None = None
+        self._local = threading.local()
+        self._batches: list[NetlinkBatch] = []
+        self._batches_lock = threading.Lock()
+        self.runner = OfctlRunner(self.daemons.paths)
+        self.flows = FlowSync(self.runner)
+        self.state = FlowState()
+        self.ports = NodePorts(self.daemons, self.runner, self._kernel)
+        self.services = ServiceTableSync()
+        self._adopted = False  # whether state.adopted was read from the switch
+        self._supervisor: asyncio.Task[None] | None = None
+        self._ofports = asyncio.Lock()
+        self._reserved: set[int] = set()
+        self._closed = False
+
+    @classmethod
+    async def create(cls, base: Path) -> OvsDataPlane:
+        """Construct in the current thread's namespace."""
+        return cls(base)
+
+    # --- the node ----------------------------------------------------------------------
+
+    async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
+        """Compare the daemons, OVSDB, the host and the flows with ``node``; change
+        nothing. A node found right is remembered (the agent then skips set-up)."""
+        problems = await self.ports.problems(node)
+        if not problems:
+            await self._load()
+            problems += await self._node(
+                "check_node", lambda: hostnet.problems(self._nl(), node, self.state.remotes)
+            )
+            problems += await self._flow_problems(node)
+        if not problems:
+            self.state.node = node
+            self._supervise()
+        return DataPlaneStatus(ok=not problems, problems=problems)
+
+    async def setup_node(self, node: NodeNetwork) -> None:
+        """Start (or adopt) the daemons, build br0 and its ports, the host's side, then
+        the flows (the whole table compared; the note last)."""
+        await self._within("setup_node", self.ports.ensure(node), SETUP_TIMEOUT)
+        self._supervise()
+        await self._load()
+        await self._node("setup_node", lambda: hostnet.ensure(self._nl(), node, self.state.remotes))
+        wired = await self.ports.remove_orphans()
+        await self._node("setup_node", lambda: ovspods.remove_stray_veths(self._nl(), wired))
+        self.state.node = node
+        await self._sync_flows(whole=True)
+
+    async def sync_remote_nodes(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        """Host routes (host-gw) and VXLAN peers, then the remote nodes' flows (the whole
+        table compared, so a flow removed by hand comes back). host-gw: remotes not on
+        the underlay's L2 segment get nothing and are refused at the end."""
+        self._require(node)
+        refused = await self._node(
+            "sync_remote_nodes", lambda: hostnet.refused_remotes(self._nl(), node, remotes)
+        )
+        chosen = [r for r in remotes if r.name not in refused]
+        await self._node(
+            "sync_remote_nodes", lambda: hostnet.sync_remotes(self._nl(), node, chosen)
+        )
+        self.state.remotes = chosen
+        await self._sync_flows(whole=True)
+        if refused:
+            raise NodeSetupRefused(
+                f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on the "
+                "underlay's subnets"
+            )
+
+    # --- pods ----------------------------------------------------------------------------
+
+    async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
+        """veth, pod side, OVS port with the pod's identity, then its flows."""
+        self._require(None)
+        host = host_veth_name(pod.container_id, pod.ifname)
+        await self._pod("attach_pod", lambda: ovspods.wire(self._batch(), pod, host))
+        try:
+            async with self._ofports:
+                ofport = self._free_ofport()
+                self._reserved.add(ofport)
+            try:
+                ofport = await self.ports.add_pod(host, ofport, ovspods.identity(pod))
+            finally:
+                self._reserved.discard(ofport)
+            key = f"{pod.container_id}/{pod.ifname}"
+            self.state.pods[key] = LocalPod(key, ofport, pod.address.ip, pod.mac)
+            await self._sync_flows()
+        except BaseException:
+            await self._forget_pod(pod.container_id, pod.ifname, host)
+            raise
+        return ovspods.attachment_of(host, ovspods.identity(pod)) or _never(host)
+
+    async def detach_pod(self, container_id: str, ifname: str, netns: str | None) -> None:
+        """Flows first, then the OVS port, then the veth; whatever is gone is fine."""
+        await self._load()
+        host = host_veth_name(container_id, ifname)
+        await self._forget_pod(container_id, ifname, host)
+
+    async def attached_pods(self) -> list[PodAttachment]:
+        """The pods wired on this node, from OVSDB."""
+        await self._load()
+        return await self.ports.attached()
+
+    # --- policy and services ------------------------------------------------------------
+
+    async def sync_policy(self, node: NodeNetwork, rules: RuleSet) -> None:
+        """VNIDs and tables 21/80 for ``rules``: one bundle of the groups that changed; the
+        whole table compared when the rules are the last ones again (a resync)."""
+        self._require(node)
+        resync = not self.state.rules_known or rules is self.state.rules
+        self.state.rules, self.state.rules_known = rules, True
+        await self._sync_flows(whole=resync)
+
+    async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
+        """The host's nftables service proxy (the linux data plane's), for tun0."""
+        await self._node("sync_services", lambda: self.services.sync(node, table), SETUP_TIMEOUT)
+
+    async def close(self) -> None:
+        """Stop supervising, close OVSDB and the threads; the daemons keep running."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        await self.ports.close()
+        await asyncio.to_thread(self._stop_threads)
+        self.daemons.close()
+
+    # --- flows -------------------------------------------------------------------------
+
+    async def _load(self) -> None:
+        """Once the daemons run: the pods from OVSDB and the flows found on the switch."""
+        if self._adopted or not self.ports.running():
+            return
+        await self.ports.connect()
+        for found in await self.ports.attached():
+            key = f"{found.container_id}/{found.ifname}"
+            ofport = await self.ports.ofport(found.host_ifname)
+            if ofport > 0:
+                self.state.pods[key] = LocalPod(key, ofport, found.address.ip, found.mac)
+        self.state.adopted = parse_dump(await self.runner.dump_flows(t.BRIDGE))
+        self._adopted = True
+
+    async def _sync_flows(self, whole: bool = False) -> None:
+        if self.state.node is None:
+            return
+        if whole:
+            self.flows.forget()
+        await self._within("flow sync", self.flows.sync(self.state.flows()), SETUP_TIMEOUT)
+
+    async def _flow_problems(self, node: NodeNetwork) -> list[str]:
+        known, self.state.node = self.state.node, node
+        try:
+            return await flow_problems(self.daemons, self.state.flows())
+        finally:
+            self.state.node = known
+
+    async def _forget_pod(self, container_id: str, ifname: str, host: str) -> None:
+        self.state.pods.pop(f"{container_id}/{ifname}", None)
+        await self._sync_flows()
+        await self.ports.delete(host)
+        await self._pod("detach_pod", lambda: ovspods.unwire(self._batch(), host))
+
+    def _free_ofport(self) -> int:
+        used = {pod.ofport for pod in self.state.pods.values()} | self._reserved
+        return next(
+            n for n in range(t.FIRST_POD_PORT, t.FIRST_POD_PORT + len(used) + 1) if n not in used
+        )
+
+    # --- supervision -------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        if self._supervisor is None and not self._closed:
+            self._supervisor = asyncio.create_task(self.daemons.supervise(self._restarted))
+
+    async def _restarted(self, daemon: str) -> None:
+        """``ovs-vswitchd`` came back without flows and with a new tun0 device: the host's
+        side and every flow again. (A restarted ``ovsdb-server`` needs nothing.)"""
+        node = self.state.node
+        if daemon == OVSDB_SERVER or node is None:
+            return
+        log.warning("%s restarted: reprogramming the node", VSWITCHD)
+        try:
+            await self.ports.ensure(node)
+            await self._node(
+                "reprogram", lambda: hostnet.ensure(self._nl(), node, self.state.remotes)
+            )
+            await self._sync_flows(whole=True)
+        except DataPlaneError as err:
+            log.error("reprogramming after the %s restart failed: %s", VSWITCHD, err)
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _require(self, node: NodeNetwork | None) -> None:
+        if self.state.node is None:
+            raise DataPlaneError("the node is not set up (check_node or setup_node first)")
+        if node is not None and node != self.state.node:
+            raise DataPlaneError("the node's network changed: setup_node first")
+
+    async def _kernel(self, fn: Callable[[Netlink], T]) -> T:
+        """``fn`` on the node thread's netlink socket (for the underlay's set-up)."""
+        return await self._node("underlay", lambda: fn(self._nl()))
+
+    def _nl(self) -> Netlink:
+        if self._netlink is None:
+            self._netlink = Netlink.open()
+        return self._netlink
+
+    def _batch(self) -> NetlinkBatch:
+        batch: NetlinkBatch | None = getattr(self._local, "batch", None)
+        if batch is None:
+            batch = self._local.batch = NetlinkBatch()
+            with self._batches_lock:
+                self._batches.append(batch)
+        return batch
+
+    def _stop_threads(self) -> None:
+        def close_node() -> None:
+            self.services.close()
+            if self._netlink is not None:
+                self._netlink.close()
+
+        self._node_thread.submit(close_node).result(self.timeout)
+        self._pod_threads.stop()
+        self._node_thread.stop()
+        with self._batches_lock:
+            for batch in self._batches:
+                batch.close()
+
+    async def _node(self, what: str, fn: Callable[[], T], limit: float | None = None) -> T:
+        return await self._on(self._node_thread, what, fn, limit)
+
+    async def _pod(self, what: str, fn: Callable[[], T]) -> T:
+        return await self._on(self._pod_threads, what, fn, None)
+
+    async def _on(
+        self, worker: NamespaceWorker, what: str, fn: Callable[[], T], limit: float | None
+    ) -> T:
+        if self._closed:
+            raise DataPlaneError(f"{what}: the data plane is closed")
+        future = asyncio.wrap_future(worker.submit(fn))
+        return await self._within(what, asyncio.shield(future), limit)
+
+    async def _within(self, what: str, step: Awaitable[T], limit: float | None = None) -> T:
+        limit = limit or self.timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await step
+        except TimeoutError as err:
+            raise DataPlaneError(f"{what} timed out after {limit:.0f} s") from err
+
+
+def _never(host: str) -> PodAttachment:
+    raise DataPlaneError(f"{host}: the identity written does not read back")
+
+
+if TYPE_CHECKING:  # mypy checks that the class fulfils the contract
+    _conforms: DataPlane = OvsDataPlane(Path())
