@@ -40,6 +40,9 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             api.create(SERVICE, service, namespace=NS)
         yield directory
     finally:
+        watcher_log = directory / "nodes" / "node1" / "podwatch.log"
+        if watcher_log.exists():
+            print(watcher_log.read_text()[-4000:])
         lifecycle.cluster_down(directory, say=print)
 
 

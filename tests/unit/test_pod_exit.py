@@ -42,7 +42,7 @@ def test_wait_statuses_become_exit_codes() -> None:
 
 def test_exits_of_processes_only() -> None:
     data = exit_message(10, 10, 3 << 8) + exit_message(11, 10, 0) + exit_message(12, 12, 0, 1)
-    assert exits(data) == [(10, 3 << 8)], "a thread's exit and a fork event are skipped"
+    assert exits(data) == [(10, 3 << 8, 0)], "a thread's exit and a fork event are skipped"
     assert exits(data[:20]) == [], "a cut datagram yields nothing"
     assert exits(b"") == []
 
@@ -86,7 +86,7 @@ def test_the_kernel_reports_a_real_exit() -> None:
         for _ in range(1000):  # bounded: other processes of the machine exit too
             readable, _, _ = select.select([sock], [], [], 5)
             assert readable, "no process event within 5 s"
-            found = dict(exits(sock.recv(65536)))
+            found = {pid: status for pid, status, _ in exits(sock.recv(65536))}
             if child.pid in found:
                 seen = found[child.pid]
                 break
@@ -133,4 +133,15 @@ def test_the_watcher_reports_each_exit_code_once(tmp_path: Path) -> None:
     watcher.rescan()
     watcher.turn(0.05)
     assert len(api.patches) == 2, "reported once"
+    # A process that ended before its registration was read keeps its exit code.
+    early = subprocess.Popen(["sh", "-c", "read x; exit 6"], stdin=subprocess.PIPE)
+    record = ProcessRecord.of(early.pid, "sh")
+    early.communicate(b"\n", timeout=10)
+    register(tmp_path, "ns", "early", record)
+    for _ in range(500):
+        watcher.rescan()
+        watcher.turn()
+        if len(api.patches) == 3:
+            break
+    assert api.patches[2]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 6
     watcher.events.close()

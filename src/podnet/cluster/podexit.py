@@ -65,8 +65,9 @@ def listen_request(pid: int) -> bytes:
     return _NLMSG.pack(_NLMSG.size + len(cn), NLMSG_DONE, 0, 0, pid) + cn
 
 
-def exits(data: bytes) -> list[tuple[int, int]]:
-    """(PID, wait status) of each process exit in one datagram of netlink messages."""
+def exits(data: bytes) -> list[tuple[int, int, int]]:
+    """(PID, wait status, time in ns since boot) of each process exit in one datagram of
+    netlink messages."""
     out = []
     offset = 0
     while offset + _NLMSG.size <= len(data):
@@ -75,11 +76,11 @@ def exits(data: bytes) -> list[tuple[int, int]]:
             break
         body = offset + _NLMSG.size + _CN_MSG.size
         if body + _EVENT.size + _EXIT.size <= offset + length:
-            what = _EVENT.unpack_from(data, body)[0]
+            what, _, stamp = _EVENT.unpack_from(data, body)
             if what == PROC_EVENT_EXIT:
                 pid, tgid, status, _ = _EXIT.unpack_from(data, body + _EVENT.size)
                 if pid == tgid:  # a process, not one of its threads
-                    out.append((tgid, status))
+                    out.append((tgid, status, stamp))
         offset += (length + 3) & ~3
     return out
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from podnet import netns
 from podnet.cluster.nodes import NodePaths, node_paths
-from podnet.cluster.podwatch import register, unregister
+from podnet.cluster.podwatch import ready_file, register, unregister
 from podnet.cluster.readiness import ReadinessCheck, readiness_status, rfc3339
 from podnet.cluster.sandbox import Sandbox
 from podnet.cluster.state import ClusterState, PodRecord, ProcessRecord, spawn
+
+WATCHER_TIMEOUT = 30.0
 
 
 def prober_log(state_dir: Path, pod: PodRecord) -> Path:
@@ -72,21 +75,34 @@ def podwatch_needle(paths: NodePaths) -> str:
     return f"podnet.cluster.podwatch --kubeconfig {paths.kubeconfig} "
 
 
-def watch_exit(state: ClusterState, state_dir: Path, pod: PodRecord) -> None:
-    """Register the pod's process with its node's exit watcher (``podnet.cluster.podwatch``,
-    one per node), started here unless it runs."""
-    node = state.nodes[pod.node]
-    paths = node_paths(state_dir, node.name)
-    if pod.process is None:
-        raise ValueError(f"pod {pod.key} has no process to watch")
-    register(paths.root, pod.namespace, pod.name, pod.process)
+def ensure_exit_watcher(state: ClusterState, state_dir: Path, node_name: str) -> None:
+    """Start the node's exit watcher (``podnet.cluster.podwatch``, one per node) unless it
+    runs, and wait until it receives exit events: started before a pod's process, so no
+    exit goes unseen."""
+    node = state.nodes[node_name]
     if node.podwatch is not None and node.podwatch.alive():
         return
+    paths = node_paths(state_dir, node.name)
+    ready = ready_file(paths.root)
+    ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "podnet.cluster.podwatch"]
     argv += ["--kubeconfig", str(paths.kubeconfig), "--node-dir", str(paths.root)]
+    argv += ["--netns", node.netns]
     log = paths.root / "podwatch.log"
-    node.podwatch = spawn(netns.command(node.netns, argv), log, podwatch_needle(paths))
+    watcher = node.podwatch = spawn(argv, log, podwatch_needle(paths))
     state.save(state_dir)
+    deadline = time.monotonic() + WATCHER_TIMEOUT
+    while not (ready.exists() and ready.read_text() == str(watcher.pid)):
+        if time.monotonic() > deadline or not watcher.alive():
+            raise RuntimeError(f"the exit watcher of {node.name} did not start; see {log}")
+        time.sleep(0.02)
+
+
+def watch_exit(state_dir: Path, pod: PodRecord) -> None:
+    """Register the pod's process with its node's exit watcher."""
+    if pod.process is None:
+        raise ValueError(f"pod {pod.key} has no process to watch")
+    register(node_paths(state_dir, pod.node).root, pod.namespace, pod.name, pod.process)
 
 
 def unwatch_exit(state_dir: Path, pod: PodRecord) -> None:

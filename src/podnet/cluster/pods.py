@@ -47,7 +47,13 @@ from podnet.cluster.podprocess import (
     process_ids,
     spawn_in_pod,
 )
-from podnet.cluster.podready import mark_running_ready, start_prober, unwatch_exit, watch_exit
+from podnet.cluster.podready import (
+    ensure_exit_watcher,
+    mark_running_ready,
+    start_prober,
+    unwatch_exit,
+    watch_exit,
+)
 from podnet.cluster.podresolv import remove_resolv_conf, write_resolv_conf
 from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.sandbox import POD_SYSCTLS, ROOT
@@ -272,13 +278,14 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
     state.save(state_dir)
     _write_resolv_conf(pod, added)
     sandbox = pod_sandbox(state_dir, launch.privileged, pod.netns)
+    ensure_exit_watcher(state, state_dir, pod.node)
     try:
         log = pod_log(state_dir, pod)
         pod.process = spawn_in_pod(pod, sandbox, launch.command, log, env)
     except PodProcessError as exc:
         raise PodError(str(exc)) from exc
     state.save(state_dir)
-    watch_exit(state, state_dir, pod)
+    watch_exit(state_dir, pod)
     for port in launch.listening:
         wait_listening(pod, port)
     _start_readiness(state, state_dir, pod, launch)

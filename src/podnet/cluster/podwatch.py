@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ log = logging.getLogger("podnet.cluster.podwatch")
 RESCAN = 0.5
 EVENT_GRACE = 2.0  # how long an ended process's exit status is awaited
 EVENT_POLL = 0.02
+RECENT = 8192  # exits remembered
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 RECEIVE = 1 << 16
 
 
@@ -92,6 +95,11 @@ def open_exit_events() -> socket.socket:
     return sock
 
 
+def ready_file(node_dir: Path) -> Path:
+    """Written with the watcher's PID once it receives exit events."""
+    return registration_dir(node_dir) / ".watching"
+
+
 class Watched:
     """One registered pod process and its pidfd (None: it was gone when first seen)."""
 
@@ -122,7 +130,9 @@ class PodWatcher:
         self.directory = registration_dir(node_dir)
         self.events = events
         self.watched: dict[Path, Watched] = {}
-        self.statuses: dict[int, int] = {}  # PID -> wait status, of watched PIDs
+        # PID -> (wait status, ns since boot) of the machine's latest exits, so a pod that
+        # ended before its registration was read still has its exit code.
+        self.recent: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.ended: dict[Path, Ended] = {}  # reports not yet written
         self.exited: dict[Path, float] = {}  # pidfd fired at (monotonic); status awaited
         self.stopping = False
@@ -141,11 +151,10 @@ class PodWatcher:
                 log.warning("ignoring registration %s: %s", path, exc)
                 continue
             self.watched[path] = watched
-            if watched.fd is None:
-                self.ended[path] = UNKNOWN
+            if watched.fd is None:  # already ended: its status is in ``recent``, or soon
+                self.exited[path] = time.monotonic()
 
     def drain_events(self) -> None:
-        pids = {w.process.pid for w in self.watched.values()}
         while True:
             try:
                 data = self.events.recv(RECEIVE)
@@ -154,9 +163,21 @@ class PodWatcher:
             except OSError as exc:  # ENOBUFS: events were lost; the pidfds still tell
                 log.warning("process events lost: %s", exc)
                 continue
-            for pid, status in exits(data):
-                if pid in pids:
-                    self.statuses[pid] = status
+            for pid, status, stamp in exits(data):
+                self.recent[pid] = (status, stamp)
+                self.recent.move_to_end(pid)
+                if len(self.recent) > RECENT:
+                    self.recent.popitem(last=False)
+
+    def exit_of(self, watched: Watched) -> Ended | None:
+        """How the watched process ended, if its exit was seen (an exit of that PID from
+        before the process started is another process's)."""
+        found = self.recent.get(watched.process.pid)
+        if found is None:
+            return None
+        status, stamp = found
+        started = watched.process.start / CLOCK_TICKS - 1.0  # ticks are coarse
+        return Ended.from_wait_status(status) if stamp / 1e9 >= started else None
 
     def turn(self, timeout: float = RESCAN) -> None:
         """Wait for exits (at most ``timeout``), then report every pod found ended.
@@ -173,9 +194,9 @@ class PodWatcher:
                 self.exited[fds[fd]] = now
                 self.watched[fds[fd]].close()
         for path, since in list(self.exited.items()):
-            status = self.statuses.pop(self.watched[path].process.pid, None)
-            if status is not None:
-                self.ended[path] = Ended.from_wait_status(status)
+            ended = self.exit_of(self.watched[path])
+            if ended is not None:
+                self.ended[path] = ended
             elif now - since >= EVENT_GRACE:
                 self.ended[path] = UNKNOWN
             else:
@@ -251,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         print(f"podwatch: watching {registration_dir(args.node_dir)}", flush=True)
+        registration_dir(args.node_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        ready_file(args.node_dir).write_text(str(os.getpid()))
         watcher.run()
     return 0
 
