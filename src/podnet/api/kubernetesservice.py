@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.api.masterleases import Leases, MasterAddress
@@ -39,6 +40,7 @@ from podnet.api.servicealloc import Network, kubernetes_service_ip
 from podnet.client.errors import has_reason
 from podnet.controllers.calls import ControllerApi, get_or_none
 from podnet.controllers.namespaces import ensure_namespace
+from podnet.controllers.workqueue import cancel_all
 from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, SERVICE, Kind
 
 log = logging.getLogger("podnet.api.kubernetesservice")
@@ -48,27 +50,24 @@ WATCHED = (SERVICE, ENDPOINTS, ENDPOINT_SLICE)
 Obj = dict[str, Any]
 
 
+@dataclass
 class MasterServiceReconciler:
-    """One master's share in keeping ``default/kubernetes`` right."""
+    """One master's share in keeping ``default/kubernetes`` right: ``port`` is the port it
+    advertises, with the address ``advertise`` (None: it adds no endpoint)."""
 
-    def __init__(
-        self,
-        api: ControllerApi,
-        service_network: Callable[[], Awaitable[Network]],
-        port: int,
-        leases: Leases | None = None,
-        advertise: str | None = None,
-        interval: float = DEFAULT_INTERVAL,
-    ) -> None:
-        self.api = api
-        self.service_network = service_network
-        self.port = port
-        self.leases = leases
-        self.address = MasterAddress(advertise, port) if advertise else None
-        self.interval = interval
-        self.rounds = 0  # finished rounds (tests wait on it)
-        self._changed = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+    api: ControllerApi
+    service_network: Callable[[], Awaitable[Network]]
+    port: int
+    leases: Leases | None = None
+    advertise: str | None = None
+    interval: float = DEFAULT_INTERVAL
+    rounds: int = field(default=0, init=False)  # finished rounds
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list, init=False)
+
+    @property
+    def address(self) -> MasterAddress | None:
+        return MasterAddress(self.advertise, self.port) if self.advertise else None
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._loop(), name="kubernetes-service")]
@@ -78,12 +77,9 @@ class MasterServiceReconciler:
 
     async def stop(self) -> None:
         """Stop; revoke this master's lease and take its address out of the endpoints."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        with contextlib.suppress(Exception):
+            await cancel_all(list(tasks))
         if self.leases is None or self.address is None:
             return
         await self.leases.release()
