@@ -18,9 +18,9 @@ no pod behind them: they cost what they cost in the agent and the kernel). Then:
   timestamp), per node;
 - endpoint change -> kernel on every node: one EndpointSlice PUT through the API (the
   clock starts before the request) until ``nft monitor`` in each node's namespace prints
-  the rule that DNATs to the new address; p50/p99 of the later node over ``--changes``
-  (goal p99 < 100 ms at 5,000 services), with the same-run floor of the API round trip
-  alone (the PUT's answer);
+  the new address (an ``endpoints`` map element, or a DNAT rule); p50/p99 of the later
+  node over ``--changes`` (goal p99 < 100 ms at 5,000 services), with the same-run
+  floor of the API round trip alone (the PUT's answer);
 - node1's agent restarted with the table in place: start -> whole table applied, and its
   RSS after that (a fresh process that got everything in one listing).
 
@@ -65,6 +65,7 @@ APPLIED = re.compile(
     re.M,
 )
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+TARGETS = re.compile(r"(?:dnat to |: )(\d+\.\d+\.\d+\.\d+)(?::| \. )\d+")
 
 
 def service_object(i: int) -> dict[str, Any]:
@@ -168,11 +169,12 @@ def wait_quiet(state_dir: Path, quiet: float = 3.0) -> None:
 
 
 class Monitor:
-    """``nft monitor rules`` in a node's namespace: when each address appeared in a rule
-    of the services table."""
+    """``nft monitor`` in a node's namespace: when each address appeared in the services
+    table, as an element of the ``endpoints`` map (``<key> : <address> . <port>``) or in
+    a rule that DNATs to it (``dnat to <address>:<port>``, the earlier table's way)."""
 
     def __init__(self, node_ns: str) -> None:
-        argv = netns.command(node_ns, ["stdbuf", "-oL", "nft", "monitor", "rules"])
+        argv = netns.command(node_ns, ["stdbuf", "-oL", "nft", "monitor"])
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.seen: dict[str, float] = {}
         self.lock = threading.Lock()
@@ -182,13 +184,14 @@ class Monitor:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             now = time.perf_counter()
-            if "podnet_services" in line and "dnat to " in line:
-                ip = line.split("dnat to ", 1)[1].split(":", 1)[0]
-                with self.lock:
+            if "podnet_services" not in line:
+                continue
+            with self.lock:
+                for ip in TARGETS.findall(line):
                     self.seen.setdefault(ip, now)
 
     def when(self, ip: str, timeout: float) -> float | None:
-        """When ``ip`` appeared in a DNAT rule (None: not within ``timeout``)."""
+        """When ``ip`` appeared (None: not within ``timeout``)."""
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             with self.lock:

@@ -9,18 +9,21 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podnet.dataplane.linux.servicescript import parse_duration, parse_listing, transaction
-from podnet.dataplane.linux.servicetable import (
+from podnet.dataplane.linux.servicenft import (
+    ENDPOINT_DIGESTS,
     NO_ENDPOINT_IPS,
     NO_ENDPOINT_NODE_PORTS,
     NODE_PORTS,
     SERVICE_IPS,
     Chain,
+    EndpointGroup,
     ServiceNft,
-    ServiceRenderer,
     digest,
     duration,
 )
+from podnet.dataplane.linux.serviceports import PICKED
+from podnet.dataplane.linux.servicescript import parse_duration, parse_listing, transaction
+from podnet.dataplane.linux.servicetable import ServiceRenderer
 from podnet.services.compile import ServiceCompiler, compile_services
 from podnet.services.model import Endpoint, ServicePort, ServiceTable, table_problems
 from podnet.testing.nodenetwork import node_network
@@ -206,11 +209,12 @@ def test_each_service_costs_map_elements_not_rules() -> None:
     ]  # the hooks' rules do not grow: one vmap lookup per packet
     assert len(many.sets[SERVICE_IPS].elements or ()) == 199
     svc = chain_of(many, "svc/default/s7/tcp/80/").rules
-    assert svc[1:] == (  # after the masquerade mark: a pick, then one rule per endpoint
-        "ct mark set numgen random mod 2",
-        "ct mark 0x00000000 meta l4proto tcp dnat to 10.128.0.5:8080",
-        "ct mark 0x00000001 meta l4proto tcp dnat to 10.128.2.6:8080",
-    )
+    assert svc[1:] == ("ct mark set numgen random mod 2", PICKED)  # a pick, then the map
+    assert many.groups["172.30.0.7 . tcp . 80"].targets == (
+        "10.128.0.5 . 8080",
+        "10.128.2.6 . 8080",
+    )  # the picks' endpoints, in the endpoints map
+    assert len(many.groups) == 199 and len(many.sets[ENDPOINT_DIGESTS].elements or ()) == 199
     assert not any("{" in rule for c in many.chains.values() for rule in c.rules)  # no
     # anonymous set: each would be read by every later nft run
 
@@ -235,7 +239,43 @@ def test_no_endpoints_reject_and_external_local_without_local_endpoint_drops() -
         chain_of(rendered, "svc/default/far/tcp/80/"),
     )
     assert rendered.sets[NODE_PORTS].elements == {f"tcp . 30002 : goto {ext.name}"}
-    assert ext.rules == (f"ip saddr {NODE.subnet} goto {svc.name}", "drop")
+    assert ext.rules == (  # its own pods: the cluster IP's endpoints
+        f"ip saddr {NODE.subnet} meta l4proto tcp dnat to 10.128.2.5:8080",
+        "drop",
+    )
+    assert svc.rules[-1] == PICKED  # keyed by the cluster IP: not reachable from a node port
+    sticky = port("far", 2, (5, False), node_port=30002, external_local=True, affinity_seconds=9)
+    rendered = ServiceRenderer(NODE).render(table(sticky))
+    ext, svc = (
+        chain_of(rendered, "ext/default/far/tcp/80/"),
+        chain_of(rendered, "svc/default/far/tcp/80/"),
+    )
+    assert ext.rules == (f"ip saddr {NODE.subnet} goto {svc.name}", "drop")  # its affinity
+
+
+def test_only_the_cluster_ip_leads_to_a_pick_through_the_endpoints_map() -> None:
+    """The map is keyed by the packet's destination: a node port's or external IP's
+    packet must never reach a chain that DNATs through it."""
+    ports = [
+        port("a", 1, (5, True), (6, False), node_port=30001, external_local=True),
+        port("b", 2, (5, False), node_port=30002, external_ips=(IPv4Address("203.0.113.7"),)),
+        port(
+            "c", 3, (5, True), (6, False), node_port=30003, external_local=True, internal_local=True
+        ),
+        port("d", 4, (5, True), (6, False), affinity_seconds=60, external_local=True),
+    ]
+    rendered = ServiceRenderer(NODE).render(table(*ports))
+    picking = {name for name, chain in rendered.chains.items() if PICKED in chain.rules}
+    assert len(picking) == 3
+    referrers = [
+        (name, element)
+        for name, found in rendered.sets.items()
+        for element in found.elements or ()
+        if element.rsplit(" ", 1)[-1] in picking
+    ]
+    assert {name for name, _ in referrers} == {SERVICE_IPS}
+    assert {e.split(" : ")[0] for _, e in referrers} == set(rendered.groups)
+    assert not [r for c in rendered.chains.values() for r in c.rules if r.split()[-1] in picking]
     assert not any(name.startswith("svc/default/empty/") for name in rendered.chains)
 
 
@@ -261,7 +301,27 @@ def test_affinity_remembers_the_client_per_endpoint() -> None:
     assert parse_duration(duration(93784)) == 93784 and duration(10800) == "3h"
 
 
-def test_an_endpoint_change_adds_one_chain_and_repoints_one_element() -> None:
+def test_an_endpoint_change_changes_map_elements_only() -> None:
+    renderer = ServiceRenderer(NODE)
+    ports = [port(f"s{i}", i, (5, True), (6, False)) for i in range(1, 50)]
+    before = renderer.render(table(*ports))
+    old = before.groups["172.30.0.8 . tcp . 80"]
+    ports[7] = port("s8", 8, (5, True), (7, False))
+    after = renderer.render(table(*ports))
+    new = after.groups["172.30.0.8 . tcp . 80"]
+    target = "ip podnet_services"
+    assert transaction(before, after).splitlines() == [
+        f"delete element {target} endpoint_digests {{ {old.marker('172.30.0.8 . tcp . 80')} }}",
+        f"delete element {target} endpoints {{ 172.30.0.8 . tcp . 80 . 0x00000001 }}",
+        f"add element {target} endpoint_digests {{ {new.marker('172.30.0.8 . tcp . 80')} }}",
+        f"add element {target} endpoints {{ 172.30.0.8 . tcp . 80 . 0x00000001 : "
+        "10.128.2.7 . 8080 }",
+    ]  # no rule, no chain, no verdict: the kernel validates nothing
+    assert transaction(after, after) == ""
+    assert after.chains.keys() == before.chains.keys()
+
+
+def test_a_new_number_of_endpoints_adds_one_chain_and_repoints_one_element() -> None:
     renderer = ServiceRenderer(NODE)
     ports = [port(f"s{i}", i, (5, True), (6, False)) for i in range(1, 50)]
     before = renderer.render(table(*ports))
@@ -269,19 +329,48 @@ def test_an_endpoint_change_adds_one_chain_and_repoints_one_element() -> None:
     ports[7] = port("s8", 8, (5, True))
     after = renderer.render(table(*ports))
     new = chain_of(after, "svc/default/s8/tcp/80/").name
+    prefix = "172.30.0.8 . tcp . 80"
+    markers = [group.marker(prefix) for group in (before.groups[prefix], after.groups[prefix])]
     target = "ip podnet_services"
     assert transaction(before, after).splitlines() == [
         f"add chain {target} {new}",
-        f"delete element {target} service_ips {{ 172.30.0.8 . tcp . 80 : goto {old} }}",
+        f"delete element {target} endpoint_digests {{ {markers[0]} }}",
+        f"delete element {target} service_ips {{ {prefix} : goto {old} }}",
+        f"delete element {target} endpoints {{ {prefix} . 0x00000001 }}",
         f"add rule {target} {new} ip saddr != @cluster_networks meta mark set meta mark | "
         "0x00004000",
-        f"add rule {target} {new} meta l4proto tcp dnat to 10.128.0.5:8080",
-        f"add element {target} service_ips {{ 172.30.0.8 . tcp . 80 : goto {new} }}",
+        f"add rule {target} {new} ct mark set numgen random mod 1",
+        f"add rule {target} {new} {PICKED}",
+        f"add element {target} endpoint_digests {{ {markers[1]} }}",
+        f"add element {target} service_ips {{ {prefix} : goto {new} }}",
         f"flush chain {target} {old}",
         f"delete chain {target} {old}",
     ]
-    assert transaction(after, after) == ""
     assert after.chains.keys() - before.chains.keys() == {new}
+
+
+def test_a_group_read_back_is_replaced_whole_when_its_digest_differs() -> None:
+    renderer = ServiceRenderer(NODE)
+    want = renderer.render(table(port("a", 1, (5, True), (6, False)), port("b", 2, (7, False))))
+    prefix = "172.30.0.1 . tcp . 80"
+    stale = EndpointGroup(3, "00000000")  # as read back: count and digest, no targets
+    read = ServiceNft(want.sets, want.chains, {**want.groups, prefix: stale})
+    gone = ServiceNft(want.sets, want.chains, {**want.groups, "172.30.0.9 . tcp . 80": stale})
+    target = "ip podnet_services"
+    assert transaction(read, want).splitlines() == [
+        f"delete element {target} endpoints {{ "
+        + ", ".join(f"{prefix} . 0x0000000{i}" for i in range(3))
+        + " }",
+        f"add element {target} endpoints {{ {prefix} . 0x00000000 : 10.128.0.5 . 8080, "
+        f"{prefix} . 0x00000001 : 10.128.2.6 . 8080 }}",
+    ]
+    same = {p: EndpointGroup(g.count, g.digest) for p, g in want.groups.items()}
+    assert transaction(ServiceNft(want.sets, want.chains, same), want) == ""
+    assert transaction(gone, want).splitlines()[0] == (
+        f"delete element {target} endpoints {{ "
+        + ", ".join(f"172.30.0.9 . tcp . 80 . 0x0000000{i}" for i in range(3))
+        + " }"
+    )
 
 
 def test_a_removed_service_leaves_its_map_element_before_its_chain() -> None:
@@ -307,6 +396,11 @@ LISTING = """table ip podnet_services {
 \t\tflags dynamic,timeout
 \t\ttimeout 10m
 \t\telements = { 10.128.2.9 expires 9m58s }
+\t}
+
+\tset endpoint_digests {
+\t\ttype ipv4_addr . inet_proto . inet_service . mark . mark
+\t\telements = { 172.30.0.10 . tcp . 80 . 0x00000002 . 0x0a1b2c3d }
 \t}
 
 \tmap service_ips {
@@ -346,6 +440,7 @@ def test_a_listing_reads_back_sets_elements_and_chains() -> None:
     assert read.chains["svc/default/b/udp/53"].rules == (
         "meta l4proto udp dnat to 10.128.0.5:8080",
     )
+    assert read.groups == {"172.30.0.10 . tcp . 80": EndpointGroup(2, "0a1b2c3d")}
     assert parse_listing("table ip podnet_services {\n}\n") is None
 
 

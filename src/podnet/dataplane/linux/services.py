@@ -32,12 +32,9 @@ from collections.abc import Iterable
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
 from podnet.dataplane.linux import nftables
 from podnet.dataplane.linux.libnft import NftRunner
+from podnet.dataplane.linux.servicenft import MANAGED, TABLE_KEY, ServiceNft
 from podnet.dataplane.linux.servicescript import parse_listing, transaction
-from podnet.dataplane.linux.servicetable import (
-    TABLE_KEY,
-    ServiceNft,
-    ServiceRenderer,
-)
+from podnet.dataplane.linux.servicetable import ServiceRenderer
 from podnet.services.heap import trim_heap
 from podnet.services.model import ServiceTable
 
@@ -83,7 +80,7 @@ class ServiceTableSync:
                 self._known = False
                 raise
             self.transactions += 1
-            self._have = want if want.chains else None
+        self._have = want if want.chains else None  # what the kernel holds now
         marks.append(time.perf_counter())
         if self._udp is not None and self._udp - udp:
             flush_udp_conntrack(self._udp - udp)
@@ -119,16 +116,25 @@ class ServiceTableSync:
 def read_table() -> ServiceNft | None:
     """The service table in the kernel (None when absent), read without its rules: chain
     names, hooks and comments (the shared chains' digests; a service port's chain is
-    named by its content), and the sets and maps with their elements. Listing every
-    rule of 5,000 service chains would take ~10 s; this takes a fraction of one.
-    (nft 1.0.6 fails a batch of several list commands: one run each.)"""
+    named by its content), the definitions of the sets and maps, and the elements of
+    those podnet fills one by one (``MANAGED``): not the ``endpoints`` map's, whose
+    groups' digests are a set, nor those the packet path adds. Listing every rule of
+    5,000 service chains would take ~10 s, the 50,000 endpoints ~1.5 s (``nft list
+    sets`` fetches them too); this takes a fraction of one. (nft 1.0.6 fails a batch of
+    several list commands: one run each.)"""
     family = TABLE_KEY.split()[0]
-    sets_text = _listing([], f"list sets table {TABLE_KEY}\n")
+    sets_text = _listing(["-t"], f"list sets table {TABLE_KEY}\n")  # definitions only
     if sets_text is None:
         return None
-    maps_text = _listing([], f"list maps {family}\n") or ""
+    maps_text = _listing(["-t"], f"list maps {family}\n") or ""
+    terse = sets_text + maps_text
+    elements = "".join(  # of the sets and maps that podnet fills, after their definitions
+        _listing([], f"list {found.kind} {TABLE_KEY} {found.name}\n") or ""
+        for found in (parse_listing(own_blocks(terse)) or ServiceNft()).sets.values()
+        if found.name in MANAGED
+    )
     chains_text = _listing(["-t"], f"list chains {family}\n") or ""
-    return parse_listing(own_blocks(sets_text + maps_text + chains_text))
+    return parse_listing(own_blocks(terse + elements + chains_text))
 
 
 def own_blocks(listing: str) -> str:
