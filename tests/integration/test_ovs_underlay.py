@@ -10,6 +10,7 @@ PID, also when a test fails.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -163,6 +164,14 @@ def bulk_tcp(client: Node, server: Node, size: int = 2_000_000) -> str:
             listener.kill()
 
 
+async def until_known(node: Node, peer: IPv4Address, limit: float = 5.0) -> None:
+    """Wait until OVS on ``node`` has a MAC for ``peer`` (its ARP reply was snooped)."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while str(peer) not in await node.runner.appctl("tnl/neigh/show"):
+        assert asyncio.get_running_loop().time() < deadline, f"OVS never learned {peer}"
+        await asyncio.sleep(0.02)
+
+
 def uplink_addresses(node: Node) -> str:
     return ip(node.ns, f"-4 -o addr show dev {node.underlay.uplink}")
 
@@ -258,7 +267,10 @@ async def test_restarted_vswitchd_is_restored(cluster: tuple[Lab, Node, Node]) -
     await forward(one, two)  # the pipeline's part of a restore
     assert await one.setup.ensure(one.underlay)
     assert await one.setup.check(one.underlay) == []
-    assert ping(one.pod_ns, two.pod_ip, count=5)
+    peer = two.underlay.address.ip
+    assert await one.setup.prime(one.underlay, [peer]) == [peer]  # OVS forgot its MAC
+    await until_known(one, peer)
+    assert ping(one.pod_ns, two.pod_ip, count=1)  # the first packet is not lost
     assert f"{one.underlay.address}" in uplink_addresses(one)
 
 
@@ -306,3 +318,17 @@ async def test_tunnel_source_reaches_br0_so_forged_vxlan_is_refused(
         )
         seen = receiver.lines()
         assert (seen != []) == (token == "peer"), (sender, seen)
+
+
+async def test_prime_resolves_the_peer_before_the_first_packet(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    """Without it the first packet to a peer is dropped while OVS ARPs, and the pod's own
+    ARP request through the tunnel is retried only after a second: ``ping -c 1`` fails."""
+    _, one, two = cluster
+    peer = two.underlay.address.ip
+    assert str(peer) not in await one.runner.appctl("tnl/neigh/show")
+    assert await one.setup.prime(one.underlay, [peer, peer]) == [peer]
+    await until_known(one, peer)
+    assert await one.setup.prime(one.underlay, [peer]) == []  # known: nothing to do
+    assert ping(one.pod_ns, two.pod_ip, count=1)

@@ -24,10 +24,13 @@ from podnet.dataplane.ovs.underlay import (
     choose_uplink,
     kernel_drift,
     mtu_problem,
+    next_hop,
     ovs_routes,
+    parse_tunnel_neighbours,
     parse_user_routes,
     phy_flows,
     port_drift,
+    probes,
     route_changes,
     vxlan_drift,
     vxlan_options,
@@ -169,3 +172,33 @@ def test_the_uplink_must_carry_the_pod_mtu_plus_vxlan() -> None:
     problem = mtu_problem(UNDERLAY, 1451)
     assert problem is not None and "MTU 1500 is below 1501" in problem
     assert UNDERLAY.native and not replace(UNDERLAY, datapath="system").native
+
+
+NEIGH_SHOW = """IP                                            MAC                 Bridge
+==========================================================================
+192.168.100.12                                7e:41:0b:e7:b8:a1   br-phy
+10.128.2.10                                   0a:58:0a:80:02:0a   br0
+fe80::1                                       7e:41:0b:e7:b8:a2   br-phy
+"""
+
+
+def test_tunnel_neighbours_on_br_phy_are_parsed() -> None:
+    assert parse_tunnel_neighbours(NEIGH_SHOW) == {IPv4Address("192.168.100.12")}
+    assert parse_tunnel_neighbours("") == set()
+
+
+def test_probes_ask_once_per_unknown_next_hop() -> None:
+    peer, other = IPv4Address("192.168.100.12"), IPv4Address("192.168.100.13")
+    far, farther = IPv4Address("10.20.0.5"), IPv4Address("10.20.0.6")
+    assert next_hop(UNDERLAY, peer) == peer
+    assert next_hop(UNDERLAY, far) == UNDERLAY.gateway  # off the subnet: the gateway's MAC
+    assert next_hop(replace(UNDERLAY, gateway=None), far) is None
+    found = probes(UNDERLAY, [other, peer, far, farther, peer], known={peer})
+    assert list(found) == [far, other]  # one probe for the gateway, none for a known hop
+    assert found[other] == [
+        "-generate",
+        tables.BRIDGE,
+        "in_port=controller,dl_type=0x88b5",
+        f"set_field:{other}->tun_dst,output:{tables.VXLAN_PORT}",
+    ]
+    assert probes(replace(UNDERLAY, gateway=None), [far], known=set()) == {}

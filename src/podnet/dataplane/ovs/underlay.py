@@ -49,6 +49,8 @@ UNDERLAY_BRIDGE: Final = "br-phy"  # the name OVS's userspace-tunnelling guide u
 UPLINK_PORT: Final = 1  # the uplink's ofport on br-phy
 UNDERLAY_COOKIE: Final = cookie(Kind.NODE, UNDERLAY_BRIDGE)
 _USER_ROUTE = re.compile(r"^User: (\S+) dev (\S+)(?: GW (\S+))?")
+_NEIGHBOUR = re.compile(r"^(\d+\.\d+\.\d+\.\d+)\s+([0-9a-f:]{17})\s+(\S+)$")
+PROBE_FLOW: Final = "in_port=controller,dl_type=0x88b5"  # a frame no pipeline forwards
 
 
 @dataclass(frozen=True)
@@ -223,3 +225,33 @@ def vxlan_drift(port: Port | None, underlay: Underlay) -> list[str]:
     if port.type != "vxlan" or port.options != want or port.ofport != tables.VXLAN_PORT:
         return [f"{tables.VXLAN} is {port.type} ofport {port.ofport} {port.options}, want {want}"]
     return []
+
+
+def parse_tunnel_neighbours(text: str) -> set[IPv4Address]:
+    """The IPv4 next hops OVS knows a MAC for on br-phy, from ``tnl/neigh/show``."""
+    found = (_NEIGHBOUR.match(line.strip()) for line in text.splitlines())
+    return {IPv4Address(m[1]) for m in found if m is not None and m[3] == UNDERLAY_BRIDGE}
+
+
+def next_hop(underlay: Underlay, remote: IPv4Address) -> IPv4Address | None:
+    """Whose MAC OVS needs to reach node IP ``remote``: the node itself on the uplink's
+    subnet, else the gateway (None: OVS has no route to it)."""
+    return remote if remote in underlay.address.network else underlay.gateway
+
+
+def probes(
+    underlay: Underlay, remotes: Iterable[IPv4Address], known: set[IPv4Address]
+) -> dict[IPv4Address, list[str]]:
+    """For each next hop OVS has no MAC for, one remote behind it and the
+    ``ofproto/trace-packet-out`` arguments that make OVS ARP for that next hop: a generated
+    trace has side effects (the ARP request) but sends no packet."""
+    wanted: dict[IPv4Address, IPv4Address] = {}
+    for remote in sorted(set(remotes)):
+        hop = next_hop(underlay, remote)
+        if hop is not None and hop not in known:
+            wanted.setdefault(hop, remote)
+    send = f"output:{tables.VXLAN_PORT}"
+    return {
+        r: ["-generate", tables.BRIDGE, PROBE_FLOW, f"set_field:{r}->tun_dst,{send}"]
+        for r in wanted.values()
+    }

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Any, Final, Protocol
 
@@ -43,9 +43,11 @@ from podnet.dataplane.ovs.underlay import (
     choose_uplink,
     kernel_drift,
     mtu_problem,
+    parse_tunnel_neighbours,
     parse_user_routes,
     phy_flows,
     port_drift,
+    probes,
     route_changes,
     vxlan_drift,
     vxlan_options,
@@ -237,6 +239,19 @@ class UnderlaySetup:
             )
             changed.append(f"{tables.VXLAN} set")
         return changed
+
+    async def prime(self, underlay: Underlay, remotes: Iterable[IPv4Address]) -> list[IPv4Address]:
+        """Make OVS ARP now for the next hop of each remote node it has no MAC for, so the
+        first packet to it is not dropped on a neighbour-cache miss (after ``ensure`` on a
+        new node or a restarted ``ovs-vswitchd``). Returns the remotes probed; the replies
+        arrive asynchronously (``tnl/neigh/show``)."""
+        if not underlay.native:
+            return []
+        known = parse_tunnel_neighbours(await self.switch.appctl("tnl/neigh/show"))
+        sent = probes(underlay, remotes, known)
+        for args in sent.values():
+            await self.switch.appctl("ofproto/trace-packet-out", *args)
+        return list(sent)
 
     async def remove(self) -> None:
         """Remove br-phy (its interface and address go with it) and OVS's user routes
