@@ -25,8 +25,7 @@ uplink, the same default gateway. ``br-phy``'s flows pass only what tunnelling n
 OVS forgets its user routes and flows when ``ovs-vswitchd`` restarts, so ``ensure`` is
 also the restore. It also forgets the remote VTEPs' MACs, and drops the first packet to
 each while it ARPs; ``probes`` make it ARP beforehand. With the kernel datapath
-(``system``) the kernel builds the tunnel and only ``vxlan0`` is needed. Measured facts:
-``/work/notes/ovs-vxlan.md``.
+(``system``) the kernel builds the tunnel and only ``vxlan0`` is needed.
 """
 
 from __future__ import annotations
