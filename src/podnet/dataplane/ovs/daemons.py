@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 KERNEL_MODULE = Path("/sys/module/openvswitch")
+DB_PROBE_TIMEOUT: Final = 2.0  # ovsdb-server's answer to an echo before vswitchd starts
 RUN_TIMEOUT: Final = 30.0  # a daemon's start (it detaches once ready), ovsdb-tool, ovs-vsctl
 PACKAGES: Final = {
     OVSDB_SERVER: "openvswitch-switch",
@@ -179,14 +180,16 @@ class OvsDaemons:
         return True
 
     def _db_answers(self) -> bool:
-        """Whether ``ovsdb-server`` accepts connections (a dying one still looks alive)."""
+        """Whether ``ovsdb-server`` answers an echo request. A killed one accepts
+        connections for a moment while it exits, so connecting is not enough."""
         with socket.socket(socket.AF_UNIX) as probe:
-            probe.settimeout(RUN_TIMEOUT)
+            probe.settimeout(DB_PROBE_TIMEOUT)
             try:
                 probe.connect(str(self.paths.db_socket))
+                probe.sendall(b'{"method":"echo","params":[],"id":"probe"}')
+                return b'"probe"' in probe.recv(4096)
             except OSError:
                 return False
-        return True
 
     def _argv(self, daemon: str) -> list[str]:
         paths = self.paths
