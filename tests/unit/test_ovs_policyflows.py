@@ -24,9 +24,9 @@ from podnet.dataplane.ovs.flow import Flow, Kind, flows_text, kind_of
 from podnet.dataplane.ovs.policyflows import (
     Groups,
     LocalView,
-    policy_cookie,
     policy_flows,
     policy_groups,
+    rule_conjunctions,
     vnid_cookie,
 )
 from podnet.dataplane.ovs.portmasks import FULL_MASK, port_blocks, port_matches
@@ -204,19 +204,34 @@ def test_a_policy_change_touches_only_its_groups() -> None:
     new = compile_rules(NETWORKPOLICY, objs, NAMESPACES, [], [*pols[:2], changed, *pols[3:]],
                         node_addresses=addresses)  # fmt: skip
     before, after = policy_groups(view_of(old), old), policy_groups(view_of(new), new)
-    p2 = next(p for p in old.policies if p.name == "p2")
-    p2_ids = conj_ids_in(f for f in before[policy_cookie(p2)]) | conj_ids_in(
-        f for f in after[policy_cookie(p2)]
-    )
+    p2_ids = {
+        conj_id
+        for rules in (old, new)
+        for rule_id, (_, conj_id) in rule_conjunctions(view_of(rules), rules).items()
+        if rule_id.startswith("x/p2/")
+    }
     others = {c: conj_ids_in(fs) - p2_ids for c, fs in before.items() if c in after}
     touched = changed_groups(before, after)
-    assert touched  # its conj ids stay (from the rule ids): its targets and ports move
-    for group in touched - {policy_cookie(p2)}:
+    assert touched
+    for group in touched:
         mentions = conj_ids_in(before.get(group, [])) | conj_ids_in(after.get(group, []))
         assert mentions & p2_ids, f"group {group:#x} changed without naming p2"
         if group in others:  # the other policies' conjunctions there are unchanged
             assert conj_ids_in(after[group]) - p2_ids == others[group]
     assert all(kind_of(c) != Kind.ISOLATION for c in touched)
+
+
+def test_rules_with_equal_peers_and_ports_share_one_conjunction() -> None:
+    objs = [pod(i, "node-1", app="abc"[i % 3]) for i in range(9)]
+    same = [allow_from("p-a", "a", "c", 80), allow_from("p-b", "b", "c", 80)]
+    rules = compile_rules(NETWORKPOLICY, objs, NAMESPACES, [], same)
+    found = rule_conjunctions(view_of(rules), rules)
+    assert found["x/p-a/ingress/0"] == found["x/p-b/ingress/0"]
+    assert found["x/p-a/egress/0"] == found["x/p-b/egress/0"]
+    conj = [f for f in policy_flows(view_of(rules), rules) if f.match.startswith("conj_id=")]
+    assert len(conj) == 2  # one per direction, for two policies
+    other = compile_rules(NETWORKPOLICY, objs, NAMESPACES, [], [same[0]])
+    assert rule_conjunctions(view_of(other), other)["x/p-a/egress/0"] == found["x/p-a/egress/0"]
 
 
 def test_isolated_pod_drops_and_conntrack_passes() -> None:
@@ -229,7 +244,7 @@ def test_isolated_pod_drops_and_conntrack_passes() -> None:
     assert "table=21,priority=302,ip,ct_state=+rpl+trk actions=goto_table:30" in text
     assert "table=80,priority=250,ip,nw_src=10.0.1.1 actions=output:NXM_NX_REG2[]" in text
     conj = [f for f in flows if f.match.startswith("conj_id=")]
-    assert len(conj) == len({r.id for r in rules.rules if r.targets & set(view.pods)})
+    assert len(conj) == len(set(rule_conjunctions(view, rules).values())) == 2
     assert all("ct(commit" in f.actions for f in conj)
     # the ingress rule: targets, peers and ports (80 and the named port 8080)
     assert "tcp,tp_dst=80 actions=conjunction(" in text

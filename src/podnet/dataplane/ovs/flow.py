@@ -25,7 +25,7 @@ class Kind(IntEnum):
     REMOTE_NODE = 0x02  # one other node: tunnel source check and routes
     POD = 0x03  # one local pod: anti-spoofing, ARP, delivery, its VNID
     ISOLATION = 0x04  # multitenant: one VNID's rules
-    POLICY = 0x05  # networkpolicy: one NetworkPolicy's conjunctions
+    POLICY = 0x05  # networkpolicy: one conjunction (rules sharing peers and ports)
     POLICY_POD = 0x06  # networkpolicy: one pod's isolation state
     POLICY_MATCH = 0x07  # networkpolicy: one shared match (a peer, a port block)
     NOTE = 0x7F  # the version note, written last

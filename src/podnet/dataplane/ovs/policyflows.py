@@ -23,26 +23,33 @@ are dropped. Identity is the IP address: the pipeline has checked every pod's so
     same node out: its next packets are established but lack ``MARK_INGRESS``. In 80 a
     reply from a local pod also needs ``MARK_INGRESS`` (that pod's ingress allowed it).
   * the node's own addresses and a pod itself (a service hairpin) always pass;
-  * a pod isolated for the direction needs a rule: one conjunction per compiled rule with
-    up to three dimensions, the local targets (``nw_src`` in 21, ``nw_dst`` in 80), the
-    peers (pod IPs and ipBlock networks on the other field) and the ports (each range as
-    aligned ``tp_dst`` blocks, named ports as ``nw_dst,tp_dst`` entries). A rule with a
-    single dimension (every address, every packet) is one plain flow per target;
+  * a pod isolated for the direction needs a rule. Rules become conjunctions of up to
+    three dimensions: the local targets (``nw_src`` in 21, ``nw_dst`` in 80), the peers
+    (pod IPs and ipBlock networks on the other field) and the ports (each range as
+    aligned ``tp_dst`` blocks, named ports as ``nw_dst,tp_dst`` entries). Rules with
+    equal peers and ports share one conjunction over the union of their targets
+    (policies that differ only in whom they select, the common case, cost one
+    conjunction); its id and cookie come from a digest of its peers and ports, so they
+    do not depend on other rules. A single dimension (every address, every packet) is a
+    plain flow per target (``rule_conjunctions`` maps rule ids to conj ids);
   * an isolated pod without a matching rule is dropped; any other packet is allowed.
 
   Allowed packets are committed to conntrack with the table's mark bit.
 
 Flows grow as pods + policies: one flow per local pod per direction, per distinct peer
-and port block, and per rule (``conj_id``); never pods x pods. Groups (cookies): the
-mode's fixed flows, one per VNID, one per local pod (its target and isolation flows, whose
-actions list every conjunction naming it), one per shared match (a peer, a port block),
-and one per policy (its ``conj_id`` flows). Changing a policy changes its own group and
-the groups of the pods, peers and ports its rules name, nothing else.
+and port block, and per conjunction (``conj_id``); never pods x pods. A member flow lists
+every conjunction it belongs to, so conjunction actions grow with the distinct (peers,
+ports) pairs times their peers. Groups (cookies): the mode's fixed flows, one per VNID,
+one per local pod (its target and isolation flows), one per shared match (a peer, a port
+block) and one per conjunction (its ``conj_id`` flow). Changing a policy changes the
+groups of the pods, peers, ports and conjunctions its rules name, nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
@@ -51,7 +58,16 @@ from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
 from podnet.dataplane.ovs.portmasks import port_matches
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
-from podnet.policy.model import EGRESS, GLOBAL_VNID, CompiledPolicy, PolicyRule, RuleSet
+from podnet.policy.model import (
+    EGRESS,
+    GLOBAL_VNID,
+    INGRESS,
+    NamedPort,
+    PeerSet,
+    PolicyRule,
+    PortRange,
+    RuleSet,
+)
 
 Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
 
@@ -94,16 +110,18 @@ def vnid_cookie(vnid: int) -> int:
     return cookie(Kind.ISOLATION, f"vnid/{vnid}")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def pod_cookie(ip: IPv4Address) -> int:
     """Networkpolicy: one local pod's isolation and target flows."""
     return cookie(Kind.POLICY_POD, f"pod/{ip}")
 
 
-def policy_cookie(policy: CompiledPolicy) -> int:
-    """Networkpolicy: one policy's ``conj_id`` flows."""
-    return cookie(Kind.POLICY, f"policy/{policy.key}")
+def conjunction_cookie(table: int, key: str) -> int:
+    """Networkpolicy: one conjunction's ``conj_id`` flow (``key``: what it matches)."""
+    return cookie(Kind.POLICY, f"conjunction/{table}/{key}")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def match_cookie(table: int, match: str) -> int:
     """Networkpolicy: one shared peer or port match of ``table``."""
     return cookie(Kind.POLICY_MATCH, f"match/{table}/{match}")
@@ -125,6 +143,16 @@ def policy_groups(view: LocalView, rules: RuleSet | None) -> Groups:
     if plugin == NETWORKPOLICY:
         return _group(_NetworkPolicy(view, rules).flows())
     raise ValueError(f"unknown network plugin {plugin!r}")
+
+
+def rule_conjunctions(view: LocalView, rules: RuleSet) -> dict[str, tuple[int, int]]:
+    """Networkpolicy: rule id -> (table, conj id) of the conjunction holding the rule, for
+    the rules with a target on this node (what a ``conj_id`` in a trace stands for)."""
+    if rules.plugin != NETWORKPOLICY:
+        return {}
+    rendering = _NetworkPolicy(view, rules)
+    rendering.flows()
+    return rendering.conjunction_of
 
 
 def policy_flows(view: LocalView, rules: RuleSet | None) -> list[Flow]:
@@ -189,11 +217,74 @@ EGRESS_SIDE = _Direction(t.EGRESS_POLICY, "nw_src", "nw_dst", TO_ROUTE, MARK_EGR
 INGRESS_SIDE = _Direction(t.ISOLATION, "nw_dst", "nw_src", DELIVER, MARK_INGRESS)
 
 
+_Grouping = tuple[PeerSet, bool, tuple[PortRange, ...], frozenset[NamedPort] | None]
+
+
+@dataclass
+class _Conjunction:
+    """Rules of one direction with equal peers and ports: one conjunction whose targets
+    are the union of theirs ((T1 x P x Q) | (T2 x P x Q) is (T1 | T2) x P x Q). Ingress
+    named ports are pinned to their pod (``nw_dst``), which is one of the rule's own
+    targets, so ingress rules that differ only in them merge too, their entries united."""
+
+    peers: PeerSet
+    every_packet: bool
+    ranges: tuple[PortRange, ...]
+    egress_named: frozenset[NamedPort] | None  # egress: part of what it is; ingress: None
+    targets: set[IPv4Address] = field(default_factory=set)
+    named: set[tuple[IPv4Address, str, int]] = field(default_factory=set)
+    rule_ids: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def grouping(rule: PolicyRule) -> _Grouping:
+        """What rules sharing a conjunction have in common."""
+        ports = rule.ports
+        named = ports.named if rule.direction == EGRESS else None
+        return (rule.peers, ports.every_packet, ports.ranges, named)
+
+    def key(self, side: _Direction, texts: _Texts) -> str:
+        """A digest of what it matches (ingress named ports aside), naming it: its conj
+        id and cookie come from it, not from other rules."""
+        peers, named = self.peers, sorted(self.named) if self.egress_named is not None else []
+        text = "\n".join(
+            [
+                f"{side.table} {peers.every_address} {self.every_packet}",
+                " ".join(texts.addresses(peers.pods)),
+                " ".join(texts.networks(peers.blocks)),
+                " ".join(map(str, self.ranges)),
+                " ".join(f"{ip}/{proto}/{port}" for ip, proto, port in named),
+            ]
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class _Texts:
+    """Sorted address texts of the sets one render meets, each set done once (rules share
+    their peer sets: the compiler hands out one frozenset per distinct selection)."""
+
+    _done: dict[int, tuple[object, list[str]]] = field(default_factory=dict)
+
+    def addresses(self, members: frozenset[IPv4Address]) -> list[str]:
+        return self._once(members, lambda: [str(ip) for ip in sorted(members, key=int)])
+
+    def networks(self, blocks: tuple[IPv4Network, ...]) -> list[str]:
+        return self._once(blocks, lambda: [str(net) for net in blocks])
+
+    def _once(self, members: object, make: Callable[[], list[str]]) -> list[str]:
+        found = self._done.get(id(members))
+        if found is None or found[0] is not members:
+            found = self._done[id(members)] = (members, make())
+        return found[1]
+
+
 @dataclass
 class _NetworkPolicy:
     view: LocalView
     rules: RuleSet
     _flows: list[Flow] = field(default_factory=list)
+    conjunction_of: dict[str, tuple[int, int]] = field(default_factory=dict)  # rule id ->
+    _texts: _Texts = field(default_factory=_Texts)
 
     def flows(self) -> list[Flow]:
         local = frozenset(self.view.pods)
@@ -206,20 +297,25 @@ class _NetworkPolicy:
             for ip in sorted(isolated):
                 match = f"ip,{side.subject}={ip}"
                 self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
-            wanted = EGRESS if egress else "ingress"
-            chosen = [
-                (policy, rule)
-                for policy in self.rules.policies
-                for rule in policy.rules
-                if rule.direction == wanted and rule.targets & isolated
-            ]
-            ids = conjunction_ids(rule.id for _, rule in chosen)
-            conjunctions = Conjunctions(side.table, P_CONJUNCTION)
+            found: dict[_Grouping, _Conjunction] = {}
+            for rule in self.rules.rules:
+                targets = rule.targets & isolated
+                if rule.direction == (EGRESS if egress else INGRESS) and targets:
+                    grouping = _Conjunction.grouping(rule)
+                    conj = found.get(grouping)
+                    if conj is None:
+                        conj = found[grouping] = _Conjunction(*grouping)
+                    conj.targets |= targets
+                    conj.named |= rule.ports.named_keys
+                    conj.rule_ids.append(rule.id)
+            keys = {conj.key(side, self._texts): conj for conj in found.values()}
+            ids = conjunction_ids(keys)
+            members = Conjunctions(side.table, P_CONJUNCTION)
             plain: set[Flow] = set()
-            for policy, rule in chosen:
-                self._rule(side, policy, rule, rule.targets & isolated, ids[rule.id],
-                           conjunctions, plain)  # fmt: skip
-            self._flows += conjunctions.flows()
+            for key, conj in sorted(keys.items()):
+                if self._conjunction(side, conj, key, ids[key], members, plain):
+                    self.conjunction_of.update((r, (side.table, ids[key])) for r in conj.rule_ids)
+            self._flows += members.flows()
             self._flows += plain
         return self._flows
 
@@ -249,47 +345,44 @@ class _NetworkPolicy:
                 match = f"ip,ct_state=+rpl+trk,nw_src={ip}"
                 self._flows.append(Flow(table, P_REPLY_UNCHECKED, match, "drop", group))
 
-    def _rule(
+    def _conjunction(
         self,
         side: _Direction,
-        policy: CompiledPolicy,
-        rule: PolicyRule,
-        targets: frozenset[IPv4Address],
+        conj: _Conjunction,
+        key: str,
         conj_id: int,
-        conjunctions: Conjunctions,
+        members: Conjunctions,
         plain: set[Flow],
-    ) -> None:
-        """One compiled rule: a conjunction of its dimensions, or plain flows."""
-        dimensions: list[list[tuple[str, int]]] = [
-            [(f"ip,{side.subject}={ip}", pod_cookie(ip)) for ip in sorted(targets)]
-        ]
-        table = side.table
-        if not rule.peers.every_address:
-            peers = [_address_match(side.peer, ip) for ip in sorted(rule.peers.pods)]
-            peers += [_address_match(side.peer, net) for net in rule.peers.blocks]
-            if not peers:
-                return  # no peer at all: the rule allows nothing
+    ) -> bool:
+        """One conjunction's flows (plain flows for one of a single dimension); False
+        when it allows nothing (no peer or no port left)."""
+        table, targets = side.table, sorted(conj.targets)
+        dimensions = [[(f"ip,{side.subject}={ip}", pod_cookie(ip)) for ip in targets]]
+        if not conj.peers.every_address:
+            peers = [f"ip,{side.peer}={ip}" for ip in self._texts.addresses(conj.peers.pods)]
+            peers += [_address_match(side.peer, net) for net in conj.peers.blocks]
             dimensions.append([(m, match_cookie(table, m)) for m in peers])
-        if not rule.ports.every_packet:
-            ports = [m for span in rule.ports.ranges for m in port_matches(span)]
+        if not conj.every_packet:
+            ports = [m for span in conj.ranges for m in port_matches(span)]
             ports += [
                 f"{proto.lower()},nw_dst={ip},tp_dst={port}"
-                for ip, proto, port in sorted(rule.ports.named_keys)
-                if side is EGRESS_SIDE or ip in targets
+                for ip, proto, port in sorted(conj.named)
+                if side is EGRESS_SIDE or ip in conj.targets
             ]
-            if not ports:
-                return  # no port resolved: the rule allows nothing
             dimensions.append([(m, match_cookie(table, m)) for m in ports])
+        if not all(dimensions):
+            return False
         if len(dimensions) == 1:
-            for match, group in dimensions[0]:
-                plain.add(Flow(table, P_PLAIN_RULE, match, side.allows, group))
-            return
-        for k, members in enumerate(dimensions, start=1):
-            for match, group in members:
-                conjunctions.add(match, group, conj_id, k, len(dimensions))
+            plain.update(Flow(table, P_PLAIN_RULE, m, side.allows, g) for m, g in dimensions[0])
+            return False
+        for k, dimension in enumerate(dimensions, start=1):
+            for match, group in dimension:
+                members.add(match, group, conj_id, k, len(dimensions))
         self._flows.append(
-            Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows, policy_cookie(policy))
-        )
+            Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows,
+                 conjunction_cookie(table, key))
+        )  # fmt: skip
+        return True
 
 
 def _address_match(fieldname: str, address: IPv4Address | IPv4Network) -> str:

@@ -1,0 +1,165 @@
+"""NetworkPolicy as OpenFlow at scale: flows of one node as policies grow, against
+OpenShift SDN's per-pair rendering of the same objects, and the time to render them.
+
+Run: .venv/bin/python bench/bench_ovs_flows.py [--pods 5000] [--nodes 50]
+     [--policies 250 500 750 1000] [--ovs] [--changes 20]
+
+The objects are ``bench_policy``'s (pods in 50 namespaces and 20 apps, 5 teams;
+policies allowing ingress to one app from the next app in a team's namespaces on a port
+and on the named port ``http``, a third of them also limiting egress to an ipBlock with
+an except), compiled once per size with ``compile_rules``. For node 1 (``--pods`` /
+``--nodes`` local pods) it prints, per policy count:
+
+- the flows of tables 21 and 80 (``policyflows``) and the conjunction actions they hold
+  (a flow shared by many rules lists each of their conjunctions), the flow text size;
+- OpenShift SDN's count for the same objects: its networkpolicy plugin writes, per rule,
+  one flow per (local target pod, peer) pair and port (a peer being a pod IP or an
+  ipBlock network), so per rule |local targets| x |peers| x |ports|;
+- the render time (median of 5; the compile is not counted).
+
+With ``--ovs`` (root), the largest flow set is installed in a private OVS (userspace
+datapath, in a namespace of its own, removed afterwards) with ``FlowSync``, then
+``--changes`` times one policy's port changes and the time from rendering to the switch
+holding the new flows (one bundle) is measured: p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_policy import APPS, NAMESPACES, TEAMS, percentile, pod_object, policy_object
+from podnet.dataplane.ovs.flow import Flow
+from podnet.dataplane.ovs.flowsync import FlowSync
+from podnet.dataplane.ovs.policyflows import LocalView, policy_flows
+from podnet.model.network import NETWORKPOLICY
+from podnet.policy.compile import compile_rules
+from podnet.policy.model import RuleSet
+from podnet.testing.ovsnode import ovs_node
+
+NODE = "node0"
+
+
+def pods(count: int, nodes: int) -> list[dict[str, Any]]:
+    """``count // nodes`` pods per node, node k's at 10.<128 + k // 256>.<k % 256>.<10 + i>:
+    every node holds pods of every namespace and app, as a scheduler spreads them."""
+    per_node = count // nodes
+    found = []
+    for i in range(count):
+        node, slot = divmod(i, per_node)
+        ip = f"10.{128 + node // 256}.{node % 256}.{10 + slot}"
+        found.append(pod_object(i, f"node{node}", ip))
+    return found
+
+
+def namespaces() -> list[dict[str, Any]]:
+    return [
+        {"metadata": {"name": f"ns{k}", "labels": {"team": f"t{k % TEAMS}"}}}
+        for k in range(NAMESPACES)
+    ]
+
+
+def ruleset(
+    pod_objs: list[dict[str, Any]], policies: int, port_of: Callable[[int], int]
+) -> RuleSet:
+    objs = [policy_object(j, port_of(j)) for j in range(policies)]
+    return compile_rules(NETWORKPOLICY, pod_objs, namespaces(), [], objs,
+                         node_addresses=[(NODE, "10.0.0.1")])  # fmt: skip
+
+
+def view(rules: RuleSet) -> LocalView:
+    local = [e.ip for e in rules.endpoints if e.node == NODE]
+    return LocalView(NODE, {ip: 3 + i for i, ip in enumerate(local)}, rules.resident(NODE))
+
+
+def openshift_flows(rules: RuleSet, local: frozenset[IPv4Address]) -> int:
+    """Per rule: local targets x peers x ports, as OpenShift SDN renders NetworkPolicy."""
+    total = 0
+    for rule in rules.rules:
+        targets = rule.targets & local
+        if not targets:
+            continue
+        isolated = rules.egress_isolated if rule.direction == "egress" else rules.ingress_isolated
+        targets &= isolated
+        peers = 1 if rule.peers.every_address else len(rule.peers.pods) + len(rule.peers.blocks)
+        ports = 1 if rule.ports.every_packet else len(rule.ports.ranges) + len(rule.ports.named)
+        total += len(targets) * peers * ports
+    return total
+
+
+def conjunction_actions(flows: list[Flow]) -> int:
+    return sum(f.actions.count("conjunction(") for f in flows)
+
+
+def median_ms(work: Callable[[], object], runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+async def install_and_change(rules_of: Callable[[int], RuleSet], changes: int) -> None:
+    base = rules_of(0)
+    here = view(base)
+    async with ovs_node("ovflows") as node:
+        sync = FlowSync(node.runner)
+        start = time.perf_counter()
+        await sync.sync(policy_flows(here, base))
+        print(f"  installed on a fresh bridge: {(time.perf_counter() - start) * 1000:.0f} ms")
+        latencies = []
+        for k in range(1, changes + 1):
+            changed = rules_of(k)  # policy 0's port differs (compiled beforehand)
+            start = time.perf_counter()
+            result = await sync.sync(policy_flows(view(changed), changed))
+            latencies.append((time.perf_counter() - start) * 1000)
+        dumped = len((await node.runner.dump_flows("br0")).splitlines())
+    print(f"  one policy changed -> flows on the switch ({changes} changes, last: {result}):")
+    print(f"    p50 {percentile(latencies, 50):.1f} ms, p99 {percentile(latencies, 99):.1f} ms;"
+          f" {dumped} flows dumped")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--policies", type=int, nargs="+", default=[250, 500, 750, 1000])
+    parser.add_argument("--ovs", action="store_true", help="install on a real OVS (root)")
+    parser.add_argument("--changes", type=int, default=20)
+    args = parser.parse_args()
+    pod_objs = pods(args.pods, args.nodes)
+    print(f"{args.pods} pods on {args.nodes} nodes, {NAMESPACES} namespaces, {APPS} apps; "
+          f"node {NODE}'s tables 21 and 80")  # fmt: skip
+    print(f"{'policies':>8} {'rules':>6} {'flows':>7} {'conj acts':>10} {'text KB':>8} "
+          f"{'openshift':>10} {'ratio':>7} {'render ms':>10}")  # fmt: skip
+    for count in args.policies:
+        rules = ruleset(pod_objs, count, lambda j: 8000 + j % 100)
+        here = view(rules)
+        flows = policy_flows(here, rules)
+        pairs = openshift_flows(rules, frozenset(here.pods))
+        text = sum(len(f.text()) + 1 for f in flows)
+        ms = median_ms(lambda: policy_flows(here, rules))  # noqa: B023 (timed now)
+        print(f"{count:8d} {len(rules.rules):6d} {len(flows):7d} {conjunction_actions(flows):10d} "
+              f"{text / 1024:8.0f} {pairs:10d} {pairs / len(flows):7.1f} {ms:10.1f}")  # fmt: skip
+    if args.ovs:
+        largest = max(args.policies)
+        prepared = {
+            k: ruleset(pod_objs, largest, lambda j, k=k: 8000 + (j % 100 if j else 100 + k))
+            for k in range(args.changes + 1)
+        }
+        print(f"on a real OVS, {largest} policies:")
+        asyncio.run(install_and_change(prepared.__getitem__, args.changes))
+
+
+if __name__ == "__main__":
+    main()
