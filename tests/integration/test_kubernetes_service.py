@@ -165,6 +165,8 @@ def test_deleted_or_changed_objects_are_repaired(first: MasterProcess) -> None:
             what="the headless impostor replaced",
         )
 
+        # (The endpoints controller deletes a deleted Service's Endpoints; made again too.)
+        wait_for(lambda: holds(api, ADVERTISED), what="the endpoints back")
         endpoints = body(api, ENDPOINTS)
         endpoints["subsets"][0]["addresses"] = [{"ip": "198.51.100.66"}]
         assert api.put(ENDPOINTS, json=endpoints).status_code == 200
@@ -184,6 +186,15 @@ def test_endpoints_follow_the_live_masters(
         finally:
             second.stop()  # SIGTERM: it revokes its lease and writes itself out
         wait_for(lambda: holds(api, ADVERTISED), timeout=10, what="the stopped master gone")
+        asyncio.run(_no_lease_left_but(etcd, prefix, ADVERTISED))
+        # A master that crashes cannot write itself out: its lease expires (15 s ttl).
+        crashed = advertising(etcd, tmp_path / "master", prefix, SECOND)
+        try:
+            wait_for(lambda: holds(api, ADVERTISED, SECOND), what="both masters again")
+            crashed.kill()
+            wait_for(lambda: holds(api, ADVERTISED), timeout=60, what="the crashed master gone")
+        finally:
+            crashed.stop()
         asyncio.run(_no_lease_left_but(etcd, prefix, ADVERTISED))
 
 
