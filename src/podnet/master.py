@@ -33,6 +33,7 @@ from podnet.controllers.config import NetworkConfig
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
+from podnet.controllers.supervisor import Supervisor
 from podnet.kubeconfig import write_kubeconfig
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
@@ -145,7 +146,9 @@ class Master:
                 self.store, key, opts.identity, renewal_store=self._renewal_store
             )
         api = InProcessApi(self.registry, server.cache)
-        self.controllers = ControllerManager(api, opts.network, elector)
+        failures = self.metrics.controller_errors  # a failed controller, counted by name
+        supervisor = Supervisor(on_failure=lambda name: failures.labels(name).inc())
+        self.controllers = ControllerManager(api, opts.network, elector, supervisor=supervisor)
         run = run_or_stop_process(self.controllers, "the master")
         self._tasks.append(asyncio.create_task(run, name="controllers"))
 

@@ -12,14 +12,17 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from functools import partial
 from ipaddress import IPv4Network
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from podnet.api.registry import Registry
+from podnet.controllers import manager as manager_module
+from podnet.controllers.calls import ControllerApi
 from podnet.controllers.clusternetwork import ensure_cluster_network
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.hostsubnets import HostSubnetController
@@ -27,11 +30,14 @@ from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager
 from podnet.controllers.namespaces import ensure_namespace
+from podnet.controllers.nodelifecycle import NodeLifecycleController
+from podnet.master import Master, MasterOptions
 from podnet.model.errors import ApiError
 from podnet.model.kinds import HOST_SUBNET, NODE
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_process import EtcdProcess, pid_alive, start_etcd
 from podnet.testing import tools
+from podnet.testing.api import async_client_for
 from podnet.testing.e2e import eventually
 
 Obj = dict[str, Any]
@@ -359,3 +365,77 @@ async def test_renewals_off_the_event_loop_outlast_a_blocked_loop(
     finally:
         await leader.release()
     assert await leader.holder() is None
+
+
+# ---- supervision -------------------------------------------------------------------------
+
+
+class EtcdTimingOut(NodeLifecycleController):
+    """Node lifecycle with one more task: an etcd read that times out (as reads do under
+    load) for the first ``timeouts`` instances once ``trigger`` is set."""
+
+    timeouts = 0
+    trigger = asyncio.Event()
+    built: list[NodeLifecycleController] = []
+
+    def __init__(self, api: ControllerApi) -> None:
+        super().__init__(api)
+        self.built.append(self)
+
+    def background(self) -> list[tuple[Coroutine[Any, Any, Any], str]]:
+        return [*super().background(), (self._read_etcd(), "etcd-reader")]
+
+    async def _read_etcd(self) -> None:
+        await self.trigger.wait()
+        store = cast(InProcessApi, self.api).registry.store
+        if type(self).timeouts > 0:
+            type(self).timeouts -= 1
+            async with asyncio.timeout(0):  # etcd does not answer in time
+                await store.revision()
+        await asyncio.Event().wait()
+
+
+async def test_a_controller_failing_on_etcd_timeouts_restarts_alone_under_the_same_leader(
+    etcd_server: EtcdProcess, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real master on real etcd: its node-lifecycle controller fails twice on an etcd
+    timeout and restarts alone; the master keeps leadership, the other controllers keep
+    their tasks and keep working, and /metrics counts the failures."""
+    monkeypatch.setattr(EtcdTimingOut, "timeouts", 2)
+    monkeypatch.setattr(EtcdTimingOut, "trigger", asyncio.Event())
+    monkeypatch.setattr(EtcdTimingOut, "built", [])
+    monkeypatch.setattr(manager_module, "NodeLifecycleController", EtcdTimingOut)
+    options = MasterOptions(
+        NetworkConfig.default(),
+        etcd=etcd_server.endpoint,
+        etcd_prefix=prefix,
+        listen_port=0,
+        state_dir=tmp_path / "master",
+        identity="master-a",
+    )
+    master = Master(options)
+    await master.start()
+    try:
+        manager = master.controllers
+        assert manager is not None
+        await eventually(lambda: manager.ready, 30)
+        before = {c: c.tasks for c in manager.supervisor.controllers}
+        del before[EtcdTimingOut.built[0]]
+        EtcdTimingOut.trigger.set()
+        await eventually(lambda: len(EtcdTimingOut.built) == 3 and manager.ready, 30)
+        assert EtcdTimingOut.timeouts == 0
+        assert {c: c.tasks for c in manager.supervisor.controllers if c in before} == before
+        assert not any(task.done() for tasks in before.values() for task in tasks)
+        assert await manager.elector.holder() == "master-a"  # type: ignore[attr-defined]
+        async with async_client_for(options.kubeconfig_path) as client:
+            metrics = (await client.get("/metrics")).text
+            assert 'podnet_controller_errors_total{controller="node-lifecycle"} 2.0' in metrics
+            created = await client.post("/api/v1/nodes", json=node("after-timeouts", 7))
+            assert created.status_code == 201, created.text
+        await eventually(lambda: subnets_include(master.registry, "after-timeouts"), 30)
+    finally:
+        await master.stop()
+
+
+async def subnets_include(registry: Registry, name: str) -> bool:
+    return name in await subnets(registry)

@@ -45,7 +45,7 @@ class ApiMetrics:
         )
         self.controller_errors = Counter(
             "podnet_controller_errors",
-            "Controller errors by controller",
+            "Controller failures (a task that ended; it restarts alone) by controller",
             ["controller"],
             registry=self.registry,
         )

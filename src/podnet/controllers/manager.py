@@ -6,11 +6,13 @@ Namespaces ``default`` and ``kube-node-lease`` exist, start the HostSubnet contr
 networkpolicy only), then namespace cleanup, then node lifecycle (Lease heartbeats),
 then the endpoints controller (Endpoints and EndpointSlices of selector Services).
 Each controller's ``start`` returns after its initial sync, and
-``ready`` is True once all have. When leadership is lost the controllers are stopped
-before anything else happens and the manager campaigns again: it never acts without
-holding leadership. A refused network configuration ends ``run`` with
-``ClusterNetworkError``; any other failure ends the term, gives up leadership, and the
-manager campaigns again after a backoff.
+``ready`` is True once all have. A controller that fails later is restarted alone, with
+backoff, while the others keep running (``podnet.controllers.supervisor``). When
+leadership is lost every controller is stopped before anything else happens and the
+manager campaigns again: it never acts without holding leadership. A refused network
+configuration ends ``run`` with ``ClusterNetworkError``; a controller that fails too
+often in a row, or any other failure of the term, ends the term: the manager gives up
+leadership and campaigns again after a backoff.
 
 The controllers reach the objects only through a ``ControllerApi``: in the master the
 in-process one (``podnet.controllers.inprocess``, leadership through etcd), in
@@ -24,7 +26,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from podnet.client.backoff import Backoff
@@ -38,6 +40,7 @@ from podnet.controllers.leader import AlwaysLeader, LeaderElector
 from podnet.controllers.namespaces import NamespaceCleanupController, ensure_namespace
 from podnet.controllers.netnamespaces import NetNamespaceController
 from podnet.controllers.nodelifecycle import NodeLifecycleController
+from podnet.controllers.supervisor import Supervisor
 from podnet.controllers.workqueue import cancel_all
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
 
@@ -56,6 +59,7 @@ class ControllerManager:
         log: logging.Logger | None = None,
         resync_period: float | None = 300.0,
         retry_backoff: Backoff = TERM_BACKOFF,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.api = api
         self.config = config
@@ -63,10 +67,8 @@ class ControllerManager:
         self.log = log or logging.getLogger("podnet.controllers.manager")
         self.resync_period = resync_period
         self.cluster_network: Obj | None = None
-        self.hostsubnets: HostSubnetController | None = None
-        self.netnamespaces: NetNamespaceController | None = None
         self._backoff = retry_backoff
-        self._controllers: list[Controller] = []
+        self.supervisor = supervisor or Supervisor(self.log)  # restarts a failed one alone
         self._started = False
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()
@@ -75,7 +77,19 @@ class ControllerManager:
     @property
     def ready(self) -> bool:
         """True while leading with every controller through its initial sync."""
-        return self._started and all(c.ready for c in self._controllers)
+        return self._started and all(c.ready for c in self.supervisor.controllers)
+
+    @property
+    def hostsubnets(self) -> HostSubnetController | None:
+        """The running HostSubnet controller (a restart replaces it)."""
+        running = self.supervisor.running("hostsubnets")
+        return running if isinstance(running, HostSubnetController) else None
+
+    @property
+    def netnamespaces(self) -> NetNamespaceController | None:
+        """The running NetNamespace controller (multitenant and networkpolicy only)."""
+        running = self.supervisor.running("netnamespaces")
+        return running if isinstance(running, NetNamespaceController) else None
 
     async def run(self) -> None:
         """Campaign, lead, and campaign again after a lost term, until ``stop``."""
@@ -151,47 +165,34 @@ class ControllerManager:
         for namespace in ("default", NODE_LEASE_NAMESPACE):
             if await ensure_namespace(self.api, namespace):
                 self.log.info("created namespace %s", namespace)
-        for controller in self._build(self.cluster_network):
-            name = type(controller).__name__
-            self.log.info("starting %s", name)
-            self._controllers.append(controller)
-            await controller.start()
+        for name, build in self._builders(self.cluster_network):
+            await self.supervisor.start(name, build)
         self._started = True
         self.log.info("all controllers synced; ready")
-        await self._supervise()
+        await self.supervisor.run()
 
-    def _build(self, cluster_network: Obj) -> list[Controller]:
-        self.hostsubnets = HostSubnetController(
-            self.api, cluster_network, resync_period=self.resync_period
-        )
-        controllers: list[Controller] = [self.hostsubnets]
-        self.netnamespaces = None
+    def _builders(self, cluster_network: Obj) -> list[tuple[str, Callable[[], Controller]]]:
+        """Each controller of a term, in start order: its name and how to build it (the
+        supervisor builds a fresh one for each restart)."""
+        api, period = self.api, self.resync_period
+        builders: list[tuple[str, Callable[[], Controller]]] = [
+            ("hostsubnets", lambda: HostSubnetController(api, cluster_network, period))
+        ]
         plugin = str(cluster_network.get("pluginName") or self.config.plugin_name)
         if uses_vnids(plugin):
-            self.netnamespaces = NetNamespaceController(
-                self.api, plugin, resync_period=self.resync_period
-            )
-            controllers.append(self.netnamespaces)
-        controllers.append(NamespaceCleanupController(self.api, resync_period=self.resync_period))
-        controllers.append(NodeLifecycleController(self.api))
-        controllers.append(EndpointsController(self.api, resync_period=self.resync_period))
-        return controllers
-
-    async def _supervise(self) -> None:
-        """Wait until one of the controllers' tasks ends, which is a failure."""
-        tasks = [task for c in self._controllers for task in c.tasks]
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        task = done.pop()
-        cause = task.exception() if not task.cancelled() else None
-        raise RuntimeError(f"controller task {task.get_name()} ended: {cause or 'cancelled'}")
+            builders.append(("netnamespaces", lambda: NetNamespaceController(api, plugin, period)))
+        builders += [
+            ("namespace-cleanup", lambda: NamespaceCleanupController(api, period)),
+            ("node-lifecycle", lambda: NodeLifecycleController(api)),
+            ("endpoints", lambda: EndpointsController(api, resync_period=period)),
+        ]
+        return builders
 
     async def _stop_controllers(self) -> None:
-        if not self._controllers:
+        if not self.supervisor.slots:
             return
         self._started = False
-        for controller in reversed(self._controllers):
-            await controller.stop()
-        self._controllers.clear()
+        await self.supervisor.stop()
         self.log.info("controllers stopped")
 
 
