@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from ipaddress import IPv4Address, IPv4Network
 
@@ -21,14 +20,13 @@ from podnet.dataplane.interface import DataPlaneError, NodeSetupRefused, PodNetw
 from podnet.dataplane.linux.desired import host_veth_name, vtep_mac
 from podnet.testing.dataplanes import snapshot
 from podnet.testing.lab import (
-    CLIENT,
     EXTERNAL_IP,
-    SERVER,
     Lab,
     built_lab,
     ip,
     ping,
     sh,
+    tcp_peer_seen,
     up,
 )
 
@@ -40,25 +38,6 @@ async def lab() -> AsyncIterator[Lab]:
     """Underlay, outside host and three nodes; everything removed afterwards."""
     async with built_lab("pnt") as the_lab:
         yield the_lab
-
-
-def tcp_peer_seen(client_ns: str, server_ns: str, server_ip: IPv4Address) -> str:
-    """Connect from ``client_ns``; return the peer address the server saw."""
-    port = "18080"
-    server = subprocess.Popen(
-        netns.command(server_ns, [sys.executable, "-c", SERVER, str(server_ip), port]),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        done = netns.run(client_ns, [sys.executable, "-c", CLIENT, str(server_ip), port], 20)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-    finally:
-        try:
-            server.wait(timeout=20)
-        finally:
-            server.kill()  # a no-op once it has exited
 
 
 def routes(ns: str) -> str:

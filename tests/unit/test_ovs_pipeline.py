@@ -160,7 +160,9 @@ def test_the_tunnel_takes_only_known_nodes_and_checks_the_vnid() -> None:
     groups = pipeline.desired(NODE, REMOTES, [], rules)
     classify = {f.match: f.actions for f in in_table(groups, t.CLASSIFY)}
     from_two = "in_port=1,tun_src=198.51.100.12"
-    assert classify[f"ip,{from_two},nw_src=10.128.2.0/23"] == f"goto_table:{t.VXLAN_IN}"
+    assert classify[f"ip,{from_two},nw_src=10.128.2.0/23"] == (
+        f"set_field:0a:58:0a:80:00:01->eth_dst,goto_table:{t.VXLAN_IN}"
+    ), "readdressed to this node's gateway"
     assert classify["in_port=1"] == "drop", "an unknown sender, or a source off its subnet"
     vxlan_in = {(f.priority, f.match): f.actions for f in in_table(groups, t.VXLAN_IN)}
     assert vxlan_in[(200, "ip,tun_id=0x2a,nw_src=10.128.2.7")].startswith(
@@ -209,3 +211,13 @@ def test_a_changed_network_changes_only_the_node_group() -> None:
     before = pipeline.desired(NODE, [], [pod(5)], None)
     other: NodeNetwork = dataclasses.replace(NODE, service_network=IPv4Network("172.31.0.0/16"))
     assert changed(before, pipeline.desired(other, [], [pod(5)], None)) == {pipeline.node_cookie()}
+
+
+def test_a_catch_all_flow_is_alone_at_its_priority() -> None:
+    """Two flows of one priority that both match a packet leave the choice to OVS: a
+    table's default (empty match) must not share its priority with any other flow."""
+    rules = multitenant({"10.128.0.5": 0x2A}, unassigned=("10.128.2.8",))
+    flows = every_flow(pipeline.desired(NODE, REMOTES, [pod(5), pod(6)], rules))
+    for default in (f for f in flows if not f.match):
+        same = [f for f in flows if (f.table, f.priority) == (default.table, default.priority)]
+        assert same == [default], same

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -60,6 +62,32 @@ def ip(ns: str, command: str) -> str:
 def ping(ns: str, ip: IPv4Address | str, *extra: str, count: int = 3) -> bool:
     argv = ["ping", "-n", "-q", "-c", str(count), "-W", "1", "-i", "0.2", *extra, str(ip)]
     return netns.run(ns, argv, timeout=15).returncode == 0
+
+
+TCP_PORT = 18080
+
+
+def tcp_peer_seen(
+    client_ns: str, server_ns: str, server_ip: IPv4Address, via: IPv4Address | None = None
+) -> str:
+    """Connect from ``client_ns`` (to ``via``, a service address, when given) to a server
+    on ``server_ip`` port ``TCP_PORT``; return the peer address the server saw."""
+    port = str(TCP_PORT)
+    server = subprocess.Popen(
+        netns.command(server_ns, [sys.executable, "-c", SERVER, str(server_ip), port]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        target = str(via or server_ip)
+        done = netns.run(client_ns, [sys.executable, "-c", CLIENT, target, port], 20)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+    finally:
+        try:
+            server.wait(timeout=20)
+        finally:
+            server.kill()  # a no-op once it has exited
 
 
 @dataclass

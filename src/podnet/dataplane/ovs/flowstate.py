@@ -76,16 +76,20 @@ class FlowState:
                     node, remote
                 )
         vnids = pipeline.vnids_of(self.rules)
+        adopted_rules = {c: f for c, f in self.adopted.items() if kind_of(c) not in OWN_KINDS}
+        # rules not known, none found either (a new node): nothing is isolated yet, as
+        # with linux before its first policy sync; found: a new pod meets only VNID 0
+        unknown_vnid = UNASSIGNED_VNID if adopted_rules else 0
         for pod in pods:
             key = pipeline.pod_cookie(pod.key)
             if self.rules_known:
                 groups[key] = pipeline.pod_flows(pod, pipeline.register_vnid(vnids, pod.ip))
             else:
-                groups[key] = self.adopted.get(key) or pipeline.pod_flows(pod, UNASSIGNED_VNID)
-        if not self.rules_known:
-            groups.update(
-                (c, flows) for c, flows in self.adopted.items() if kind_of(c) not in OWN_KINDS
-            )
+                groups[key] = self.adopted.get(key) or pipeline.pod_flows(pod, unknown_vnid)
+        if not self.rules_known and adopted_rules:
+            groups.update(adopted_rules)
+        elif not self.rules_known:
+            groups.update(self._policy_groups(node, pods))
         else:
             for ip, vnid in vnids.items():
                 groups[pipeline.vnid_cookie(ip)] = pipeline.source_vnid_flows(ip, vnid)

@@ -3,7 +3,8 @@ thread) and the pod's identity kept in its OVS port.
 
 The veth is the linux data plane's (``linux.pods``: born in the pod namespace with its MAC
 and MTU, then address and routes inside), named the same way, but not enslaved to a
-Linux bridge: its host end becomes an OVS port of br0. Inside the pod, transmit checksum
+Linux bridge: its host end becomes an OVS port of br0, and the node's kernel is kept
+off it (``keep_out_of_the_host``). Inside the pod, transmit checksum
 offload is turned off: the userspace datapath reads the host end with a packet socket,
 which hands over a TCP segment whose checksum the sender left to the "hardware", and
 nothing on the way would ever fill it in (ICMP works either way, TCP does not).
@@ -23,6 +24,7 @@ import socket
 import struct
 from collections.abc import Mapping
 from ipaddress import IPv4Address, IPv4Interface
+from pathlib import Path
 
 from podnet import netns
 from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork, pod_mac
@@ -89,6 +91,7 @@ def wire(links: NetlinkBatch, pod: PodNetwork, host: str) -> None:
     finally:
         os.close(fd)
     try:
+        keep_out_of_the_host(host)
         configure_pod(pod)
         checksum_offload_off(pod.netns, pod.ifname)
     except BaseException:
@@ -115,6 +118,22 @@ def remove_stray_veths(nl: Netlink, ports: set[str]) -> list[str]:
         log.info("removing stray pod veth %s", name)
         nl.delete(name)
     return stray
+
+
+def keep_out_of_the_host(host: str) -> None:
+    """The host end is OVS's port, but the node's kernel sees its frames too: it must
+    not answer the pod's ARP for the gateway (the pod would then send to this end's MAC
+    and the kernel would route a second copy of each packet), route what it receives on
+    it, or speak IPv6 on it."""
+    for path, value in (
+        (f"/proc/sys/net/ipv4/conf/{host}/arp_ignore", "8"),
+        (f"/proc/sys/net/ipv4/conf/{host}/forwarding", "0"),
+        (f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6", "1"),
+    ):
+        try:
+            Path(path).write_text(value)
+        except OSError as err:
+            raise DataPlaneError(f"setting {path}: {err}") from err
 
 
 def checksum_offload_off(sandbox: str, ifname: str) -> None:

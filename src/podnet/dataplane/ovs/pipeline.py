@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from podnet.dataplane.interface import NodeNetwork, RemoteNode
+from podnet.dataplane.interface import NodeNetwork, RemoteNode, pod_mac
 from podnet.dataplane.linux.desired import usable_remotes
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
@@ -117,7 +117,7 @@ def node_flows(node: NodeNetwork) -> list[Flow]:
         (t.ROUTE, 200, f"arp,arp_tpa={subnet}", f"goto_table:{t.ARP_LOCAL}"),
         (t.ROUTE, 200, f"ip,nw_dst={subnet}", f"goto_table:{t.LOCAL}"),
         (t.ROUTE, 150, f"ip,nw_dst={node.service_network}", f"goto_table:{t.SERVICE}"),
-        (t.ROUTE, 0, "ip", f"goto_table:{t.EGRESS}"),
+        (t.ROUTE, 10, "ip", f"goto_table:{t.EGRESS}"),  # above the drop of the rest
         (t.ROUTE, 0, "", "drop"),
         (t.ARP_LOCAL, 0, "", "drop"),
         (t.ARP_REMOTE, 0, "", "drop"),
@@ -138,9 +138,9 @@ def node_flows(node: NodeNetwork) -> list[Flow]:
 
 
 def remote_node_flows(node: NodeNetwork, remote: RemoteNode) -> list[Flow]:
-    """One remote node: VXLAN from its node IP with inner sources in its subnet, and the
-    way to its subnet (vxlan0 with the VNID in tun_id, or tun0 with host-gw, where the
-    host's route to the node applies)."""
+    """One remote node: VXLAN from its node IP with inner sources in its subnet (IP
+    readdressed to this node's gateway MAC), and the way to its subnet (vxlan0 with the
+    VNID in tun_id, or tun0 with host-gw, where the host's route to the node applies)."""
     subnet = remote.subnet
     if node.tunnel != "vxlan":
         return _flows(
@@ -149,9 +149,17 @@ def remote_node_flows(node: NodeNetwork, remote: RemoteNode) -> list[Flow]:
         )
     send = f"{REG0_TO_TUN_ID},set_field:{remote.node_ip}->tun_dst,output:{t.VXLAN_PORT}"
     from_remote = f"in_port={t.VXLAN_PORT},tun_src={remote.node_ip}"
+    # the frame was sent to the remote's gateway: readdressed to ours, so that what goes
+    # on to tun0 (to the host, a service's reply) is for tun0 (delivery sets the pod's)
+    to_gateway = f"set_field:{pod_mac(node.gateway.ip)}->eth_dst"
     return _flows(
         remote_cookie(remote.name),
-        (t.CLASSIFY, 200, f"ip,{from_remote},nw_src={subnet}", f"goto_table:{t.VXLAN_IN}"),
+        (
+            t.CLASSIFY,
+            200,
+            f"ip,{from_remote},nw_src={subnet}",
+            f"{to_gateway},goto_table:{t.VXLAN_IN}",
+        ),
         (t.CLASSIFY, 200, f"arp,{from_remote},arp_spa={subnet}", f"goto_table:{t.VXLAN_IN}"),
         (t.ARP_REMOTE, 100, f"arp,arp_tpa={subnet}", send),
         (t.REMOTE, 100, f"ip,nw_dst={subnet}", send),
