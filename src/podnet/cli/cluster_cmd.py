@@ -214,6 +214,7 @@ def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
 def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
     from podnet.cluster.health import reconcile_report
     from podnet.cluster.lifecycle import node_health
+    from podnet.cluster.ovsstatus import node_dataplane_status
     from podnet.cluster.pods import admin_api
 
     with admin_api(state_dir) as api:
@@ -222,6 +223,7 @@ def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
     click.echo("nodes:")
     header = f"  {'NAME':<8} {'NETNS':<20} {'NODE IP':<16} {'SUBNET':<18} {'AGENT':<12} HEALTH"
     click.echo(header)
+    planes_ok = True
     for node in report:
         agent = f"pid {node.agent_pid}" if node.agent_alive else "DOWN"
         checks = [
@@ -234,9 +236,12 @@ def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
             f"  {node.name:<8} {node.netns:<20} {node.ip:<16} {node.subnet or '<none>':<18} "
             f"{agent:<12} {verdict} ({', '.join(checks)})"
         )
+        plane = node_dataplane_status(state_dir, state.dataplane, node.name)
+        click.echo(f"    data plane: {plane.text()}")
+        planes_ok = planes_ok and plane.healthy
         for problem in problems.get(node.name, []):
             click.echo(f"    RECONCILE {problem}")
-    return all(node.healthy for node in report)
+    return planes_ok and all(node.healthy for node in report)
 
 
 def _show_pods(state: ClusterState) -> None:

@@ -25,6 +25,7 @@ from podnet.cluster.nodes import (
     node_ready,
     socket_answers,
 )
+from podnet.cluster.ovsnodes import stop_ovs
 from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState, locked, new_cluster_id
@@ -201,6 +202,7 @@ def cluster_down(state_dir: Path, say: Say = print) -> None:
         state = ClusterState.load(state_dir)
         if state is not None:
             stop_processes(state, say)
+            stop_ovs(state, state_dir, say)  # the agents leave their OVS daemons running
             remove_namespaces(state, say)
         ControlPlane(state_dir).down(say=say)
 

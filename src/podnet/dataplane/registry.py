@@ -83,11 +83,17 @@ async def _fake(options: DataPlaneOptions) -> DataPlane:
     return FakeDataPlane(state_file=options.state_dir / "fake-dataplane.json")
 
 
+def ovs_base(state_dir: Path) -> Path:
+    """Where the ``ovs`` plane of an agent with ``state_dir`` keeps its OVS instance
+    (``cluster down`` and ``cluster status`` find a node's daemons here)."""
+    return state_dir / "ovs"
+
+
 async def _ovs(options: DataPlaneOptions) -> DataPlane:
     from podnet.dataplane.ovs.backend import OvsDataPlane
 
     options.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return await OvsDataPlane.create(options.state_dir / "ovs")
+    return await OvsDataPlane.create(ovs_base(options.state_dir))
 
 
 register("linux", _linux, "Linux bridge br0, VXLAN or host-gw routes, nftables")
