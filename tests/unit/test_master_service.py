@@ -3,6 +3,7 @@ reconciler on the in-memory store: created, repaired, recreated, endpoints from 
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from collections.abc import AsyncIterator
 
@@ -22,9 +23,11 @@ from podnet.api.masterservice import (
 )
 from podnet.api.registry import Registry
 from podnet.api.servicealloc import Network
+from podnet.client.errors import NotFound
 from podnet.controllers.inprocess import InProcessApi
-from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, SERVICE
+from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, SERVICE, Kind
 from podnet.store.memory import MemoryStore
+from podnet.testing.e2e import eventually
 
 NET = ipaddress.ip_network("172.30.0.0/16")
 
@@ -98,6 +101,10 @@ class FakeLeases:
     async def release(self) -> None:
         self.held.pop("192.0.2.1", None)
 
+    async def joins_and_leaves(self) -> AsyncIterator[None]:
+        await asyncio.Event().wait()  # nobody joins or leaves here
+        yield None
+
 
 @pytest.fixture
 async def api() -> AsyncIterator[InProcessApi]:
@@ -135,3 +142,29 @@ async def test_the_reconciler_creates_repairs_and_follows_leases(api: InProcessA
     await reconciler.stop()  # releases its lease, writes itself out
     endpoints = await api.get(ENDPOINTS, "default", "kubernetes")
     assert [a["ip"] for a in endpoints["subsets"][0]["addresses"]] == ["192.0.2.7"]
+
+
+async def test_a_started_reconciler_repairs_at_once_and_stops_cleanly(api: InProcessApi) -> None:
+    async def network() -> Network:
+        return NET
+
+    reconciler = MasterServiceReconciler(api, network, 6443, FakeLeases(), "192.0.2.1", 3600)
+    reconciler.start()
+    try:
+        await eventually(lambda: reconciler.rounds >= 1, what="the first round")
+        await api.delete(SERVICE, "default", "kubernetes")
+        # The interval is an hour: only the watch can bring it back.
+        await eventually(
+            lambda: _exists(api, SERVICE), what="the Service made again", interval=0.02
+        )
+    finally:
+        await reconciler.stop()
+    assert all(task.done() for task in reconciler._tasks) and reconciler._tasks == []
+
+
+async def _exists(api: InProcessApi, kind: Kind) -> bool:
+    try:
+        await api.get(kind, "default", "kubernetes")
+    except NotFound:
+        return False
+    return True

@@ -6,8 +6,9 @@ Each round: renew this master's lease (when it advertises an address), create th
 Service if it is missing, repair it if it was changed (an update; a delete and create
 when its cluster IP is not the reserved one), then write the Endpoints and slice when
 they differ from the live leases (``podnet.api.masterleases``). Rounds run every
-``interval`` and at once when a watch sees one of the three objects change, so a deleted
-or edited object is back within one round trip. All masters compute the same objects, so
+``interval`` and at once when a watch sees one of the three objects change (so a deleted
+or edited object is back within one round trip) or a master joins or leaves (a crashed
+master's lease expiring). All masters compute the same objects, so
 they agree; a conflict only means another master wrote first. On ``stop`` the master
 revokes its lease and writes the endpoints without itself.
 
@@ -74,6 +75,9 @@ class MasterServiceReconciler:
         for kind in WATCHED:
             name = f"kubernetes-service-watch-{kind.plural}"
             self._tasks.append(asyncio.create_task(self._watch(kind), name=name))
+        if self.leases is not None:
+            watch = self._watch_leases(self.leases)
+            self._tasks.append(asyncio.create_task(watch, name="kubernetes-service-leases"))
 
     async def stop(self) -> None:
         """Stop; revoke this master's lease and take its address out of the endpoints."""
@@ -124,6 +128,18 @@ class MasterServiceReconciler:
                 raise
             except Exception as exc:
                 log.info("watch of %s in %s ended (%s); again", kind.plural, NAMESPACE, exc)
+            await asyncio.sleep(RETRY)
+
+    async def _watch_leases(self, leases: Leases) -> None:
+        """Wake the loop when a master joins or leaves (a crashed one: its lease expired)."""
+        while True:
+            try:
+                async for _ in leases.joins_and_leaves():
+                    self._changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("watch of the master leases ended (%s); again", exc)
             await asyncio.sleep(RETRY)
 
     async def _write_service(self, desired: Obj) -> None:

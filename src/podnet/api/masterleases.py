@@ -7,12 +7,15 @@ renewing and its key vanishes with the lease, at most ``ttl`` later; a master th
 cleanly revokes it at once. This is kube-apiserver's ``lease`` endpoint reconciler:
 the live keys are the addresses that go into ``default/kubernetes``'s endpoints. The
 value is the master's port, which all masters must share (one port per Endpoints subset).
+A renewal is a lease keep-alive and writes no key, so the watch that tells the masters of
+a joining or leaving master (``joins_and_leaves``) stays quiet in between.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +43,8 @@ class Leases(Protocol):
 
     async def release(self) -> None: ...
 
+    def joins_and_leaves(self) -> AsyncIterator[None]: ...
+
 
 class EtcdMasterLeases:
     """Master leases as etcd keys bound to etcd leases."""
@@ -51,22 +56,25 @@ class EtcdMasterLeases:
         self.prefix = f"{prefix}masterleases/"
         self.ttl = ttl
         self._lease_id: int | None = None
-        self._key: str | None = None
 
     async def hold(self, address: MasterAddress) -> None:
-        """Renew this master's lease, or take a new one if it lapsed; (re)write the key."""
+        """Renew this master's lease, or take a new one if it lapsed; write the key when
+        it is new or gone (a renewal alone changes no key, so it wakes no watcher)."""
         client = self.store.client
+        key = f"{self.prefix}{address.ip}"
+        value = json.dumps({"port": address.port}).encode()
         try:
+            fresh = self._lease_id is None
             if self._lease_id is not None:
                 renewed = await client.refresh_lease(self._lease_id)
                 if int(getattr(renewed, "TTL", 0)) <= 0:
                     log.warning("master lease %x lapsed; taking a new one", self._lease_id)
-                    self._lease_id = None
-            if self._lease_id is None:
+                    fresh = True
+            if fresh:
                 self._lease_id = int((await client.lease(self.ttl)).id)
-            self._key = f"{self.prefix}{address.ip}"
-            value = json.dumps({"port": address.port}).encode()
-            await client.put(self._key.encode(), value, lease=self._lease_id)
+            current = None if fresh else await self.store.get(key)
+            if current is None or current.value != value:
+                await client.put(key.encode(), value, lease=self._lease_id)
         except Exception as exc:
             raise StoreUnavailable(f"master lease not renewed: {exc}") from exc
 
@@ -82,6 +90,14 @@ class EtcdMasterLeases:
                 continue
             out.append(MasterAddress(kv.key[len(self.prefix) :], port))
         return out
+
+    async def joins_and_leaves(self) -> AsyncIterator[None]:
+        """Yields when a master's key appears or goes (its lease expired or was revoked);
+        ends when the watch does."""
+        _, revision = await self.store.list(self.prefix)
+        async for event in self.store.watch(self.prefix, revision):
+            if event.type == "DELETE" or event.create_revision == event.revision:
+                yield None
 
     async def release(self) -> None:
         """Revoke this master's lease: its key (its address in the endpoints) goes now."""
