@@ -4,7 +4,9 @@ The verdict comes from the rule set the data plane compiles (``podnet.policy``),
 from the API's objects. ``--probe`` then sends a real packet from the source pod of the
 local cluster (``--state-dir``) and reports whether the data plane agrees; any
 disagreement is a data plane bug, printed as ``DISAGREEMENT`` with exit code 3.
-``--matrix`` does the same for every pair of the selected pods. Errors (unknown pod, bad
+``--matrix`` does the same for every pair of the selected pods. ``--ofproto`` (a local
+cluster on the ovs data plane) also traces each packet through the nodes' OpenFlow tables
+(``trace_ofproto``), a second opinion, or a third one with ``--probe``. Errors (unknown pod, bad
 address, bad option, an SCTP probe) are one line and exit code 1, before anything is
 sent.
 """
@@ -22,6 +24,7 @@ import click
 
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state
+from podnet.cli.trace_ofproto import Ofproto, matrix_lines, pair_lines, service_lines, three_way
 from podnet.cli.trace_service import probe_service, service_trace
 from podnet.policy.evaluate import evaluate, reachability
 from podnet.policy.explain import render_matrix, render_verdict
@@ -66,6 +69,12 @@ Pair = tuple[str, str]
 )
 @click.option("--matrix", "as_matrix", is_flag=True, help="every pair of the selected pods")
 @click.option(
+    "--ofproto",
+    is_flag=True,
+    help="also run OVS's ofproto/trace on the nodes of the local cluster (ovs data plane) "
+    "and compare",
+)
+@click.option(
     "-n", "--namespace", "namespaces", multiple=True, help="with --matrix: only these namespaces"
 )
 @STATE_DIR
@@ -78,6 +87,7 @@ def trace(
     protocol: str | None,
     probe: bool,
     as_matrix: bool,
+    ofproto: bool,
     namespaces: tuple[str, ...],
     state_dir: Path,
 ) -> None:
@@ -89,17 +99,20 @@ def trace(
     podnet trace frontend/web svc/backend/db --port 5432 --probe
     podnet trace default/client 10.128.2.7 --port 53 --protocol udp --probe
     podnet trace --matrix -n frontend -n backend --port 8080 --probe
+    podnet trace --matrix --port 8080 --ofproto --probe
     """
     _check_arguments(src, dst, as_matrix, namespaces)
-    if probe:
+    if probe or ofproto:
         _default_kubeconfig(state, state_dir)
     try:
         kind = _packet(protocol, port, probe)
+        probing = state_dir if probe else None
+        switches = state_dir if ofproto else None
         if as_matrix:
-            code = _trace_matrix(state, kind, namespaces, state_dir if probe else None)
+            code = _trace_matrix(state, kind, namespaces, probing, switches)
         else:
             assert src is not None and dst is not None
-            code = _trace_pair(state, (src, dst), kind, state_dir if probe else None)
+            code = _trace_pair(state, (src, dst), kind, probing, switches)
     except TraceError as exc:
         raise CliError(str(exc)) from exc
     click.get_current_context().exit(code)
@@ -135,28 +148,43 @@ def _packet(protocol: str | None, port: int | None, probe: bool) -> tuple[str, i
 
 
 def _trace_pair(
-    state: CliState, ends: Pair, kind: tuple[str, int | None], state_dir: Path | None
+    state: CliState,
+    ends: Pair,
+    kind: tuple[str, int | None],
+    state_dir: Path | None,
+    switches: Path | None = None,
 ) -> int:
-    """Print the verdict (and the probe's line); the exit code."""
+    """Print the verdict (and the probe's and OVS's lines); the exit code."""
     objects = fetch_objects(state.client())
+    ovs = Ofproto.load(switches, objects.ruleset()) if switches is not None else None
     routed = service_trace(state.client(), objects, ends, kind)
     if routed is not None:
         target, route, verdicts = routed
         click.echo(render_service_trace(ends[0], route, verdicts))
-        if state_dir is None:
-            return 0
-        lines = probe_service(_probe_source(state_dir, target), route, verdicts)
-        click.echo("\n".join(lines))
+        lines = []
+        if ovs is not None:
+            found = [ovs.check([(target.ip, b.ip, v.allowed)], (route.protocol, b.port))[0]
+                     for b, v in verdicts]  # fmt: skip
+            lines += service_lines([f"{b.ip}:{b.port}" for b, _ in verdicts], found)
+        if state_dir is not None:
+            lines += probe_service(_probe_source(state_dir, target), route, verdicts)
+        if lines:
+            click.echo("\n".join(lines))
         return DISAGREEMENT_EXIT if any("DISAGREEMENT" in line for line in lines) else 0
     src, dst = (resolve(end, objects.pods) for end in ends)
     source = _probe_source(state_dir, src) if state_dir is not None else None
     verdict = evaluate(objects.ruleset(), src.ip, dst.ip, *kind)
     click.echo(render_verdict(verdict))
-    if source is None:
-        return 0
-    comparison = _probe(source, dst.ip, kind, verdict.allowed)
-    click.echo(comparison.line())
-    return 0 if comparison.agrees else DISAGREEMENT_EXIT
+    agrees = True
+    if ovs is not None:
+        check = ovs.check([(src.ip, dst.ip, verdict.allowed)], kind)[0]
+        click.echo("\n".join(pair_lines(check)))
+        agrees = check.agrees
+    if source is not None:
+        comparison = _probe(source, dst.ip, kind, verdict.allowed)
+        click.echo(comparison.line())
+        agrees = agrees and comparison.agrees
+    return 0 if agrees else DISAGREEMENT_EXIT
 
 
 def _probe(
@@ -213,20 +241,48 @@ def _trace_matrix(
     kind: tuple[str, int | None],
     namespaces: Sequence[str],
     state_dir: Path | None,
+    switches: Path | None = None,
 ) -> int:
-    """Print the grid (probed, with disagreements marked, when ``state_dir``); exit code."""
+    """Print the grid (probed, with disagreements marked, when ``state_dir``), then OVS's
+    verdicts (``switches``); the exit code."""
     ruleset = fetch_objects(state.client()).ruleset()
+    ovs = Ofproto.load(switches, ruleset) if switches is not None else None
     endpoints = select_endpoints(ruleset, namespaces)
     names = [e.key for e in endpoints]
     allowed = reachability(ruleset, *kind, endpoints=endpoints)
     if state_dir is None:
         click.echo(render_matrix(names, allowed))
         click.echo(matrix_legend(ruleset, *kind))
-        return 0
+        return _ofproto_matrix(ovs, ruleset, names, allowed, kind, None)
     probed = _probe_matrix(ruleset, names, allowed, kind, state_dir)
     click.echo(render_probed_matrix(names, allowed, probed))
     click.echo(matrix_legend(ruleset, *kind))
-    return 0 if all(c.agrees for c in probed.values()) else DISAGREEMENT_EXIT
+    agreed = {pair: c.agrees for pair, c in probed.items()}
+    code = _ofproto_matrix(ovs, ruleset, names, allowed, kind, agreed)
+    return code if all(agreed.values()) else DISAGREEMENT_EXIT
+
+
+def _ofproto_matrix(
+    ovs: Ofproto | None,
+    ruleset: RuleSet,
+    names: Sequence[str],
+    allowed: Mapping[Pair, bool],
+    kind: tuple[str, int | None],
+    probed: Mapping[Pair, bool] | None,
+) -> int:
+    """OVS's verdict for every ordered pair of distinct pods (and the three-way summary
+    with ``probed``); the exit code."""
+    if ovs is None:
+        return 0
+    ips = {e.key: e.ip for e in ruleset.endpoints}
+    pairs = [(s, d) for s in names for d in names if s != d]
+    found = ovs.check([(ips[s], ips[d], allowed[(s, d)]) for s, d in pairs], kind)
+    click.echo("\n".join(matrix_lines(pairs, found)))
+    agrees = all(c.agrees for c in found)
+    if probed is not None:
+        lines, agrees = three_way(dict(zip(pairs, found, strict=True)), probed)
+        click.echo("\n".join(lines))
+    return 0 if agrees else DISAGREEMENT_EXIT
 
 
 def _probe_matrix(
