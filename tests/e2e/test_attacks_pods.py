@@ -36,7 +36,7 @@ from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.linux.desired import vtep_mac
 from podnet.model.kinds import NETWORK_POLICY
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -92,7 +92,9 @@ def udp_denied(src_ns: str, ip: IPv4Address) -> bool:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("pn-attacks")
     try:
-        spec = lifecycle.ClusterSpec(nodes=3, tunnel="vxlan", plugin="networkpolicy")
+        spec = lifecycle.ClusterSpec(
+            nodes=3, tunnel="vxlan", plugin="networkpolicy", dataplane=TEST_DATAPLANE
+        )
         lifecycle.cluster_up(state_dir, spec, say=print)
         for name, node in PLACEMENT.items():
             pods.run_pod(state_dir, name, NS, node, {"role": ROLES[name]})

@@ -33,6 +33,7 @@ from podnet.cluster.state import ClusterState
 from podnet.testing.chaos import Churn, Runtime
 from podnet.testing.chaoscheck import check_all, leak_problems, wait_api_agrees
 from podnet.testing.chaoskill import Victim, kill, pick, restart, seeded, wait_master_ready
+from podnet.testing.e2e import TEST_DATAPLANE
 from podnet.testing.e2e import load_state as load
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -52,7 +53,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A 2-node vxlan cluster; down at the end, checked to leave no namespace."""
     state_dir = tmp_path_factory.mktemp("pn-chaos")
     try:
-        spec = lifecycle.ClusterSpec(nodes=NODES, etcd_members=ETCD_MEMBERS, masters=MASTERS)
+        spec = lifecycle.ClusterSpec(
+            nodes=NODES,
+            etcd_members=ETCD_MEMBERS,
+            masters=MASTERS,
+            dataplane=TEST_DATAPLANE,
+        )
         lifecycle.cluster_up(state_dir, spec, say=print)
         yield state_dir
     finally:

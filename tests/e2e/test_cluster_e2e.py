@@ -24,7 +24,7 @@ from podnet import netns
 from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
-from podnet.testing.e2e import Ping, wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, Ping, wait_for
 from podnet.testing.e2e import load_state as load
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -40,7 +40,7 @@ def cluster(
     """A 3-node cluster with 2 echo pods per node; yields its state dir."""
     state_dir = tmp_path_factory.mktemp(f"pn-{request.param}")
     try:
-        spec = lifecycle.ClusterSpec(nodes=NODES, tunnel=request.param)
+        spec = lifecycle.ClusterSpec(nodes=NODES, tunnel=request.param, dataplane=TEST_DATAPLANE)
         lifecycle.cluster_up(state_dir, spec, say=print)
         for k in range(1, NODES + 1):
             for j in range(PODS_PER_NODE):
@@ -126,7 +126,9 @@ def test_full_mesh_ping_and_tcp(cluster: Path) -> None:
 def test_cluster_up_again_changes_nothing(cluster: Path) -> None:
     before = load(cluster)
     lifecycle.cluster_up(
-        cluster, lifecycle.ClusterSpec(nodes=NODES, tunnel=before.tunnel), say=print
+        cluster,
+        lifecycle.ClusterSpec(nodes=NODES, tunnel=before.tunnel, dataplane=before.dataplane),
+        say=print,
     )
     after = load(cluster)
     assert after.namespaces == before.namespaces

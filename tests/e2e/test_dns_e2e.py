@@ -33,7 +33,7 @@ from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, EXTERNAL_OFFSET
 from podnet.model.kinds import SERVICE
 from podnet.testing.cli import run_podnet
-from podnet.testing.e2e import cluster_down_with_logs, wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, cluster_down_with_logs, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -129,7 +129,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("pn-dns")
     state_dir = tmp / "state"
     try:
-        spec = lifecycle.ClusterSpec(nodes=2, dns_upstreams=(EXTERNAL_IP,))
+        spec = lifecycle.ClusterSpec(
+            nodes=2, dns_upstreams=(EXTERNAL_IP,), dataplane=TEST_DATAPLANE
+        )
         lifecycle.cluster_up(state_dir, spec, say=print)
         with upstream(tmp) as log:
             ips = {}

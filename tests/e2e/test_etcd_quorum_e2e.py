@@ -22,7 +22,7 @@ from podnet.cluster import lifecycle, pods
 from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.nodes import node_paths
 from podnet.cluster.state import PodRecord
-from podnet.testing.e2e import Ping, wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, Ping, wait_for
 from podnet.testing.e2e import load_state as load
 
 PINGS = 400  # at 50 ms: 20 s, longer than the outage below
@@ -33,7 +33,7 @@ def ha_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """2 nodes, 3 etcd members, 2 masters, one echo pod per node."""
     state_dir = tmp_path_factory.mktemp("pn-ha")
     try:
-        spec = lifecycle.ClusterSpec(nodes=2, etcd_members=3, masters=2)
+        spec = lifecycle.ClusterSpec(nodes=2, etcd_members=3, masters=2, dataplane=TEST_DATAPLANE)
         lifecycle.cluster_up(state_dir, spec, say=print)
         pods.run_pod(state_dir, "qa", node="node1")
         pods.run_pod(state_dir, "qb", node="node2")

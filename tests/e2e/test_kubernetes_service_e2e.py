@@ -17,7 +17,7 @@ import pytest
 from podnet.cluster import lifecycle, pods
 from podnet.model.kinds import CLUSTER_NETWORK, ENDPOINTS, SERVICE
 from podnet.testing.api import kubeconfig_parts
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,7 +43,9 @@ MASTER = "192.168.100.241"  # master 1 on the default underlay
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     state_dir = tmp_path_factory.mktemp("pn-kube-svc")
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=1), say=print)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=1, dataplane=TEST_DATAPLANE), say=print
+        )
         with pods.admin_api(state_dir) as api:
             network = IPv4Network(api.get(CLUSTER_NETWORK, "default")["serviceNetwork"])
         yield state_dir, str(network.network_address + 1)

@@ -27,7 +27,7 @@ from podnet.cluster.state import ClusterState
 from podnet.ipam.reservations import well_formed
 from podnet.testing.chaos import quick_api
 from podnet.testing.chaoscheck import ipam_files, pod_port_elements, pod_veths
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 NETWORK = "podnet"
@@ -37,7 +37,9 @@ NETWORK = "podnet"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     state_dir = tmp_path_factory.mktemp("pn-crash")
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=1), say=print)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=1, dataplane=TEST_DATAPLANE), say=print
+        )
         yield state_dir
     finally:
         lifecycle.cluster_down(state_dir, say=print)

@@ -16,7 +16,7 @@ import pytest
 from podnet.cluster import lifecycle, pods
 from podnet.cluster.state import ClusterState
 from podnet.model.kinds import ENDPOINTS, POD, SERVICE
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -27,7 +27,9 @@ NS = "ex"
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("pn-exit")
     try:
-        lifecycle.cluster_up(directory, lifecycle.ClusterSpec(nodes=1), say=print)
+        lifecycle.cluster_up(
+            directory, lifecycle.ClusterSpec(nodes=1, dataplane=TEST_DATAPLANE), say=print
+        )
         with pods.admin_api(directory) as api:
             pods.ensure_namespace(api, NS)
             service = {

@@ -31,7 +31,7 @@ from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.state import ClusterState, PodRecord
 from podnet.cluster.underlay import tcp_listens
 from podnet.model.kinds import CLUSTER_NETWORK, ENDPOINTS, HOST_SUBNET, POD, SERVICE
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -101,7 +101,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("pn-ready")
     seen: set[str] = set()
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=1), say=print)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=1, dataplane=TEST_DATAPLANE), say=print
+        )
         with pods.admin_api(state_dir) as api:
             pods.ensure_namespace(api, NS)
             network = api.get(CLUSTER_NETWORK, "default")

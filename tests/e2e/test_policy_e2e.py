@@ -43,6 +43,7 @@ from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
+from podnet.testing.e2e import TEST_DATAPLANE
 from podnet.testing.lab import policy_table
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
 from podnet.testing.probe import SourcePorts, probe_pairs
@@ -143,7 +144,7 @@ def disagreements(traffic: Verdicts, trace: Verdicts) -> list[str]:
 
 
 def up(tmp: Path, plugin: str) -> Cluster:
-    spec = lifecycle.ClusterSpec(nodes=3, plugin=plugin)
+    spec = lifecycle.ClusterSpec(nodes=3, plugin=plugin, dataplane=TEST_DATAPLANE)
     lifecycle.cluster_up(tmp, spec, say=print)
     return Cluster(tmp, plugin_name(plugin))
 

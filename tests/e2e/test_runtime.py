@@ -24,7 +24,7 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.testing import tools
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.podman import IMAGE, PodmanEnv
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -34,7 +34,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     state_dir = tmp_path_factory.mktemp("pn-runtime")
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=2), say=print)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=2, dataplane=TEST_DATAPLANE), say=print
+        )
         pods.run_pod(state_dir, "target", node="node2")
         yield state_dir
     finally:

@@ -28,7 +28,7 @@ from podnet.client import StatusError
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.readiness import ReadinessCheck
 from podnet.model.kinds import CLUSTER_NETWORK, POD, SERVICE
-from podnet.testing.e2e import cluster_down_with_logs, wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, cluster_down_with_logs, wait_for
 from podnet.testing.servicecluster import (
     SETTLE,
     Cluster,
@@ -55,7 +55,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("pn-svc")
     try:
         spec = lifecycle.ClusterSpec(
-            nodes=NODES, master_args=("--external-ip-cidrs", str(EXTERNAL_CIDR))
+            nodes=NODES,
+            master_args=("--external-ip-cidrs", str(EXTERNAL_CIDR)),
+            dataplane=TEST_DATAPLANE,
         )
         lifecycle.cluster_up(state_dir, spec, say=print)
         found = Cluster(state_dir, NS)

@@ -19,7 +19,7 @@ import pytest
 from podnet.cluster import lifecycle, pods
 from podnet.cluster.state import ClusterState
 from podnet.model.kinds import HOST_SUBNET, SERVICE
-from podnet.testing.e2e import wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -55,7 +55,9 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("pn-dns")
     try:
-        lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=2), say=print)
+        lifecycle.cluster_up(
+            state_dir, lifecycle.ClusterSpec(nodes=2, dataplane=TEST_DATAPLANE), say=print
+        )
         ips: dict[str, str] = {}
         with pods.admin_api(state_dir) as api:
             for namespace in (NS, "other"):

@@ -1,9 +1,11 @@
-"""Helpers the tests share: bounded polling (blocking and asyncio) and the cluster's state."""
+"""Helpers the tests share: bounded polling (blocking and asyncio), the cluster's state,
+and the data plane the local clusters of the e2e suites run (``TEST_DATAPLANE``)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import subprocess
 import threading
 import time
@@ -13,7 +15,21 @@ from typing import IO, Any
 
 from podnet import netns
 from podnet.cluster import lifecycle, nodes
-from podnet.cluster.state import ClusterState
+from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState
+
+
+def _test_dataplane() -> str:
+    name = os.environ.get("PODNET_TEST_DATAPLANE", "linux")
+    if name not in CLUSTER_DATAPLANES:
+        raise RuntimeError(
+            f"PODNET_TEST_DATAPLANE={name!r}: one of {', '.join(CLUSTER_DATAPLANES)}"
+        )
+    return name
+
+
+# The one switch of the e2e suites: every local cluster they start runs this data plane
+# (PODNET_TEST_DATAPLANE=ovs runs the same tests on Open vSwitch; default linux).
+TEST_DATAPLANE = _test_dataplane()
 
 
 def wait_for(

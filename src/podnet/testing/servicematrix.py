@@ -25,7 +25,7 @@ from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import SERVICE
 from podnet.policy.servicetrace import expected_reach
 from podnet.policy.trace import fetch_objects
-from podnet.testing.e2e import cluster_down_with_logs, wait_for
+from podnet.testing.e2e import TEST_DATAPLANE, cluster_down_with_logs, wait_for
 
 PORT = 80
 TARGET = 8080
@@ -63,7 +63,7 @@ def matrix_cluster(
     ``keys`` and their Services (``run_pods``); on exit, even when a test failed, each
     agent log's tail is printed (shown for a failed test) and the cluster is torn down."""
     try:
-        spec = lifecycle.ClusterSpec(nodes=node_count, plugin=plugin)
+        spec = lifecycle.ClusterSpec(nodes=node_count, plugin=plugin, dataplane=TEST_DATAPLANE)
         lifecycle.cluster_up(state_dir, spec, say=print)
         run_pods(state_dir, keys, node_count)
         yield state_dir
