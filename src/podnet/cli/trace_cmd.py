@@ -105,6 +105,10 @@ def trace(
     if probe or ofproto:
         _default_kubeconfig(state, state_dir)
     try:
+        if ofproto:
+            from podnet.cluster.ofprototrace import ovs_cluster  # OVS's libraries: only now
+
+            ovs_cluster(state_dir)  # a cluster on another data plane: one line, first
         kind = _packet(protocol, port, probe)
         probing = state_dir if probe else None
         switches = state_dir if ofproto else None

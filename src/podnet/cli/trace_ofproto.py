@@ -18,9 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from podnet.cluster.ofprototrace import OfprotoCheck, OfprotoCluster, checks
 from podnet.policy.model import RuleSet
+
+if TYPE_CHECKING:  # OVS's libraries take a second to import: only for --ofproto
+    from podnet.cluster.ofprototrace import OfprotoCheck, OfprotoCluster
 
 Pair = tuple[str, str]
 Packet = tuple[IPv4Address, IPv4Address, bool]  # src, dst, podnet's verdict
@@ -36,10 +39,14 @@ class Ofproto:
     @staticmethod
     def load(state_dir: Path, rules: RuleSet) -> Ofproto:
         """TraceError (one line) when the cluster at ``state_dir`` has no switches."""
+        from podnet.cluster.ofprototrace import OfprotoCluster
+
         return Ofproto(asyncio.run(OfprotoCluster.load(state_dir)), rules)
 
     def check(self, packets: Sequence[Packet], kind: tuple[str, int | None]) -> list[OfprotoCheck]:
         """OVS's verdict next to podnet's for each packet, in order."""
+        from podnet.cluster.ofprototrace import checks
+
         return asyncio.run(checks(self.cluster, self.rules, packets, *kind))
 
 

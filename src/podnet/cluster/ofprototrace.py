@@ -97,6 +97,20 @@ async def read_node(name: str, node_ip: str, paths: OvsPaths) -> TracedNode:
     return TracedNode(name, OfctlRunner(paths), IPv4Address(node_ip), pods)
 
 
+def ovs_cluster(state_dir: Path) -> ClusterState:
+    """The local cluster at ``state_dir``; TraceError when there is none or it does not
+    run the ovs data plane."""
+    state = ClusterState.load(state_dir)
+    if state is None or not state.cluster_id:
+        raise TraceError(f"--ofproto needs the local cluster, and there is none at {state_dir}")
+    if state.dataplane != DATAPLANE:
+        raise TraceError(
+            f"--ofproto needs the ovs data plane: the local cluster at {state_dir} runs "
+            f"the {state.dataplane} data plane, which has no OpenFlow tables to trace"
+        )
+    return state
+
+
 @dataclass(frozen=True)
 class OfprotoCluster:
     """The local cluster's switches, ready to trace."""
@@ -105,16 +119,8 @@ class OfprotoCluster:
 
     @staticmethod
     async def load(state_dir: Path) -> OfprotoCluster:
-        """Every node of the cluster at ``state_dir``; TraceError when there is none or it
-        does not run the ovs data plane."""
-        state = ClusterState.load(state_dir)
-        if state is None or not state.cluster_id:
-            raise TraceError(f"--ofproto needs the local cluster, and there is none at {state_dir}")
-        if state.dataplane != DATAPLANE:
-            raise TraceError(
-                f"--ofproto needs the ovs data plane: the local cluster at {state_dir} runs "
-                f"the {state.dataplane} data plane, which has no OpenFlow tables to trace"
-            )
+        """Every node of the cluster at ``state_dir`` (see ``ovs_cluster``)."""
+        state = ovs_cluster(state_dir)
         found = [
             await read_node(name, record.ip, node_ovs_paths(state_dir, name))
             for name, record in sorted(state.nodes.items())
