@@ -28,10 +28,12 @@ are dropped. Identity is the IP address: the pipeline has checked every pod's so
     (pod IPs and ipBlock networks on the other field) and the ports (each range as
     aligned ``tp_dst`` blocks, named ports as ``nw_dst,tp_dst`` entries). Rules with
     equal peers and ports share one conjunction over the union of their targets
-    (policies that differ only in whom they select, the common case, cost one
-    conjunction); its id and cookie come from a digest of its peers and ports, so they
-    do not depend on other rules. A single dimension (every address, every packet) is a
-    plain flow per target (``rule_conjunctions`` maps rule ids to conj ids);
+    (policies that differ only in whom they select, the common case, cost one). Its id
+    comes from a digest of the first of its rule ids, not from other rules: a policy
+    whose ports or peers change keeps its id (unless it shared one), so only the flows of
+    what changed are rewritten, not those of all its peers. A single dimension (every
+    address, every packet) is a plain flow per target. ``rule_conjunctions`` maps rule
+    ids to conj ids;
   * an isolated pod without a matching rule is dropped; any other packet is allowed.
 
   Allowed packets are committed to conntrack with the table's mark bit.
@@ -48,8 +50,7 @@ groups of the pods, peers, ports and conjunctions its rules name, nothing else.
 from __future__ import annotations
 
 import functools
-import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
@@ -116,9 +117,9 @@ def pod_cookie(ip: IPv4Address) -> int:
     return cookie(Kind.POLICY_POD, f"pod/{ip}")
 
 
-def conjunction_cookie(table: int, key: str) -> int:
-    """Networkpolicy: one conjunction's ``conj_id`` flow (``key``: what it matches)."""
-    return cookie(Kind.POLICY, f"conjunction/{table}/{key}")
+def conjunction_cookie(table: int, conj_id: int) -> int:
+    """Networkpolicy: one conjunction's ``conj_id`` flow."""
+    return cookie(Kind.POLICY, f"conjunction/{table}/{conj_id}")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -242,39 +243,21 @@ class _Conjunction:
         named = ports.named if rule.direction == EGRESS else None
         return (rule.peers, ports.every_packet, ports.ranges, named)
 
-    def key(self, side: _Direction, texts: _Texts) -> str:
-        """A digest of what it matches (ingress named ports aside), naming it: its conj
-        id and cookie come from it, not from other rules."""
-        peers, named = self.peers, sorted(self.named) if self.egress_named is not None else []
-        text = "\n".join(
-            [
-                f"{side.table} {peers.every_address} {self.every_packet}",
-                " ".join(texts.addresses(peers.pods)),
-                " ".join(texts.networks(peers.blocks)),
-                " ".join(map(str, self.ranges)),
-                " ".join(f"{ip}/{proto}/{port}" for ip, proto, port in named),
-            ]
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
-
 
 @dataclass
 class _Texts:
     """Sorted address texts of the sets one render meets, each set done once (rules share
     their peer sets: the compiler hands out one frozenset per distinct selection)."""
 
-    _done: dict[int, tuple[object, list[str]]] = field(default_factory=dict)
+    _done: dict[int, tuple[frozenset[IPv4Address], list[str]]] = field(default_factory=dict)
 
     def addresses(self, members: frozenset[IPv4Address]) -> list[str]:
-        return self._once(members, lambda: [str(ip) for ip in sorted(members, key=int)])
-
-    def networks(self, blocks: tuple[IPv4Network, ...]) -> list[str]:
-        return self._once(blocks, lambda: [str(net) for net in blocks])
-
-    def _once(self, members: object, make: Callable[[], list[str]]) -> list[str]:
         found = self._done.get(id(members))
         if found is None or found[0] is not members:
-            found = self._done[id(members)] = (members, make())
+            found = self._done[id(members)] = (
+                members,
+                [str(ip) for ip in sorted(members, key=int)],
+            )
         return found[1]
 
 
@@ -308,13 +291,13 @@ class _NetworkPolicy:
                     conj.targets |= targets
                     conj.named |= rule.ports.named_keys
                     conj.rule_ids.append(rule.id)
-            keys = {conj.key(side, self._texts): conj for conj in found.values()}
-            ids = conjunction_ids(keys)
+            named = {min(conj.rule_ids): conj for conj in found.values()}
+            ids = conjunction_ids(named)
             members = Conjunctions(side.table, P_CONJUNCTION)
             plain: set[Flow] = set()
-            for key, conj in sorted(keys.items()):
-                if self._conjunction(side, conj, key, ids[key], members, plain):
-                    self.conjunction_of.update((r, (side.table, ids[key])) for r in conj.rule_ids)
+            for first, conj in sorted(named.items()):
+                if self._conjunction(side, conj, ids[first], members, plain):
+                    self.conjunction_of.update((r, (side.table, ids[first])) for r in conj.rule_ids)
             self._flows += members.flows()
             self._flows += plain
         return self._flows
@@ -349,7 +332,6 @@ class _NetworkPolicy:
         self,
         side: _Direction,
         conj: _Conjunction,
-        key: str,
         conj_id: int,
         members: Conjunctions,
         plain: set[Flow],
@@ -380,7 +362,7 @@ class _NetworkPolicy:
                 members.add(match, group, conj_id, k, len(dimensions))
         self._flows.append(
             Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows,
-                 conjunction_cookie(table, key))
+                 conjunction_cookie(table, conj_id))
         )  # fmt: skip
         return True
 
