@@ -583,3 +583,22 @@ def test_pod_records_survive_only_whole(tmp_path: Path) -> None:
     refs.forget(("c1", "eth0"))
     refs.forget(("c1", "eth0"))
     assert refs.load() == {("c2", "net1"): ("ns", "p2")}
+
+
+async def test_status_writer_never_writes_running_over_a_finished_pod(api: Api) -> None:
+    """The runtime wrote the pod Failed (its process ended): a later running write of the
+    agent (a resync, an ADD retried) keeps the phase and only fixes the addresses."""
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
+    spec = {"containers": [{"name": "c"}], "nodeName": NODE_NAME}
+    await api.registry.create(POD, {"metadata": {"name": "ended"}, "spec": spec}, "default")
+    current = await api.registry.get(POD, "default", "ended")
+    current["status"] = {"phase": "Failed", "podIP": "10.128.0.8", "podIPs": [{"ip": "10.128.0.8"}]}
+    await api.registry.update(POD, current, "default", "ended", "status")
+    client = api.client()
+    writer = PodStatusWriter(client, NODE_NAME, NODE_IP)
+    writer.running(PodRef("default", "ended"), IPv4Address("10.128.0.9"), "cid")
+    await writer.flush(10)
+    pod = await api.pod("ended")
+    assert pod is not None and pod["status"]["phase"] == "Failed"
+    assert pod["status"]["podIP"] == "10.128.0.9" and pod["status"]["hostIP"] == str(NODE_IP)
+    await client.close()
