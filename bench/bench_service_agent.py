@@ -125,11 +125,12 @@ def applied_at(
     log: Path, ports: int, endpoints: int, offset: int = 0
 ) -> tuple[float, float, float] | None:
     """The first log line (after byte ``offset``) saying the agent applied a table of
-    ``ports`` service ports and ``endpoints`` endpoints: its epoch time, and the agent's
-    compile and apply seconds for it."""
+    ``ports`` service ports and ``endpoints`` endpoints, or more (the cluster's own
+    Services, such as ``default/kubernetes``, come on top): its epoch time, and the
+    agent's compile and apply seconds for it."""
     text = log.read_bytes()[offset:].decode(errors="replace")
     for match in APPLIED.finditer(text):
-        if (int(match.group(2)), int(match.group(3))) == (ports, endpoints):
+        if int(match.group(2)) >= ports and int(match.group(3)) >= endpoints:
             stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
             return stamp.timestamp(), float(match.group(4)) / 1000, float(match.group(5)) / 1000
     return None

@@ -25,14 +25,13 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
-import subprocess
 import time
 from collections.abc import Iterable
 
 from podnet.dataplane.interface import DataPlaneError, NodeNetwork
-from podnet.dataplane.linux import nftables
 from podnet.dataplane.linux.libnft import NftRunner
-from podnet.dataplane.linux.servicenft import MANAGED, TABLE_KEY, ServiceNft
+from podnet.dataplane.linux.nftbatch import ElementBatches, element_batch
+from podnet.dataplane.linux.servicenft import MANAGED, SERVICES_TABLE, TABLE_KEY, ServiceNft
 from podnet.dataplane.linux.servicescript import parse_listing, transaction
 from podnet.dataplane.linux.servicetable import ServiceRenderer
 from podnet.services.heap import trim_heap
@@ -53,7 +52,9 @@ class ServiceTableSync:
         self._udp: frozenset[tuple[str, int]] | None = None  # UDP endpoints last applied
         self._last: ServiceTable | None = None  # the table last applied
         self.transactions = 0  # nft transactions run (a no-op sync runs none)
+        self.batched = 0  # of which element batches sent without libnftables
         self._nft: NftRunner | None = None  # made on the node thread, at the first sync
+        self._batches: ElementBatches | None = None  # likewise
 
     def sync(self, node: NodeNetwork, table: ServiceTable) -> bool:
         """Make the kernel's table equal ``table``; True when something changed. A sync
@@ -64,18 +65,20 @@ class ServiceTableSync:
         want = self._renderer.render(table)
         read = not self._known or table is self._last  # at start, and a resync: read it
         marks.append(time.perf_counter())
+        if self._nft is None:
+            self._nft, self._batches = NftRunner(), element_batches()
         if read:
-            self._have = read_table()
+            self._have = read_table(self._nft)
             self._known = True
         marks.append(time.perf_counter())
         script = transaction(self._have, want)
         udp = self._renderer.udp_endpoints()
         marks.append(time.perf_counter())
         if script:
-            if self._nft is None:
-                self._nft = NftRunner()
+            if read and self._last is not None:  # a resync found the kernel's table changed
+                log.warning("service table drifted; repairing: %s", script[:300])
             try:
-                self._nft.run(script)
+                self._run(script, want)
             except DataPlaneError:
                 self._known = False
                 raise
@@ -97,6 +100,18 @@ class ServiceTableSync:
             )
         return bool(script)
 
+    def _run(self, script: str, want: ServiceNft) -> None:
+        """One transaction: element changes of plain sets as a netlink batch (no
+        libnftables cache of 5,000 chains to fetch), the rest through libnftables."""
+        assert self._nft is not None
+        plain = {name: s.type for name, s in want.sets.items() if not s.flags}
+        batch = element_batch(script, TABLE_KEY, plain) if self._batches else None
+        if self._batches is not None and batch is not None:
+            self._batches.run(SERVICES_TABLE, batch)
+            self.batched += 1
+        else:
+            self._nft.run(script)
+
     @property
     def in_process(self) -> bool:
         """Whether transactions run in libnftables (after the first one)."""
@@ -111,30 +126,40 @@ class ServiceTableSync:
         if self._nft is not None:
             self._nft.close()
             self._nft = None
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
 
 
-def read_table() -> ServiceNft | None:
+def element_batches() -> ElementBatches | None:
+    """The netlink socket for element batches (None: none here, libnftables does all)."""
+    try:
+        return ElementBatches()
+    except OSError as err:
+        log.info("no netfilter netlink socket (%s): element changes go through nft", err)
+        return None
+
+
+def read_table(nft: NftRunner) -> ServiceNft | None:
     """The service table in the kernel (None when absent), read without its rules: chain
     names, hooks and comments (the shared chains' digests; a service port's chain is
     named by its content), the definitions of the sets and maps, and the elements of
     those podnet fills one by one (``MANAGED``): not the ``endpoints`` map's, whose
     groups' digests are a set, nor those the packet path adds. Listing every rule of
     5,000 service chains would take ~10 s, the 50,000 endpoints ~1.5 s (``nft list
-    sets`` fetches them too); this takes a fraction of one. (nft 1.0.6 fails a batch of
-    several list commands: one run each.)"""
+    sets`` fetches them too); this takes a fraction of one."""
     family = TABLE_KEY.split()[0]
-    sets_text = _listing(["-t"], f"list sets table {TABLE_KEY}\n")  # definitions only
+    sets_text = nft.listing(f"list sets table {TABLE_KEY}\n", terse=True)
     if sets_text is None:
         return None
-    maps_text = _listing(["-t"], f"list maps {family}\n") or ""
-    terse = sets_text + maps_text
+    terse = sets_text + (nft.listing(f"list maps {family}\n", terse=True) or "")
     elements = "".join(  # of the sets and maps that podnet fills, after their definitions
-        _listing([], f"list {found.kind} {TABLE_KEY} {found.name}\n") or ""
+        nft.listing(f"list {found.kind} {TABLE_KEY} {found.name}\n") or ""
         for found in (parse_listing(own_blocks(terse)) or ServiceNft()).sets.values()
         if found.name in MANAGED
     )
-    chains_text = _listing(["-t"], f"list chains {family}\n") or ""
-    return parse_listing(own_blocks(terse + elements + chains_text))
+    chains = nft.listing(f"list chains {family}\n", terse=True) or ""
+    return parse_listing(own_blocks(terse + elements + chains))
 
 
 def own_blocks(listing: str) -> str:
@@ -150,25 +175,6 @@ def own_blocks(listing: str) -> str:
         else:
             kept.append(line)
     return "\n".join([*kept, "}"]) + "\n"
-
-
-def _listing(flags: list[str], script: str) -> str | None:
-    """``nft [flags] -f -`` running list commands; None when the table does not exist."""
-    try:
-        done = subprocess.run(
-            [nftables.NFT, *flags, "-f", "-"],
-            input=script,
-            capture_output=True,
-            text=True,
-            timeout=nftables.TIMEOUT,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise DataPlaneError(f"nft failed to run: {err}") from err
-    if done.returncode != 0:
-        if "No such file or directory" in done.stderr:
-            return None
-        raise nftables.nft_error(f"listing {TABLE_KEY} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def flush_udp_conntrack(gone: Iterable[tuple[str, int]]) -> int:
