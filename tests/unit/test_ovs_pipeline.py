@@ -194,7 +194,9 @@ def test_route_sends_the_gateway_services_and_the_outside_to_tun0() -> None:
     assert route["ip,nw_dst=10.128.0.0/14"] == f"goto_table:{t.REMOTE}"
     assert route["ip"] == f"goto_table:{t.EGRESS}"
     replies = route[f"ip,ct_state=+trk+rpl,ct_mark={pipeline.VIA_HOST}"]
-    assert replies == f"output:{t.TUN_PORT}", "a service's replies go back through the host"
+    assert replies == f"set_field:0a:58:0a:80:00:01->eth_dst,output:{t.TUN_PORT}", (
+        "a service's replies go back through the host"
+    )
     assert in_table(groups, t.EGRESS) == [Flow(t.EGRESS, 0, "", "output:2", pipeline.node_cookie())]
 
 

@@ -96,6 +96,7 @@ def _flows(cookie_: int, *specs: tuple[int, int, str, str]) -> list[Flow]:
 def node_flows(node: NodeNetwork) -> list[Flow]:
     """The node's own pipeline: conntrack, classification, the fixed routes, defaults."""
     gw, subnet, tun = node.gateway.ip, node.subnet, t.TUN_PORT
+    to_tun = f"set_field:{pod_mac(gw)}->eth_dst"
     specs: list[tuple[int, int, str, str]] = [
         (t.CLASSIFY, 1000, "ip,ct_state=-trk", f"ct(table={t.CLASSIFY})"),
         (t.CLASSIFY, 400, f"ip,in_port={tun},nw_src={gw}", f"goto_table:{t.ROUTE}"),
@@ -111,7 +112,9 @@ def node_flows(node: NodeNetwork) -> list[Flow]:
         (t.VXLAN_IN, 0, "", "drop"),
         (t.POD_IN, 0, "", "drop"),
         (t.HOST_IN, 0, "", f"goto_table:{t.ROUTE}"),
-        (t.ROUTE, 400, f"ip,ct_state=+trk+rpl,ct_mark={VIA_HOST}", f"output:{tun}"),
+        # a reply to a connection that came through the host (a service): back to the
+        # host, addressed to tun0 (a local pod sent it to the client's MAC)
+        (t.ROUTE, 400, f"ip,ct_state=+trk+rpl,ct_mark={VIA_HOST}", f"{to_tun},output:{tun}"),
         (t.ROUTE, 300, f"arp,arp_tpa={gw}", f"output:{tun}"),
         (t.ROUTE, 300, f"ip,nw_dst={gw}", f"output:{tun}"),
         (t.ROUTE, 200, f"arp,arp_tpa={subnet}", f"goto_table:{t.ARP_LOCAL}"),
