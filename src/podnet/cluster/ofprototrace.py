@@ -40,7 +40,7 @@ KIND_NAMES = {
     Kind.NODE: "node",
     Kind.REMOTE_NODE: "remote node",
     Kind.POD: "pod",
-    Kind.ISOLATION: "isolation (VNID)",
+    Kind.ISOLATION: "isolation",
     Kind.POLICY: "policy rule",
     Kind.POLICY_POD: "pod isolation",
     Kind.POLICY_MATCH: "policy match",
