@@ -331,6 +331,7 @@ class NodeAgent:
             self._spawn(name, body)
         if self.config.dns:
             settings = DnsSettings(
+                device=self.config.dns_device,
                 upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
                 pod_records=self.config.dns_pod_records,
             )

@@ -59,6 +59,7 @@ class AgentConfig:
     dns: bool = True  # serve the cluster DNS on the pod subnet's gateway, port 53
     dns_upstream_resolv_conf: Path = DEFAULT_UPSTREAM_RESOLV_CONF
     dns_pod_records: str = "verified"  # verified (watches Pods), insecure or disabled
+    dns_device: str = "br0"  # the gateway's device, which the DNS binds to (ovs: tun0)
 
     @property
     def conflist_path(self) -> Path:

@@ -179,6 +179,7 @@ def node(
         dns=dns,
         dns_upstream_resolv_conf=dns_upstream_resolv_conf,
         dns_pod_records=dns_pod_records,
+        dns_device=registry.implementation(dataplane).gateway_device,
     )
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

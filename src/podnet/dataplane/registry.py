@@ -35,6 +35,7 @@ class Implementation:
     name: str
     summary: str
     factory: Factory
+    gateway_device: str = "br0"  # the device holding the pod gateway (the DNS binds to it)
 
 
 class UnknownDataPlane(LookupError):
@@ -44,11 +45,11 @@ class UnknownDataPlane(LookupError):
 _IMPLEMENTATIONS: dict[str, Implementation] = {}
 
 
-def register(name: str, factory: Factory, summary: str) -> None:
+def register(name: str, factory: Factory, summary: str, gateway_device: str = "br0") -> None:
     """Make ``factory`` available as ``name``; a second registration of a name fails."""
     if name in _IMPLEMENTATIONS:
         raise ValueError(f"data plane {name!r} is already registered")
-    _IMPLEMENTATIONS[name] = Implementation(name, summary, factory)
+    _IMPLEMENTATIONS[name] = Implementation(name, summary, factory, gateway_device)
 
 
 def names() -> list[str]:
@@ -97,5 +98,10 @@ async def _ovs(options: DataPlaneOptions) -> DataPlane:
 
 
 register("linux", _linux, "Linux bridge br0, VXLAN or host-gw routes, nftables")
-register("ovs", _ovs, "Open vSwitch br0 (OpenShift SDN's OpenFlow pipeline), its own daemons")
+register(
+    "ovs",
+    _ovs,
+    "Open vSwitch br0 (OpenShift SDN's OpenFlow pipeline), its own daemons",
+    gateway_device="tun0",
+)
 register("fake", _fake, "in memory, validating; state in the agent's state dir (tests only)")
