@@ -8,6 +8,7 @@ directory of this run, stopped by PID and removed afterwards, even when a test f
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -272,3 +273,54 @@ async def test_a_killed_vswitchd_is_restarted_and_the_node_reprogrammed(ovs: Ovs
     assert ping(a_ns, c.address.ip), "traffic is back"
     status = await planes[1].check_node(lab.network(1))
     assert status.ok, status.problems
+
+
+# --- attacks ------------------------------------------------------------------------------
+
+
+def delivered(ovs: OvsLab, node: int, ip: IPv4Address) -> int:
+    """Packets br0 of ``node`` has delivered to local pod ``ip`` (its LOCAL flow)."""
+    for line in ovs.flows(node, stats=True).splitlines():
+        if "table=70," in line and f"nw_dst={ip} " in line:
+            return int(line.split("n_packets=")[1].split(",")[0])
+    raise AssertionError(f"no delivery flow for {ip}")
+
+
+async def test_a_pod_cannot_route_around_br0_through_its_veths_host_end(ovs: OvsLab) -> None:
+    """The node's kernel sees the frames of a pod's veth host end too: a spoofed packet
+    sent to that end's MAC (learned by hand) must not be routed by the host, around br0's
+    anti-spoofing."""
+    lab = ovs.lab
+    planes = await ovs.up([1, 2])
+    a_ns, a = lab.pod(1, 10, "a")
+    _, c = lab.pod(2, 10, "c")
+    host_end = (await planes[1].attach_pod(a)).host_ifname
+    await planes[2].attach_pod(c)
+    assert ping(a_ns, c.address.ip)
+    (link,) = json.loads(sh(lab.node_ns(1), "ip", "-j", "link", "show", "dev", host_end))
+    mac = link["address"]
+    sh(a_ns, "ip", "addr", "add", "10.128.0.77/23", "dev", "eth0")
+    sh(a_ns, "ip", "neigh", "replace", str(a.gateway), "lladdr", mac, "dev", "eth0")
+    before = delivered(ovs, 2, c.address.ip)
+    assert not ping(a_ns, c.address.ip, "-I", "10.128.0.77", count=3)
+    assert delivered(ovs, 2, c.address.ip) == before, "the spoofed packets reached c"
+
+
+async def test_a_vnid_the_receiver_does_not_know_for_the_source_is_dropped(ovs: OvsLab) -> None:
+    """Multitenant: the VNID in tun_id is checked against the VNID the receiving node
+    knows for the inner source; a sender that claims another one is not believed."""
+    lab = ovs.lab
+    planes = await ovs.up([1, 2])
+    _, a = lab.pod(1, 10, "a")
+    c_ns, c = lab.pod(2, 10, "c")
+    await planes[1].attach_pod(a)
+    await planes[2].attach_pod(c)
+    truth = multitenant({a.address.ip: 10, c.address.ip: 11})
+    await planes[1].sync_policy(lab.network(1), truth)
+    lie = multitenant({a.address.ip: 10, c.address.ip: 10})  # node 2 puts c in a's project
+    await planes[2].sync_policy(lab.network(2), lie)
+    before = delivered(ovs, 1, a.address.ip)
+    assert not ping(c_ns, a.address.ip, count=3)
+    assert delivered(ovs, 1, a.address.ip) == before
+    await planes[1].sync_policy(lab.network(1), lie)  # both agree: it passes
+    assert ping(c_ns, a.address.ip)
