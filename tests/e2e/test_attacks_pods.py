@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -34,8 +33,8 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
-from podnet.dataplane.linux.desired import vtep_mac
 from podnet.model.kinds import NETWORK_POLICY
+from podnet.testing import planeview
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
@@ -110,35 +109,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 # --- finding 1: VXLAN injection -------------------------------------------------------
 
 
-def tunnel(cluster: Cluster, node: str) -> tuple[int, int]:
-    """The VNI and UDP port of ``node``'s vxlan0, as the kernel reports them."""
-    out = subprocess.run(
-        ["ip", "-j", "-d", "-n", cluster.state.nodes[node].netns, "link", "show", "vxlan0"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=10,
-    ).stdout
-    data = json.loads(out)[0]["linkinfo"]["info_data"]
-    return int(data["id"]), int(data["port"])
-
-
 def gateway(cluster: Cluster, node: str) -> IPv4Address:
-    """``node``'s address on br0 (its pods' gateway)."""
-    out = subprocess.run(
-        ["ip", "-j", "-4", "-n", cluster.state.nodes[node].netns, "addr", "show", "br0"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=10,
-    ).stdout
-    return IPv4Address(json.loads(out)[0]["addr_info"][0]["local"])
+    """``node``'s pods' gateway address (on br0 for linux, tun0 for ovs)."""
+    return planeview.gateway(cluster.state, node)
 
 
 def frame(cluster: Cluster, node: str, to: IPv4Address, target: str, token: str) -> Forgery:
-    """A frame for ``node``'s VTEP, sent to ``to``, forging the victim toward ``target``."""
-    vni, port = tunnel(cluster, node)
-    mac = vtep_mac(cluster.node_ip(node))
+    """A frame for ``node``'s VTEP, sent to ``to``, forging the victim toward ``target``:
+    the tunnel id, UDP port and inner MAC the node's real peers use (``planeview.tunnel``)."""
+    vni, port, mac = planeview.tunnel(cluster.state_dir, cluster.state, node)
     victim = cluster.pod_ip("victim")
     return Forgery(to, port, vni, mac, victim, cluster.pod_ip(target), TARGET_PORT, token)
 

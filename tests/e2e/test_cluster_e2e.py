@@ -24,6 +24,7 @@ from podnet import netns
 from podnet.cluster import lifecycle, matrix, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_log
+from podnet.testing import planeview
 from podnet.testing.e2e import TEST_DATAPLANE, Ping, wait_for
 from podnet.testing.e2e import load_state as load
 
@@ -55,9 +56,11 @@ def _down_and_check(state_dir: Path) -> None:
     for name in state.nodes if state else ():
         log = nodes.node_paths(state_dir, name).agent_log
         print(f"--- {log} (tail)\n{nodes.log_tail(log, 15)}")  # shown when a test failed
+    switches = planeview.switch_pids(state_dir, state) if state else {}
     lifecycle.cluster_down(state_dir, say=print)
     if state is None:
         return
+    assert not planeview.switches_left(switches), "OVS daemons left"
     left = [name for name in state.namespaces if netns.exists(name)]
     assert not left, f"namespaces left behind: {left}"
     records = [n.agent for n in state.nodes.values()] + [p.process for p in state.pods.values()]
@@ -75,16 +78,6 @@ def ip_json(namespace: str, *args: str) -> list[dict[str, Any]]:
 def ip_text(namespace: str, *args: str) -> str:
     return subprocess.run(
         ["ip", "-n", namespace, *args], capture_output=True, text=True, check=True, timeout=10
-    ).stdout
-
-
-def bridge_fdb(namespace: str) -> str:
-    return subprocess.run(
-        ["bridge", "-n", namespace, "fdb", "show"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=10,
     ).stdout
 
 
@@ -161,6 +154,7 @@ def test_agent_crash_and_restart_lose_no_packet(cluster: Path) -> None:
     restarted = [state.nodes["node1"], state.nodes["node2"]]
     links = {n.name: link_snapshot(n.netns) for n in restarted}
     addrs = {n.name: addr_snapshot(n.netns) for n in restarted}
+    flows = {n.name: planeview.switch_flows(cluster, state, n.name) for n in restarted}
     old_pids = {n.name: n.agent.pid for n in restarted if n.agent}
     ping = Ping(src.netns, dst.ip, 400, 0.02)
     try:
@@ -180,6 +174,8 @@ def test_agent_crash_and_restart_lose_no_packet(cluster: Path) -> None:
         assert node.agent is not None and node.agent.pid != old_pids[node.name]
         assert link_snapshot(node.netns) == links[node.name], f"links changed on {node.name}"
         assert addr_snapshot(node.netns) == addrs[node.name], f"addresses changed on {node.name}"
+        now = planeview.switch_flows(cluster, state, node.name)
+        assert now == flows[node.name], f"OpenFlow table changed on {node.name}"
     again = matrix.probe_pair(
         matrix.Endpoint(src.name, src.node, src.ip, src.netns),
         matrix.Endpoint(dst.name, dst.node, dst.ip, dst.netns),
@@ -220,9 +216,10 @@ def test_deleting_a_node_removes_its_routes_and_fdb_and_releases_its_subnet(clus
     with pods.admin_api(cluster) as api:
         subnet = nodes.host_subnet(api, gone.name)
         assert subnet
-        # Routes (both backends) and, for vxlan, FDB entries towards node3 exist first.
+        # Routes (both backends) and, for vxlan, FDB entries (linux) or br0 flows (ovs)
+        # towards node3 exist first.
         for node in others:
-            text = ip_text(node.netns, "route") + bridge_fdb(node.netns)
+            text = planeview.remote_node_state(cluster, state, node)
             assert subnet in text or gone.ip in text, text
         nodes.stop_agent(gone)  # so it cannot register its Node again
         api.delete("nodes", gone.name)
@@ -230,7 +227,8 @@ def test_deleting_a_node_removes_its_routes_and_fdb_and_releases_its_subnet(clus
 
     def forgotten() -> bool:
         return all(
-            subnet not in ip_text(n.netns, "route") and gone.ip not in bridge_fdb(n.netns)
+            subnet not in (text := planeview.remote_node_state(cluster, state, n))
+            and gone.ip not in text
             for n in others
         )
 

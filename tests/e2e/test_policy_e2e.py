@@ -36,15 +36,13 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
 from podnet.controllers.config import plugin_name
-from podnet.dataplane.linux.policyscript import parse_listing, transaction
-from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import NAMESPACE, NETWORK_POLICY, POD
 from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
+from podnet.testing import planeview
 from podnet.testing.cli import run_podnet
 from podnet.testing.e2e import TEST_DATAPLANE
-from podnet.testing.lab import policy_table
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
 from podnet.testing.probe import SourcePorts, probe_pairs
 
@@ -82,16 +80,9 @@ class Cluster:
             return fetch_objects(api).ruleset()
 
     def behind(self, rules: RuleSet) -> list[str]:
-        """The nodes whose policy table in the kernel is not yet ``rules`` rendered for
-        them (read back from the kernel and compared as a transaction: none needed)."""
-        late = []
-        for name, node in self.state().nodes.items():
-            want = PolicyRenderer(name).render(rules)
-            done = netns.run(node.netns, ["nft", "-t", "list", "table", *TABLE_KEY.split()], 30)
-            have = parse_listing(done.stdout) if done.returncode == 0 else None
-            if transaction(have, want):
-                late.append(name)
-        return late
+        """The nodes whose data plane does not hold ``rules`` rendered for them yet (linux:
+        the nftables table, ovs: br0's tables 21 and 80; see ``planeview``)."""
+        return planeview.policy_behind(self.state_dir, self.state(), rules)
 
     def converge(self) -> RuleSet:
         """Wait until every node's kernel holds the rules the API's objects compile to."""
@@ -362,7 +353,7 @@ def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
     """Each node: the table now, then its agent stopped, the table deleted, the agent
     started afresh on the same objects; the two tables must be equal."""
     state = cluster.state()
-    tables = {name: policy_table(node.netns) for name, node in state.nodes.items()}
+    tables = planeview.snapshots(cluster.state_dir, state)
     assert any(tables.values()), (
         "no node holds a policy table"
     )  # nodes without isolated pods hold none
@@ -370,11 +361,11 @@ def assert_fresh_agent_builds_the_same(cluster: Cluster) -> None:
         for name, node in state.nodes.items():
             before = tables[name]
             nodes.stop_agent(node)
-            netns.run(node.netns, ["nft", "delete", "table", "inet", "podnet_policy"], timeout=30)
+            planeview.drop_policy(cluster.state_dir, state, name)
             nodes.start_agent(state, node, cluster.state_dir)
             nodes.wait_agent_ready(node, cluster.state_dir, api)
             cluster.converge()
-            assert policy_table(node.netns) == before, name
+            assert planeview.policy_snapshot(cluster.state_dir, state, name) == before, name
         state.save(cluster.state_dir)
 
 

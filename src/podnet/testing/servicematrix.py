@@ -15,16 +15,14 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from podnet import netns
 from podnet.cli.trace_service import service_trace
 from podnet.cluster import lifecycle, pods
 from podnet.cluster.matrix import Endpoint, tcp_probe
 from podnet.cluster.state import ClusterState
-from podnet.dataplane.linux.policyscript import parse_listing, transaction
-from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.model.kinds import SERVICE
 from podnet.policy.servicetrace import expected_reach
 from podnet.policy.trace import fetch_objects
+from podnet.testing import planeview
 from podnet.testing.e2e import TEST_DATAPLANE, cluster_down_with_logs, wait_for
 
 PORT = 80
@@ -144,16 +142,10 @@ def matrix_becomes(state_dir: Path, keys: Sequence[str], expected: str, timeout:
 
 
 def policies_applied(state_dir: Path) -> bool:
-    """Whether every node's policy table in the kernel is what the API's objects compile
-    to for it (read back and compared as a transaction: none needed)."""
+    """Whether every node's data plane holds the policy the API's objects compile to for
+    it (nftables table or br0's policy flows, see ``planeview.policy_behind``)."""
     state = ClusterState.load(state_dir)
     assert state is not None
     with pods.admin_api(state_dir) as api:
         rules = fetch_objects(api).ruleset()
-    for name, node in state.nodes.items():
-        want = PolicyRenderer(name).render(rules)
-        listing = ["nft", "-t", "list", "table", *TABLE_KEY.split()]
-        done = netns.run(node.netns, listing, 30)
-        if transaction(parse_listing(done.stdout) if done.returncode == 0 else None, want):
-            return False
-    return True
+    return not planeview.policy_behind(state_dir, state, rules)

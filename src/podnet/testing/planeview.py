@@ -1,0 +1,222 @@
+"""What the e2e suites look at inside a node's data plane, on linux or on ovs.
+
+The suites run the same behaviour tests on either data plane (``TEST_DATAPLANE``). A few
+of them also look inside a node: whether its policy is in place yet, what it holds for
+a remote node, the tunnel parameters a forged VXLAN frame needs. Each such look has the
+same meaning on both planes and a different place to read it from:
+
+- linux: nftables' ``inet podnet_policy`` table, routes and the bridge's FDB, ``vxlan0``
+  (a kernel device, its VNI and port) and ``br0`` (the gateway);
+- ovs: br0's OpenFlow tables 21 and 80 (``policyflows``), br0's flows towards a remote
+  node (``tun_dst``/``tun_src``), ``vxlan0`` as an OVS port (``key=flow``: the VNID of the
+  sender's namespace, 0 outside multitenant) and ``tun0`` (the gateway), all read from
+  the root namespace through the node's own OVS sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+from podnet import netns
+from podnet.cluster.ovsnodes import node_ovs_base, running
+from podnet.cluster.state import ClusterState, NodeRecord
+from podnet.dataplane.linux.desired import vtep_mac
+from podnet.dataplane.linux.policyscript import parse_listing, transaction
+from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
+from podnet.dataplane.ovs import tables as t
+from podnet.dataplane.ovs.flow import Flow, flows_text
+from podnet.dataplane.ovs.instance import OvsPaths
+from podnet.dataplane.ovs.ovsdb import Ovsdb
+from podnet.dataplane.ovs.ovspods import attachment_of
+from podnet.dataplane.ovs.policyflows import LocalView, policy_groups
+from podnet.policy.model import RuleSet
+from podnet.testing.lab import policy_table
+
+POLICY_TABLES = (t.EGRESS_POLICY, t.ISOLATION)  # tables 21 and 80: what policyflows owns
+OVS_GLOBAL_VNID = 0  # the tunnel id of every pod outside multitenant mode
+
+
+def _ovs(state_dir: Path, node: str) -> OvsPaths:
+    return OvsPaths(node_ovs_base(state_dir, node))
+
+
+def ofctl(state_dir: Path, node: str, *args: str) -> str:
+    """``ovs-ofctl -O OpenFlow13 ARGS`` against ``node``'s own switch; its output."""
+    done = subprocess.run(
+        ["ovs-ofctl", "-O", "OpenFlow13", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_ovs(state_dir, node).env(),
+    )
+    if done.returncode not in (0, 2):  # diff-flows exits 2 when it found differences
+        raise RuntimeError(f"ovs-ofctl {' '.join(args)} on {node}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def br0_flows(state_dir: Path, node: str, match: str = "") -> str:
+    """br0's flows on ``node`` as ``dump-flows --no-stats`` shows them."""
+    return ofctl(state_dir, node, "--no-stats", "--no-names", "dump-flows", t.BRIDGE, match)
+
+
+def _policy_dump(state_dir: Path, node: str) -> list[str]:
+    lines: list[str] = []
+    for table in POLICY_TABLES:
+        lines += br0_flows(state_dir, node, f"table={table}").splitlines()
+    return sorted(line.strip() for line in lines if "actions=" in line)
+
+
+def ovs_port_numbers(state_dir: Path, node: str) -> dict[IPv4Address, int]:
+    """The node's pods (by IP) and their OpenFlow port numbers, from its OVSDB."""
+
+    async def read() -> dict[IPv4Address, int]:
+        db = await Ovsdb.connect(_ovs(state_dir, node).db_socket)
+        try:
+            found = {}
+            for port in await db.ports(t.BRIDGE):
+                pod = attachment_of(port.name, port.external_ids)
+                if pod is not None and port.ofport > 0:
+                    found[pod.address.ip] = port.ofport
+            return found
+        finally:
+            await db.close()
+
+    return asyncio.run(read())
+
+
+def gateway(state: ClusterState, node: str) -> IPv4Address:
+    """``node``'s address towards its pods: on br0 (linux) or tun0 (ovs)."""
+    device = t.TUN if state.dataplane == "ovs" else "br0"
+    links = _ip_json(state.nodes[node].netns, "-4", "addr", "show", device)
+    return IPv4Address(links[0]["addr_info"][0]["local"])
+
+
+def _ip_json(namespace: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        ["ip", "-j", "-n", namespace, *args], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    return list(json.loads(out or "[]"))
+
+
+def tunnel(state_dir: Path, state: ClusterState, node: str) -> tuple[int, int, str]:
+    """What a VXLAN frame for ``node``'s VTEP carries: tunnel id, UDP port, inner MAC."""
+    record = state.nodes[node]
+    if state.dataplane == "ovs":
+        db = f"--db=unix:{_ovs(state_dir, node).db_socket}"
+        done = subprocess.run(
+            ["ovs-vsctl", db, "get", "Interface", t.VXLAN, "options:dst_port"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+        link = _ip_json(record.netns, "link", "show", t.TUN)[0]
+        return OVS_GLOBAL_VNID, int(done.stdout.strip().strip('"')), str(link["address"])
+    info = _ip_json(record.netns, "-d", "link", "show", "vxlan0")[0]["linkinfo"]["info_data"]
+    return int(info["id"]), int(info["port"]), vtep_mac(IPv4Address(record.ip))
+
+
+def switch_flows(state_dir: Path, state: ClusterState, node: str) -> str | None:
+    """ovs: br0's whole flow table on ``node`` (no counters); linux: None (no switch)."""
+    return br0_flows(state_dir, node) if state.dataplane == "ovs" else None
+
+
+def switch_pids(state_dir: Path, state: ClusterState) -> dict[int, bytes]:
+    """The nodes' running OVS daemons: PID → command line (none on linux)."""
+    found = {}
+    for name in state.nodes:
+        for pid in running(node_ovs_base(state_dir, name)).values():
+            found[pid] = _cmdline(pid)
+    return found
+
+
+def switches_left(before: Mapping[int, bytes]) -> list[int]:
+    """The daemons of ``switch_pids`` still running (the same PID and command line)."""
+    return [pid for pid, line in before.items() if _cmdline(pid) == line]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def remote_node_state(state_dir: Path, state: ClusterState, node: NodeRecord) -> str:
+    """What ``node`` holds to reach other nodes: its routes, and its bridge's FDB (linux)
+    or br0's flows (ovs), as text to look for a remote's subnet or IP in."""
+    routes = subprocess.run(
+        ["ip", "-n", node.netns, "route"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    if state.dataplane == "ovs":
+        return routes + br0_flows(state_dir, node.name)
+    fdb = subprocess.run(
+        ["bridge", "-n", node.netns, "fdb", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    return routes + fdb
+
+
+def policy_behind(state_dir: Path, state: ClusterState, rules: RuleSet) -> list[str]:
+    """The nodes whose data plane does not hold ``rules`` rendered for them yet: linux,
+    the nftables table (compared as a transaction: none needed); ovs, br0's tables 21 and
+    80 (compared by ``ovs-ofctl diff-flows``: no difference)."""
+    late = []
+    for name, node in state.nodes.items():
+        if state.dataplane == "ovs":
+            held = _ovs_policy_held(state_dir, state, name, rules)
+        else:
+            done = netns.run(node.netns, ["nft", "-t", "list", "table", *TABLE_KEY.split()], 30)
+            have = parse_listing(done.stdout) if done.returncode == 0 else None
+            held = not transaction(have, PolicyRenderer(name).render(rules))
+        if not held:
+            late.append(name)
+    return late
+
+
+def _ovs_policy_held(state_dir: Path, state: ClusterState, name: str, rules: RuleSet) -> bool:
+    node = state.nodes[name]
+    addresses = frozenset({IPv4Address(node.ip), gateway(state, name)})
+    view = LocalView(name, ovs_port_numbers(state_dir, name), addresses)
+    want = [flow for flows in policy_groups(view, rules).values() for flow in flows]
+    return not _differences(state_dir, name, "\n".join(_policy_dump(state_dir, name)), want)
+
+
+def _differences(state_dir: Path, node: str, have: str, want: list[Flow]) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        have_file, want_file = Path(folder) / "have", Path(folder) / "want"
+        have_file.write_text(have + "\n")
+        want_file.write_text(flows_text(want))
+        return ofctl(state_dir, node, "diff-flows", str(have_file), str(want_file))
+
+
+def policy_snapshot(state_dir: Path, state: ClusterState, name: str) -> object:
+    """``name``'s policy as held now, comparable with a later snapshot (None: no table)."""
+    if state.dataplane == "ovs":
+        return _policy_dump(state_dir, name) or None
+    return policy_table(state.nodes[name].netns)
+
+
+def drop_policy(state_dir: Path, state: ClusterState, name: str) -> None:
+    """Remove ``name``'s policy from its data plane (as a crash or an admin could)."""
+    if state.dataplane == "ovs":
+        for table in POLICY_TABLES:
+            ofctl(state_dir, name, "del-flows", t.BRIDGE, f"table={table}")
+        return
+    argv = ["nft", "delete", "table", *TABLE_KEY.split()]
+    netns.run(state.nodes[name].netns, argv, timeout=30)
+
+
+def snapshots(state_dir: Path, state: ClusterState) -> Mapping[str, object]:
+    """Every node's ``policy_snapshot``."""
+    return {name: policy_snapshot(state_dir, state, name) for name in state.nodes}
