@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
+from podnet.client import NotFound
 from podnet.cluster import lifecycle, pods
 from podnet.cluster.ofprototrace import node_ovs_paths, read_node
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import flows_text
 from podnet.dataplane.ovs.policyflows import LocalView, policy_flows
-from podnet.model.kinds import NAMESPACE, NETWORK_POLICY
+from podnet.model.kinds import ENDPOINTS, NAMESPACE, NETWORK_POLICY, SERVICE
 from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
 from podnet.testing.cli import run_podnet
@@ -172,6 +173,33 @@ def test_one_pair_across_nodes_names_the_deciding_flows(cluster: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ofproto/trace: DENIED (OVS agrees)" in done.stdout
     assert done.stdout.splitlines()[-1] == "probe: no answer (data plane agrees)"
+
+
+def test_service_endpoints_are_traced(cluster: Path) -> None:
+    """svc/x/web (pod x/a behind it): each endpoint traced as the packet after DNAT."""
+    with pods.admin_api(cluster) as api:
+        spec = {"selector": {"pod": "a"}, "ports": [{"port": 80, "targetPort": 80}]}
+        meta = {"name": "web", "namespace": "x"}
+        body = {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+        api.create(SERVICE, body, namespace="x")
+
+        def ready() -> bool:
+            subsets = api.get(ENDPOINTS, "web", "x").get("subsets") or []
+            return any(subset.get("addresses") for subset in subsets)
+
+        wait_for(ready, SYNC_TIMEOUT, "the endpoints of x/web", ignore=(NotFound,))
+    converge(cluster)
+    state = ClusterState.load(cluster)
+    assert state is not None
+    backend = f"{pods.find_pod(state, 'a', 'x').ip}:80"
+    done = trace(cluster, "x/b", "svc/x/web", "--port", "80", "--ofproto", "--probe")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{backend}: ofproto/trace: ALLOWED (OVS agrees)" in done.stdout
+    assert f"{backend}: probe: connected (data plane agrees)" in done.stdout
+    done = trace(cluster, "y/a", "svc/x/web", "--port", "80", "--ofproto", "--probe")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{backend}: ofproto/trace: DENIED (OVS agrees)" in done.stdout
+    assert "pod isolation" in done.stdout and "=> drop" in done.stdout
 
 
 def pod_flows(state_dir: Path, node: str, ip: str) -> list[str]:

@@ -15,7 +15,6 @@ Nothing here changes the switch: a trace is a lookup, not a packet.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface
@@ -229,19 +228,3 @@ async def checks(
         OfprotoCheck(allowed, await cluster.verdict(rules, src, dst, protocol, port))
         for src, dst, allowed in packets
     ]
-
-
-def check_all(
-    state_dir: Path,
-    rules: RuleSet,
-    packets: Sequence[tuple[IPv4Address, IPv4Address, bool]],
-    protocol: str,
-    port: int | None,
-) -> list[OfprotoCheck]:
-    """Load the cluster's switches and check every packet (blocking; for the CLI)."""
-
-    async def both() -> list[OfprotoCheck]:
-        cluster = await OfprotoCluster.load(state_dir)
-        return await checks(cluster, rules, packets, protocol, port)
-
-    return asyncio.run(both())
