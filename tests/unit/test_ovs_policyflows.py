@@ -86,16 +86,15 @@ def test_conjunction_ids_probe_past_collisions(monkeypatch: pytest.MonkeyPatch) 
 
 def test_conjunctions_merge_shared_members() -> None:
     conj = Conjunctions(21, 200)
-    conj.add("ip,nw_src=10.0.0.1", 5, 2, 1, 2)
-    conj.add("ip,nw_src=10.0.0.1", 5, 1, 1, 3)
-    conj.add("tcp", 6, 1, 3, 3)
+    cookies = {"ip,nw_src=10.0.0.1": 5, "tcp": 6}
+    conj.add(["ip,nw_src=10.0.0.1"], cookies.__getitem__, 2, 1, 2)
+    conj.add(["ip,nw_src=10.0.0.1"], cookies.__getitem__, 1, 1, 3)
+    conj.add(["tcp", "tcp"], cookies.__getitem__, 1, 3, 3)
     assert [f.text() for f in conj.flows()] == [
         "cookie=0x5,table=21,priority=200,ip,nw_src=10.0.0.1 "
         "actions=conjunction(1,1/3),conjunction(2,1/2)",
         "cookie=0x6,table=21,priority=200,tcp actions=conjunction(1,3/3)",
     ]
-    with pytest.raises(ValueError, match="two cookies"):
-        conj.add("tcp", 7, 3, 1, 2)
 
 
 # --- rule sets ------------------------------------------------------------------------------

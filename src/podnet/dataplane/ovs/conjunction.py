@@ -16,7 +16,7 @@ next free id in (digest, rule id) order; only the colliding rules are involved.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from podnet.dataplane.ovs.flow import Flow
@@ -43,36 +43,30 @@ def conjunction_ids(rule_ids: Iterable[str]) -> dict[str, int]:
 
 
 @dataclass
-class _Member:
-    cookie: int
-    clauses: set[tuple[int, int, int]] = field(default_factory=set)  # (id, k, n)
-
-
-@dataclass
 class Conjunctions:
     """The dimension flows of one table's conjunctions, all at ``priority``."""
 
     table: int
     priority: int
-    _members: dict[str, _Member] = field(default_factory=dict)
+    _members: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
 
-    def add(self, match: str, cookie: int, conj_id: int, dimension: int, dimensions: int) -> None:
-        """``match`` belongs to dimension ``dimension`` of ``dimensions`` of ``conj_id``;
-        its flow has ``cookie`` (the same for every conjunction that shares it)."""
-        member = self._members.setdefault(match, _Member(cookie))
-        if member.cookie != cookie:
-            raise ValueError(f"match {match!r} given two cookies: {member.cookie:#x}, {cookie:#x}")
-        member.clauses.add((conj_id, dimension, dimensions))
+    def add(
+        self, matches: Iterable[str], cookie_of: Callable[[str], int], conj_id: int, k: int, n: int
+    ) -> None:
+        """``matches`` are dimension ``k`` of ``n`` of conjunction ``conj_id``; a match
+        seen first here gets the cookie ``cookie_of(match)`` (every conjunction sharing
+        it must name the same: the callers' matches of different kinds never collide)."""
+        clause = f"conjunction({conj_id},{k}/{n})"
+        members = self._members
+        for match in matches:
+            found = members.get(match)
+            if found is None:
+                found = members[match] = (cookie_of(match), [])
+            found[1].append(clause)
 
     def flows(self) -> list[Flow]:
         """One flow per distinct match, its conjunction actions sorted."""
         return [
-            Flow(
-                self.table,
-                self.priority,
-                match,
-                ",".join(f"conjunction({i},{k}/{n})" for i, k, n in sorted(member.clauses)),
-                member.cookie,
-            )
-            for match, member in sorted(self._members.items())
+            Flow(self.table, self.priority, match, ",".join(sorted(set(clauses))), group)
+            for match, (group, clauses) in sorted(self._members.items())
         ]

@@ -246,19 +246,25 @@ class _Conjunction:
 
 @dataclass
 class _Texts:
-    """Sorted address texts of the sets one render meets, each set done once (rules share
-    their peer sets: the compiler hands out one frozenset per distinct selection)."""
+    """Peer matches of the sets one render meets, each set done once (rules share their
+    peer sets: the compiler hands out one frozenset per distinct selection)."""
 
-    _done: dict[int, tuple[frozenset[IPv4Address], list[str]]] = field(default_factory=dict)
+    _done: dict[tuple[int, str], tuple[frozenset[IPv4Address], list[str]]] = field(
+        default_factory=dict
+    )
 
-    def addresses(self, members: frozenset[IPv4Address]) -> list[str]:
-        found = self._done.get(id(members))
+    def peers(self, fieldname: str, members: frozenset[IPv4Address]) -> list[str]:
+        """``ip,<fieldname>=<address>`` for each member, sorted by address."""
+        found = self._done.get((id(members), fieldname))
         if found is None or found[0] is not members:
-            found = self._done[id(members)] = (
-                members,
-                [str(ip) for ip in sorted(members, key=int)],
-            )
+            texts = [f"ip,{fieldname}={ip}" for ip in sorted(members, key=int)]
+            found = self._done[(id(members), fieldname)] = (members, texts)
         return found[1]
+
+
+def _pod_cookie_of(match: str) -> int:
+    """The cookie of a target's match ``ip,nw_src=<pod>``: that pod's group."""
+    return pod_cookie(IPv4Address(match.rsplit("=", 1)[1]))
 
 
 @dataclass
@@ -338,12 +344,15 @@ class _NetworkPolicy:
     ) -> bool:
         """One conjunction's flows (plain flows for one of a single dimension); False
         when it allows nothing (no peer or no port left)."""
-        table, targets = side.table, sorted(conj.targets)
-        dimensions = [[(f"ip,{side.subject}={ip}", pod_cookie(ip)) for ip in targets]]
+        table = side.table
+        targets = [f"ip,{side.subject}={ip}" for ip in sorted(conj.targets, key=int)]
+        dimensions = [(targets, _pod_cookie_of)]
+        shared = functools.partial(match_cookie, table)
         if not conj.peers.every_address:
-            peers = [f"ip,{side.peer}={ip}" for ip in self._texts.addresses(conj.peers.pods)]
-            peers += [_address_match(side.peer, net) for net in conj.peers.blocks]
-            dimensions.append([(m, match_cookie(table, m)) for m in peers])
+            peers = self._texts.peers(side.peer, conj.peers.pods)
+            if conj.peers.blocks:
+                peers = peers + [_address_match(side.peer, net) for net in conj.peers.blocks]
+            dimensions.append((peers, shared))
         if not conj.every_packet:
             ports = [m for span in conj.ranges for m in port_matches(span)]
             ports += [
@@ -351,15 +360,16 @@ class _NetworkPolicy:
                 for ip, proto, port in sorted(conj.named)
                 if side is EGRESS_SIDE or ip in conj.targets
             ]
-            dimensions.append([(m, match_cookie(table, m)) for m in ports])
-        if not all(dimensions):
+            dimensions.append((ports, shared))
+        if not all(matches for matches, _ in dimensions):
             return False
         if len(dimensions) == 1:
-            plain.update(Flow(table, P_PLAIN_RULE, m, side.allows, g) for m, g in dimensions[0])
+            plain.update(
+                Flow(table, P_PLAIN_RULE, m, side.allows, _pod_cookie_of(m)) for m in targets
+            )
             return False
-        for k, dimension in enumerate(dimensions, start=1):
-            for match, group in dimension:
-                members.add(match, group, conj_id, k, len(dimensions))
+        for k, (matches, cookie_of) in enumerate(dimensions, start=1):
+            members.add(matches, cookie_of, conj_id, k, len(dimensions))
         self._flows.append(
             Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows,
                  conjunction_cookie(table, conj_id))
