@@ -25,12 +25,12 @@ from podnet.cluster.nodes import (
     node_ready,
     socket_answers,
 )
-from podnet.cluster.ovsnodes import stop_ovs
+from podnet.cluster.ovsnodes import check_ovs_paths, stop_ovs
 from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
-from podnet.dataplane.interface import TUNNELS
+from podnet.dataplane.interface import TUNNELS, NodeSetupRefused
 from podnet.dns.upstreams import MAX_NAMESERVERS, nameservers
 
 HOST_RESOLV_CONF = Path("/etc/resolv.conf")
@@ -92,6 +92,11 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         known = ", ".join(CLUSTER_DATAPLANES)
         raise ClusterError(f"unknown data plane {spec.dataplane!r} (one of {known})")
     IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
+    if spec.dataplane == "ovs":
+        try:
+            check_ovs_paths(state_dir, max(spec.nodes, 1))
+        except NodeSetupRefused as exc:
+            raise ClusterError(str(exc)) from exc
     upstreams = checked_upstreams(spec.dns_upstreams)
     with locked(state_dir):
         state = _initial_state(state_dir, spec)

@@ -34,6 +34,12 @@ def node_ovs_base(state_dir: Path, node: str) -> Path:
     return ovs_base(node_paths(state_dir, node).agent_dir)
 
 
+def check_ovs_paths(state_dir: Path, nodes: int) -> None:
+    """OvsUnavailable unless the OVS sockets of nodes 1..``nodes`` fit a unix socket path
+    (the agents would fail one by one otherwise)."""
+    OvsPaths(node_ovs_base(state_dir, f"node{nodes}").absolute()).check()
+
+
 def running(base: Path) -> dict[str, int]:
     """The instance's daemons that run, by name: their PIDs."""
     paths = OvsPaths(base)
@@ -76,7 +82,11 @@ def _netns_inode(target: Path) -> int | None:
 def release_stray(state_dir: Path, node: str, namespace: str, say: Say) -> bool:
     """Stop and remove ``node``'s OVS instance if its daemons run outside the node's
     namespace (it was removed and made again while they ran); True if it did."""
-    base = node_ovs_base(state_dir, node)
+    return release_stray_instance(node_ovs_base(state_dir, node), namespace, say, node)
+
+
+def release_stray_instance(base: Path, namespace: str, say: Say, node: str = "") -> bool:
+    """``release_stray`` for the instance under ``base``."""
     pids = running(base)
     wanted = _netns_inode(netns.path(namespace))
     if not pids or all(
@@ -85,5 +95,5 @@ def release_stray(state_dir: Path, node: str, namespace: str, say: Say) -> bool:
         return False
     stop_instance(base, remove=True)
     listed = ", ".join(f"{daemon} pid {pid}" for daemon, pid in pids.items())
-    say(f"{node}: OVS ran outside {namespace} ({listed}): stopped, a fresh one will start")
+    say(f"{node or base}: OVS ran outside {namespace} ({listed}): stopped, a fresh one will start")
     return True
