@@ -264,6 +264,15 @@ def restart(state_dir: Path, args: argparse.Namespace) -> tuple[float, float, fl
     total = args.services * args.endpoints
     done, compiled, applied = wait_applied(state_dir, "node1", args.services, total, offset)
     wait_quiet(state_dir)
+    if args.timeline:  # the restarted agent's log up to the apply, seconds from its start
+        for line in log.read_bytes()[offset:].decode(errors="replace").splitlines():
+            try:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue  # a traceback's line
+            print(f"    +{stamp - started:6.2f} s {line[24:160]}")
+            if stamp >= done:
+                break
     return done - started, compiled, applied, agent_rss(state_dir, "node1")[0]
 
 
@@ -378,6 +387,9 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--changes", type=int, default=40)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--timeline", action="store_true", help="print the restarted agent's log up to the apply"
+    )
     parser.add_argument(
         "--trim", action="store_true", help="also the RSS after malloc_trim in each agent (gdb)"
     )

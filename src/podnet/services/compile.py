@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -251,13 +252,19 @@ def with_endpoints(
 
 
 def endpoints_for(slices: list[SliceRecord], port_name: str, protocol: str) -> tuple[Endpoint, ...]:
-    """The ready endpoints of the slices' port named ``port_name`` (and ``protocol``)."""
-    found: set[Endpoint] = set()
+    """The ready endpoints of the slices' port named ``port_name`` (and ``protocol``),
+    sorted, one per address and port (local wins when two slices disagree). Sorted by
+    the address's number, not by comparing ``Endpoint``s: 50,000 of them at a restart."""
+    found: list[tuple[int, int, bool, IPv4Address]] = []
     for record in slices:
         number = _slice_port(record, port_name, protocol)
         if number is not None:
-            found.update(Endpoint(ip, number, local) for ip, local in record.endpoints)
-    return tuple(sorted(_one_per_address(found)))
+            found.extend((int(ip), number, local, ip) for ip, local in record.endpoints)
+    found.sort(key=lambda item: item[:3])
+    best: dict[tuple[int, int], Endpoint] = {}
+    for value, number, local, ip in found:
+        best[(value, number)] = Endpoint(ip, number, local)
+    return tuple(best.values())
 
 
 def affinity_seconds(spec: Obj) -> int | None:
@@ -278,15 +285,14 @@ def _slice_port(record: SliceRecord, port_name: str, protocol: str) -> int | Non
     return None
 
 
-def _one_per_address(found: set[Endpoint]) -> set[Endpoint]:
-    """One entry per address and port (local wins when two slices disagree)."""
-    best: dict[tuple[IPv4Address, int], Endpoint] = {}
-    for endpoint in sorted(found):
-        best[(endpoint.ip, endpoint.port)] = endpoint
-    return set(best.values())
-
-
 def _ipv4(value: object) -> IPv4Address | None:
+    """The address, or None. The C parser first (a quarter of ``IPv4Address``'s time;
+    it takes dotted quads only, as ``IPv4Address`` does), that one for the rest."""
+    if isinstance(value, str):
+        try:
+            return IPv4Address(socket.inet_pton(socket.AF_INET, value))
+        except OSError:
+            pass
     try:
         return IPv4Address(str(value)) if value not in (None, "", "None") else None
     except ValueError:

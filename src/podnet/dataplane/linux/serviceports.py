@@ -13,6 +13,7 @@ element it validates nothing. A changed number of endpoints is a new chain.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from socket import inet_ntoa
 
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.servicenft import (
@@ -52,7 +53,7 @@ def port_parts(port: ServicePort, node: NodeNetwork) -> PortParts:
         entry = f"{port.cluster_ip} . {port.protocol} . {port.port}"
         if internal:
             if port.affinity_seconds is None:
-                targets = tuple(f"{e.ip} . {e.port}" for e in sorted(internal))
+                targets = tuple(f"{inet_ntoa(e.ip.packed)} . {e.port}" for e in internal)
                 group = EndpointGroup.of(entry, targets)
                 groups.append((entry, group))
                 elements.append((ENDPOINT_DIGESTS, group.marker(entry)))
