@@ -35,7 +35,8 @@ NFTABLES_SPECIFIC = frozenset(
     f"podnet.dataplane.linux.{name}"
     for name in ("desired", "policytable", "policyscript", "nftrules", "nftables")
 )
-NFTABLES_HOMES = ("podnet.dataplane.linux", "podnet.testing")
+# ovs's host side (hostnet) runs linux's NAT and tunnel-guard table on the node itself
+NFTABLES_HOMES = ("podnet.dataplane.linux", "podnet.dataplane.ovs.hostnet", "podnet.testing")
 TESTING = "podnet.testing"
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from podnet.dataplane.interface import PodNetwork, RemoteNode
-from podnet.dataplane.linux.desired import host_veth_name
 from podnet.dataplane.ovs.daemons import OvsPaths, stop_instance
+from podnet.dataplane.wiring import host_veth_name
 from podnet.testing.dataplanes import LinuxHarness, json_output, snapshot
 from podnet.testing.lab import Lab, sh
 

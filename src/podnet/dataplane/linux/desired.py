@@ -10,7 +10,7 @@ disagree about what "right" means.
   IP on the underlay interface).
 - VTEP MACs come from node IPs (``0e:58:`` + the four IP bytes), so nodes need not
   exchange them; pod MACs use ``0a:58:`` so the two schemes never collide.
-- Host veth names come from a hash of ``container_id`` and ``ifname``.
+- Host veth names come from a hash of ``container_id`` and ``ifname`` (``wiring``).
 - The nftables tables are rendered in ``podnet.dataplane.linux.nftrules``.
 - Tunnel safety: a node takes VXLAN only from its peers (the remote nodes' underlay
   addresses, the ``vtep_peers`` set, kept equal to the FDB's destinations) arriving on the
@@ -19,19 +19,24 @@ disagree about what "right" means.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Generic, TypeVar
 
+from podnet.dataplane import wiring
 from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, RemoteNode, pod_mac
+
+# shared with ovs, kept here under their old names for linux's modules
+HOST_VETH_PREFIX = wiring.HOST_VETH_PREFIX
+host_veth_name = wiring.host_veth_name
+is_host_veth_name = wiring.is_host_veth_name
+usable_remotes = wiring.usable_remotes
+non_adjacent = wiring.non_adjacent
 
 BRIDGE = "br0"
 VXLAN = "vxlan0"
 ROUTE_PROTO = 80  # rtnetlink protocol marking podnet's routes and neighbour entries
-HOST_VETH_PREFIX = "pn"
 NFT_TABLE = "podnet"  # in families inet and bridge
 POD_PORTS_SET = "pod_ports"
 VTEP_PEERS_SET = "vtep_peers"  # in the inet table: who may send us VXLAN
@@ -53,17 +58,6 @@ def vtep_mac(node_ip: IPv4Address) -> str:
 def gateway_mac(node: NodeNetwork) -> str:
     """br0's fixed MAC (else a bridge takes its lowest port's MAC, which changes)."""
     return pod_mac(node.gateway.ip)
-
-
-def host_veth_name(container_id: str, ifname: str) -> str:
-    """The host end of a pod's veth: ``pn`` + 12 hex of a hash (14 chars, ≤ IFNAMSIZ-1)."""
-    digest = hashlib.sha256(f"{container_id}\0{ifname}".encode()).hexdigest()
-    return HOST_VETH_PREFIX + digest[:12]
-
-
-def is_host_veth_name(name: str) -> bool:
-    """True for names ``host_veth_name`` produces."""
-    return re.fullmatch(rf"{HOST_VETH_PREFIX}[0-9a-f]{{12}}", name) is not None
 
 
 # --- pod identity kept in the host veth's ifalias ---------------------------------------
@@ -159,25 +153,6 @@ class RemoteEntries:
     routes: frozenset[RouteEntry] = frozenset()
     neighbours: frozenset[NeighEntry] = frozenset()
     fdb: frozenset[FdbEntry] = frozenset()
-
-
-def usable_remotes(node: NodeNetwork, remotes: Iterable[RemoteNode]) -> list[RemoteNode]:
-    """Remotes sorted by name, without this node and without a second claim to a subnet
-    (a stale HostSubnet): the first by name wins, so the result is deterministic."""
-    chosen: dict[IPv4Network, RemoteNode] = {}
-    for remote in sorted(remotes, key=lambda r: r.name):
-        if remote.name == node.node_name or remote.subnet.overlaps(node.subnet):
-            continue
-        if remote.node_ip == node.node_ip:
-            continue
-        chosen.setdefault(remote.subnet, remote)
-    return list(chosen.values())
-
-
-def non_adjacent(remotes: Iterable[RemoteNode], underlay: Iterable[IPv4Network]) -> list[str]:
-    """Names of remotes whose node IP is on none of the underlay's connected subnets."""
-    nets = list(underlay)
-    return [r.name for r in remotes if not any(r.node_ip in net for net in nets)]
 
 
 def remote_entries(

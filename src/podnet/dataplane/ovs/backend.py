@@ -37,7 +37,6 @@ from podnet.dataplane.interface import (
     PodNetwork,
     RemoteNode,
 )
-from podnet.dataplane.linux.desired import host_veth_name
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.rtnl import NetlinkBatch
 from podnet.dataplane.linux.services import ServiceTableSync
@@ -50,6 +49,7 @@ from podnet.dataplane.ovs.flowsync import FlowSync
 from podnet.dataplane.ovs.nodeports import NodePorts, flow_problems
 from podnet.dataplane.ovs.ofctl import OfctlRunner
 from podnet.dataplane.ovs.pipeline import LocalPod
+from podnet.dataplane.wiring import host_veth_name
 from podnet.policy.model import RuleSet
 from podnet.services.model import ServiceTable
 

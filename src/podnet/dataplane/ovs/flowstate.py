@@ -19,13 +19,13 @@ import hashlib
 from dataclasses import dataclass, field
 
 from podnet.dataplane.interface import NodeNetwork, RemoteNode
-from podnet.dataplane.linux.desired import usable_remotes
 from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs.flow import Flow, Kind, flows_text, kind_of
 from podnet.dataplane.ovs.flowsync import note_flow
 from podnet.dataplane.ovs.ofctl import parse_flow
 from podnet.dataplane.ovs.pipeline import Groups, LocalPod
 from podnet.dataplane.ovs.tables import UNASSIGNED_VNID
+from podnet.dataplane.wiring import usable_remotes
 from podnet.policy.model import RuleSet
 
 NOTE_TAG = b"podnet"

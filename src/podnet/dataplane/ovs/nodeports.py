@@ -19,7 +19,6 @@ from podnet.dataplane.interface import (
     NodeSetupRefused,
     PodAttachment,
 )
-from podnet.dataplane.linux.desired import is_host_veth_name
 from podnet.dataplane.ovs import ovspods
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.daemons import DAEMONS, OvsDaemons, binary
@@ -27,6 +26,7 @@ from podnet.dataplane.ovs.flow import Flow, flows_text
 from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
 from podnet.dataplane.ovs.underlay import UNDERLAY_BRIDGE, Underlay
 from podnet.dataplane.ovs.underlaysetup import Kernel, Switch, UnderlaySetup
+from podnet.dataplane.wiring import is_host_veth_name
 
 DIFF_TIMEOUT = 30.0
 SHOWN = 3  # differing flows named in a problem

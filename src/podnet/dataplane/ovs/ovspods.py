@@ -29,10 +29,10 @@ from pathlib import Path
 from podnet import netns
 from podnet.dataplane.interface import DataPlaneError, PodAttachment, PodNetwork, pod_mac
 from podnet.dataplane.linux import rtnl
-from podnet.dataplane.linux.desired import is_host_veth_name
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.pods import configure_pod
 from podnet.dataplane.linux.rtnl import NetlinkBatch
+from podnet.dataplane.wiring import is_host_veth_name
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from podnet.dataplane.interface import NodeNetwork, RemoteNode, pod_mac
-from podnet.dataplane.linux.desired import usable_remotes
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
 from podnet.dataplane.ovs.policyflows import LocalView, policy_groups
+from podnet.dataplane.wiring import usable_remotes
 from podnet.policy.model import RuleSet
 
 Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
