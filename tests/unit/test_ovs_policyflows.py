@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import replace
+from ipaddress import IPv4Network
 from typing import Any
 
 import pytest
@@ -267,6 +268,11 @@ def test_isolated_pod_drops_and_conntrack_passes() -> None:
     # the egress rule: ipBlock minus except as networks, UDP 1000-2000 as blocks
     assert "table=21,priority=200,ip,nw_dst=10.0.0.0/16 actions=conjunction(" in text
     assert "udp,tp_dst=0x3e8/0xfff8" in text
+    assert "172.30.0.0/16" not in text
+    services = replace(view, service_network=IPv4Network("172.30.0.0/16"))
+    assert "table=21,priority=250,ip,nw_dst=172.30.0.0/16 actions=goto_table:30" in flows_text(
+        policy_flows(services, rules)
+    )
 
 
 # --- multitenant ----------------------------------------------------------------------------

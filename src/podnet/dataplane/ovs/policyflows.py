@@ -12,120 +12,53 @@ are dropped. Identity is the IP address: the pipeline has checked every pod's so
   of a local pod, when both are that VNID; the rest is dropped. A pod whose project has no
   VNID carries ``UNASSIGNED_VNID``, which has no flow of its own, so it meets only VNID 0.
   A join, isolate or global changes VNIDs only (the pipeline's loads, a group here).
-- networkpolicy: 21 judges the egress of local pods, 80 the ingress of local pods, each
-  from conntrack state (``ct_state``; CLASSIFY has tracked every IP packet already, the
-  ``-trk`` flow is a safety net):
+- networkpolicy (``networkpolicy``): 21 judges the egress of local pods and 80 their
+  ingress, from conntrack state; isolated pods need a rule, rules are conjunctive matches
+  (targets x peers x ports), allowed connections are committed with a mark per table.
 
-  * replies (``+rpl``) and related packets pass; a packet of an established connection
-    passes when this table has allowed it before (``ct_mark`` bit ``MARK_EGRESS`` or
-    ``MARK_INGRESS``, set by the commit of an allowed packet), otherwise it is judged
-    like a new one. That is what keeps a connection that passed 21 but not 80 on the
-    same node out: its next packets are established but lack ``MARK_INGRESS``. In 80 a
-    reply from a local pod also needs ``MARK_INGRESS`` (that pod's ingress allowed it).
-  * the node's own addresses and a pod itself (a service hairpin) always pass;
-  * a pod isolated for the direction needs a rule. Rules become conjunctions of up to
-    three dimensions: the local targets (``nw_src`` in 21, ``nw_dst`` in 80), the peers
-    (pod IPs and ipBlock networks on the other field) and the ports (each range as
-    aligned ``tp_dst`` blocks, named ports as ``nw_dst,tp_dst`` entries). Rules with
-    equal peers and ports share one conjunction over the union of their targets
-    (policies that differ only in whom they select, the common case, cost one). Its id
-    comes from a digest of the first of its rule ids, not from other rules: a policy
-    whose ports or peers change keeps its id (unless it shared one), so only the flows of
-    what changed are rewritten, not those of all its peers. A single dimension (every
-    address, every packet) is a plain flow per target. ``rule_conjunctions`` maps rule
-    ids to conj ids;
-  * an isolated pod without a matching rule is dropped; any other packet is allowed.
-
-  Allowed packets are committed to conntrack with the table's mark bit.
-
-Flows grow as pods + policies: one flow per local pod per direction, per distinct peer
-and port block, and per conjunction (``conj_id``); never pods x pods. A member flow lists
-every conjunction it belongs to, so conjunction actions grow with the distinct (peers,
-ports) pairs times their peers. Groups (cookies): the mode's fixed flows, one per VNID,
-one per local pod (its target and isolation flows), one per shared match (a peer, a port
-block) and one per conjunction (its ``conj_id`` flow). Changing a policy changes the
-groups of the pods, peers, ports and conjunctions its rules name, nothing else.
+Flows grow as pods + policies, never pods x pods; each object's flows share a cookie, so
+a change rewrites the groups of what changed (see ``networkpolicy``).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network
+from collections.abc import Iterable
 
 from podnet.dataplane.ovs import tables as t
-from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
-from podnet.dataplane.ovs.portmasks import port_matches
-from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
-from podnet.policy.model import (
-    EGRESS,
-    GLOBAL_VNID,
-    INGRESS,
-    NamedPort,
-    PeerSet,
-    PolicyRule,
-    PortRange,
-    RuleSet,
+from podnet.dataplane.ovs.networkpolicy import (
+    DELIVER,
+    P_DEFAULT,
+    TO_ROUTE,
+    LocalView,
+    NetworkPolicyFlows,
+    conjunction_cookie,
+    match_cookie,
+    mode_cookie,
+    pod_cookie,
 )
+from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
+from podnet.policy.model import GLOBAL_VNID, RuleSet
+
+__all__ = [
+    "Groups",
+    "LocalView",
+    "conjunction_cookie",
+    "match_cookie",
+    "mode_cookie",
+    "pod_cookie",
+    "policy_flows",
+    "policy_groups",
+    "rule_conjunctions",
+    "vnid_cookie",
+]
 
 Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
-
-MARK_EGRESS = 0x2  # ct_mark bit: table 21 allowed this connection (0x1 is the pipeline's)
-MARK_INGRESS = 0x4  # ct_mark bit: table 80 allowed this connection
-DELIVER = f"output:NXM_NX_{t.REG_OUT_PORT.upper()}[]"
-TO_ROUTE = f"goto_table:{t.ROUTE}"
-
-# priorities, highest first
-P_UNTRACKED = 400
-P_REPLY_INGRESS = 310  # 80: a reply the local pod's ingress allowed
-P_REPLY_UNCHECKED = 305  # 80: a reply from a local pod whose ingress never allowed it
-P_REPLY = 302
-P_ESTABLISHED = 301
-P_RELATED = 299
-P_ALWAYS = 250  # the node's own addresses, a pod to itself
-P_PLAIN_RULE = 201
-P_CONJUNCTION = 200
-P_ISOLATED = 100
-P_OPEN = 50
-P_DEFAULT = 0
-
-
-@dataclass(frozen=True)
-class LocalView:
-    """What one node knows of itself: its name, its pods (IP → ofport), its addresses."""
-
-    node: str
-    pods: Mapping[IPv4Address, int]
-    addresses: frozenset[IPv4Address] = frozenset()
-
-
-def mode_cookie(plugin: str) -> int:
-    """The group of a mode's fixed flows."""
-    return cookie(Kind.ISOLATION, f"mode/{plugin}")
 
 
 def vnid_cookie(vnid: int) -> int:
     """Multitenant: the group letting one VNID reach itself."""
     return cookie(Kind.ISOLATION, f"vnid/{vnid}")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def pod_cookie(ip: IPv4Address) -> int:
-    """Networkpolicy: one local pod's isolation and target flows."""
-    return cookie(Kind.POLICY_POD, f"pod/{ip}")
-
-
-def conjunction_cookie(table: int, conj_id: int) -> int:
-    """Networkpolicy: one conjunction's ``conj_id`` flow."""
-    return cookie(Kind.POLICY, f"conjunction/{table}/{conj_id}")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def match_cookie(table: int, match: str) -> int:
-    """Networkpolicy: one shared peer or port match of ``table``."""
-    return cookie(Kind.POLICY_MATCH, f"match/{table}/{match}")
 
 
 def policy_groups(view: LocalView, rules: RuleSet | None) -> Groups:
@@ -142,7 +75,7 @@ def policy_groups(view: LocalView, rules: RuleSet | None) -> Groups:
     if plugin == MULTITENANT:
         return _group(_multitenant(view, rules))
     if plugin == NETWORKPOLICY:
-        return _group(_NetworkPolicy(view, rules).flows())
+        return _group(NetworkPolicyFlows(view, rules).flows())
     raise ValueError(f"unknown network plugin {plugin!r}")
 
 
@@ -151,7 +84,7 @@ def rule_conjunctions(view: LocalView, rules: RuleSet) -> dict[str, tuple[int, i
     the rules with a target on this node (what a ``conj_id`` in a trace stands for)."""
     if rules.plugin != NETWORKPOLICY:
         return {}
-    rendering = _NetworkPolicy(view, rules)
+    rendering = NetworkPolicyFlows(view, rules)
     rendering.flows()
     return rendering.conjunction_of
 
@@ -163,7 +96,7 @@ def policy_flows(view: LocalView, rules: RuleSet | None) -> list[Flow]:
 
 def _group(flows: Iterable[Flow]) -> Groups:
     found: Groups = {}
-    for flow in sorted(flows):
+    for flow in sorted(flows, key=_order):
         found.setdefault(flow.cookie, []).append(flow)
     return found
 
@@ -194,194 +127,5 @@ def _multitenant(view: LocalView, rules: RuleSet) -> list[Flow]:
     return flows
 
 
-# --- networkpolicy -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Direction:
-    """One direction's table and how it speaks of the local pod and the other end."""
-
-    table: int
-    subject: str  # the field holding the local pod judged here
-    peer: str  # the field holding the other end
-    passes: str  # actions of a packet this table lets through
-    mark: int  # its ct_mark bit
-
-    @property
-    def allows(self) -> str:
-        """Actions of an allowed packet: commit with this table's mark, then pass."""
-        commit = f"ct(commit,exec(set_field:{self.mark:#x}/{self.mark:#x}->ct_mark))"
-        return f"{commit},{self.passes}"
-
-
-EGRESS_SIDE = _Direction(t.EGRESS_POLICY, "nw_src", "nw_dst", TO_ROUTE, MARK_EGRESS)
-INGRESS_SIDE = _Direction(t.ISOLATION, "nw_dst", "nw_src", DELIVER, MARK_INGRESS)
-
-
-_Grouping = tuple[PeerSet, bool, tuple[PortRange, ...], frozenset[NamedPort] | None]
-
-
-@dataclass
-class _Conjunction:
-    """Rules of one direction with equal peers and ports: one conjunction whose targets
-    are the union of theirs ((T1 x P x Q) | (T2 x P x Q) is (T1 | T2) x P x Q). Ingress
-    named ports are pinned to their pod (``nw_dst``), which is one of the rule's own
-    targets, so ingress rules that differ only in them merge too, their entries united."""
-
-    peers: PeerSet
-    every_packet: bool
-    ranges: tuple[PortRange, ...]
-    egress_named: frozenset[NamedPort] | None  # egress: part of what it is; ingress: None
-    targets: set[IPv4Address] = field(default_factory=set)
-    named: set[tuple[IPv4Address, str, int]] = field(default_factory=set)
-    rule_ids: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def grouping(rule: PolicyRule) -> _Grouping:
-        """What rules sharing a conjunction have in common."""
-        ports = rule.ports
-        named = ports.named if rule.direction == EGRESS else None
-        return (rule.peers, ports.every_packet, ports.ranges, named)
-
-
-@dataclass
-class _Texts:
-    """Peer matches of the sets one render meets, each set done once (rules share their
-    peer sets: the compiler hands out one frozenset per distinct selection)."""
-
-    _done: dict[tuple[int, str], tuple[frozenset[IPv4Address], list[str]]] = field(
-        default_factory=dict
-    )
-
-    def peers(self, fieldname: str, members: frozenset[IPv4Address]) -> list[str]:
-        """``ip,<fieldname>=<address>`` for each member, sorted by address."""
-        found = self._done.get((id(members), fieldname))
-        if found is None or found[0] is not members:
-            texts = [f"ip,{fieldname}={ip}" for ip in sorted(members, key=int)]
-            found = self._done[(id(members), fieldname)] = (members, texts)
-        return found[1]
-
-
-def _pod_cookie_of(match: str) -> int:
-    """The cookie of a target's match ``ip,nw_src=<pod>``: that pod's group."""
-    return pod_cookie(IPv4Address(match.rsplit("=", 1)[1]))
-
-
-@dataclass
-class _NetworkPolicy:
-    view: LocalView
-    rules: RuleSet
-    _flows: list[Flow] = field(default_factory=list)
-    conjunction_of: dict[str, tuple[int, int]] = field(default_factory=dict)  # rule id ->
-    _texts: _Texts = field(default_factory=_Texts)
-
-    def flows(self) -> list[Flow]:
-        local = frozenset(self.view.pods)
-        for side in (EGRESS_SIDE, INGRESS_SIDE):
-            self._fixed(side, local)
-            egress = side is EGRESS_SIDE
-            isolated = (
-                self.rules.egress_isolated if egress else self.rules.ingress_isolated
-            ) & local
-            for ip in sorted(isolated):
-                match = f"ip,{side.subject}={ip}"
-                self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
-            found: dict[_Grouping, _Conjunction] = {}
-            for rule in self.rules.rules:
-                targets = rule.targets & isolated
-                if rule.direction == (EGRESS if egress else INGRESS) and targets:
-                    grouping = _Conjunction.grouping(rule)
-                    conj = found.get(grouping)
-                    if conj is None:
-                        conj = found[grouping] = _Conjunction(*grouping)
-                    conj.targets |= targets
-                    conj.named |= rule.ports.named_keys
-                    conj.rule_ids.append(rule.id)
-            named = {min(conj.rule_ids): conj for conj in found.values()}
-            ids = conjunction_ids(named)
-            members = Conjunctions(side.table, P_CONJUNCTION)
-            plain: set[Flow] = set()
-            for first, conj in sorted(named.items()):
-                if self._conjunction(side, conj, ids[first], members, plain):
-                    self.conjunction_of.update((r, (side.table, ids[first])) for r in conj.rule_ids)
-            self._flows += members.flows()
-            self._flows += plain
-        return self._flows
-
-    def _fixed(self, side: _Direction, local: frozenset[IPv4Address]) -> None:
-        """The mode's fixed flows of one table, the node's addresses and pod hairpins."""
-        fixed, table = mode_cookie(NETWORKPOLICY), side.table
-        specs = [
-            (P_UNTRACKED, "ip,ct_state=-trk", f"ct(table={table})"),
-            (P_ESTABLISHED, f"ip,ct_state=+est+trk,ct_mark={side.mark:#x}/{side.mark:#x}",
-             side.passes),
-            (P_RELATED, "ip,ct_state=+rel+trk", side.passes),
-            (P_OPEN, "ip", side.allows),
-            (P_DEFAULT, "", side.passes),
-        ]  # fmt: skip
-        if side is INGRESS_SIDE:
-            mark = f"{MARK_INGRESS:#x}/{MARK_INGRESS:#x}"
-            specs.append((P_REPLY_INGRESS, f"ip,ct_state=+rpl+trk,ct_mark={mark}", DELIVER))
-        specs.append((P_REPLY, "ip,ct_state=+rpl+trk", side.passes))
-        for address in sorted(self.view.addresses):
-            specs.append((P_ALWAYS, f"ip,{side.peer}={address}", side.passes))
-        self._flows += [Flow(table, prio, match, actions, fixed) for prio, match, actions in specs]
-        for ip in sorted(local):
-            group = pod_cookie(ip)
-            self._flows.append(Flow(table, P_ALWAYS, f"ip,nw_src={ip},nw_dst={ip}", side.passes,
-                                    group))  # fmt: skip
-            if side is INGRESS_SIDE:
-                match = f"ip,ct_state=+rpl+trk,nw_src={ip}"
-                self._flows.append(Flow(table, P_REPLY_UNCHECKED, match, "drop", group))
-
-    def _conjunction(
-        self,
-        side: _Direction,
-        conj: _Conjunction,
-        conj_id: int,
-        members: Conjunctions,
-        plain: set[Flow],
-    ) -> bool:
-        """One conjunction's flows (plain flows for one of a single dimension); False
-        when it allows nothing (no peer or no port left)."""
-        table = side.table
-        targets = [f"ip,{side.subject}={ip}" for ip in sorted(conj.targets, key=int)]
-        dimensions = [(targets, _pod_cookie_of)]
-        shared = functools.partial(match_cookie, table)
-        if not conj.peers.every_address:
-            peers = self._texts.peers(side.peer, conj.peers.pods)
-            if conj.peers.blocks:
-                peers = peers + [_address_match(side.peer, net) for net in conj.peers.blocks]
-            dimensions.append((peers, shared))
-        if not conj.every_packet:
-            ports = [m for span in conj.ranges for m in port_matches(span)]
-            ports += [
-                f"{proto.lower()},nw_dst={ip},tp_dst={port}"
-                for ip, proto, port in sorted(conj.named)
-                if side is EGRESS_SIDE or ip in conj.targets
-            ]
-            dimensions.append((ports, shared))
-        if not all(matches for matches, _ in dimensions):
-            return False
-        if len(dimensions) == 1:
-            plain.update(
-                Flow(table, P_PLAIN_RULE, m, side.allows, _pod_cookie_of(m)) for m in targets
-            )
-            return False
-        for k, (matches, cookie_of) in enumerate(dimensions, start=1):
-            members.add(matches, cookie_of, conj_id, k, len(dimensions))
-        self._flows.append(
-            Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows,
-                 conjunction_cookie(table, conj_id))
-        )  # fmt: skip
-        return True
-
-
-def _address_match(fieldname: str, address: IPv4Address | IPv4Network) -> str:
-    if isinstance(address, IPv4Network):
-        if address.prefixlen == 0:
-            return "ip"
-        if address.prefixlen < 32:
-            return f"ip,{fieldname}={address}"
-        address = address.network_address
-    return f"ip,{fieldname}={address}"
+def _order(flow: Flow) -> tuple[int, int, str, str, int]:
+    return flow.table, flow.priority, flow.match, flow.actions, flow.cookie
