@@ -14,54 +14,46 @@ from podnet.dataplane.ovs.oftrace import TracedNode, TracePacket, ovs_verdict, p
 
 # --- ofproto/trace --------------------------------------------------------------------------
 
+RULE = "=" * 79
+
+
+def bridge(steps: str, datapath: str, resumed: str = "") -> str:
+    """One pass of a trace as OVS 3.1 prints it: after a ``ct`` recirculation, resumed
+    with a conntrack state (and from a table), then the flows matched and the actions."""
+    head = ""
+    if resumed:
+        state, table = resumed.split("@")
+        head = f"{RULE}\nrecirc(0x1) - resume conntrack with {state}\n{RULE}\n\n"
+        steps = f"    thaw\n        Resuming from table {table}\n{steps}"
+    return f'{head}bridge("br0")\n-------------\n{steps}\nDatapath actions: {datapath}\n\n'
+
+
 # a real reply of OVS 3.1 (netdev), the long Flow/Megaflow lines left out: a pod's packet
 # to a pod of the same node, allowed by a conjunction in table 80 after two ct passes
-LOCAL_ALLOWED = """\
-bridge("br0")
--------------
- 0. ct_state=-trk,ip, priority 1000, cookie 0x1545ea538461003
-    ct(table=0)
-    drop
-     -> A clone of the packet is forked to recirculate. The forked pipeline will be resu...
-
-Final flow: unchanged
-Datapath actions: ct,recirc(0x1)
-
-===============================================================================
-recirc(0x1) - resume conntrack with default ct_state=trk|new (use --ct-next to customize)
-===============================================================================
-
-bridge("br0")
--------------
-    thaw
-        Resuming from table 0
- 0. ip, priority 100, cookie 0x1545ea538461003
-    goto_table:20
-21. ip, priority 50, cookie 0x4e593749f38d332
-    ct(commit,exec(load:0x1->NXM_NX_CT_MARK[1]))
-    goto_table:30
-80. ct_state=-trk,ip, priority 400, cookie 0x4e593749f38d332
-    ct(table=80)
-    drop
-
-Datapath actions: ct(commit,mark=0x2/0x2),set(eth(dst=0a:58:0a:80:00:0a)),ct,recirc(0x2)
-
-===============================================================================
-recirc(0x2) - resume conntrack with ct_state=est|trk
-===============================================================================
-
-bridge("br0")
--------------
-    thaw
-        Resuming from table 80
-80. conj_id=2193119859,ip, priority 200, cookie 0x568c6d6a3f6947b
-    ct(commit,exec(load:0x1->NXM_NX_CT_MARK[2]))
-    output:NXM_NX_REG2[]
-     -> output port is 3
-
-Final flow: unchanged
-Datapath actions: ct(commit,mark=0x4/0x4),4
-"""
+LOCAL_ALLOWED = (
+    bridge(
+        " 0. ct_state=-trk,ip, priority 1000, cookie 0x1545ea538461003\n"
+        "    ct(table=0)\n    drop\n"
+        "     -> A clone of the packet is forked to recirculate.\n",
+        "ct,recirc(0x1)",
+    )
+    + bridge(
+        " 0. ip, priority 100, cookie 0x1545ea538461003\n    goto_table:20\n"
+        "21. ip, priority 50, cookie 0x4e593749f38d332\n"
+        "    ct(commit,exec(load:0x1->NXM_NX_CT_MARK[1]))\n    goto_table:30\n"
+        "80. ct_state=-trk,ip, priority 400, cookie 0x4e593749f38d332\n"
+        "    ct(table=80)\n    drop\n",
+        "ct(commit,mark=0x2/0x2),set(eth(dst=0a:58:0a:80:00:0a)),ct,recirc(0x2)",
+        "default ct_state=trk|new (use --ct-next to customize)@0",
+    )
+    + bridge(
+        "80. conj_id=2193119859,ip, priority 200, cookie 0x568c6d6a3f6947b\n"
+        "    ct(commit,exec(load:0x1->NXM_NX_CT_MARK[2]))\n    output:NXM_NX_REG2[]\n"
+        "     -> output port is 3\n\nFinal flow: unchanged\n",
+        "ct(commit,mark=0x4/0x4),4",
+        "ct_state=est|trk@80",
+    )
+)
 
 DROPPED = """\
 bridge("br0")
