@@ -19,7 +19,13 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token, node_user
+from podnet.api.auth import (
+    TokenFile,
+    ensure_admin_token,
+    ensure_controllers_token,
+    ensure_node_token,
+    node_user,
+)
 from podnet.api.kubernetesservice import MasterServiceReconciler
 from podnet.api.masterleases import EtcdMasterLeases
 from podnet.api.masterservice import SERVICE_NAMES
@@ -34,6 +40,7 @@ from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
 from podnet.controllers.supervisor import Supervisor
+from podnet.files import write_atomic
 from podnet.kubeconfig import write_kubeconfig
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
@@ -196,3 +203,11 @@ def node_credentials(state_dir: Path, node: str, server: str, out: Path) -> Path
     pki = Pki.at(state_dir / "pki")
     write_kubeconfig(out, server, pki.ca_pem(), token, user=node_user(node))
     return out
+
+
+def controllers_credentials(state_dir: Path, name: str, token_file: Path, ca_file: Path) -> None:
+    """Write a token for controllers instance ``name`` (group ``system:podnet:controllers``:
+    only what the controllers use) and the API's CA, for ``podnet controllers``."""
+    token = ensure_controllers_token(state_dir / "tokens.csv", name)
+    write_atomic(token_file, token + "\n")
+    write_atomic(ca_file, Pki.at(state_dir / "pki").ca_pem(), 0o644)

@@ -1,4 +1,5 @@
-"""``kubectl auth can-i`` (kubectl 1.32) against the master, as the admin and as a node.
+"""``kubectl auth can-i`` (kubectl 1.32) against the master, as the admin, a node and the
+controllers' own identity (and that identity's token refused what lies outside its rules).
 
 kubectl finds authorization.k8s.io through discovery and posts a SelfSubjectAccessReview
 (or a SelfSubjectRulesReview for ``--list``) in protobuf; the answer comes from the same
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from podnet.api.auth import ensure_proxy_token, ensure_router_token
-from podnet.master import node_credentials
+from podnet.kubeconfig import write_kubeconfig
+from podnet.master import controllers_credentials, node_credentials
 from podnet.testing.api import client_for
 from podnet.testing.cli import run_kubectl
 from podnet.testing.processes import MasterProcess
@@ -125,3 +127,80 @@ def test_discovery_lists_the_authorization_group(master: MasterProcess) -> None:
         assert "authorization.k8s.io" in groups
         resources = api.get("/apis/authorization.k8s.io/v1").json()["resources"]
     assert {r["name"] for r in resources} == {"selfsubjectaccessreviews", "selfsubjectrulesreviews"}
+
+
+def _controllers_kubeconfig(master: MasterProcess, tmp_path: Path) -> tuple[Path, str]:
+    """A kubeconfig with the controllers' own token (``podnet controllers-credentials``)."""
+    token_file, ca_file = tmp_path / "controllers.token", tmp_path / "ca.pem"
+    controllers_credentials(master.state_dir, "c1", token_file, ca_file)
+    token = token_file.read_text().strip()
+    kubeconfig = tmp_path / "controllers.kc"
+    write_kubeconfig(kubeconfig, master.server, ca_file.read_bytes(), token, user="controllers")
+    return kubeconfig, token
+
+
+def test_can_i_list_as_the_controllers_shows_exactly_their_rules(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    kubeconfig, _ = _controllers_kubeconfig(master, tmp_path)
+    result = run_kubectl(kubeconfig, "auth", "can-i", "--list", "-n", "kube-system")
+    assert result.returncode == 0, result.stderr
+    rows = {" ".join(line.split()) for line in result.stdout.splitlines()[1:]}
+    assert rows == {
+        "endpoints [] [] [create delete get list update watch]",
+        "endpointslices.discovery.k8s.io [] [] [create delete get list update watch]",
+        "hostsubnets.network.openshift.io [] [] [create delete get list update watch]",
+        "netnamespaces.network.openshift.io [] [] [create delete get list update watch]",
+        "clusternetworks.network.openshift.io [] [] [create get list update watch]",
+        "namespaces [] [] [create get list watch]",
+        "selfsubjectaccessreviews.authorization.k8s.io [] [] [create]",
+        "selfsubjectrulesreviews.authorization.k8s.io [] [] [create]",
+        "pods [] [] [delete list watch]",
+        "services [] [] [delete list watch]",
+        "events [] [] [delete list]",
+        "egressnetworkpolicies.network.openshift.io [] [] [delete list]",
+        "networkpolicies.networking.k8s.io [] [] [delete list]",
+        "nodes [] [] [get list watch]",
+        "leases.coordination.k8s.io [] [podnet-controllers] [get update]",
+        "[*] [] [get]",  # non-resource paths (discovery, version, metrics): reads
+        "[*] [] [head]",
+        "leases.coordination.k8s.io [] [] [list watch delete create]",
+        "namespaces/finalize [] [] [update]",
+        "nodes/status [] [] [update]",
+    }, result.stdout
+    assert can_i(kubeconfig, "create", "events", "-n", "default") == "yes"
+    assert can_i(kubeconfig, "create", "events", "-n", "shop") == "no"
+    assert can_i(kubeconfig, "get", "leases/other-lock", "-n", "kube-system") == "no"
+    assert can_i(kubeconfig, "*", "*") == "no"
+
+
+def test_the_controllers_token_is_refused_everything_else(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    _, token = _controllers_kubeconfig(master, tmp_path)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    node = {"metadata": {"name": "n9"}}
+    with client_for(master.kubeconfig) as admin:
+        assert admin.post("/api/v1/namespaces", json={"metadata": {"name": "shop"}}).is_success
+        assert admin.post("/api/v1/nodes", json=node).is_success
+    with client_for(master.kubeconfig, token=token) as api:
+        assert api.get("/api/v1/nodes").status_code == 200  # what it needs works
+        assert api.get("/apis/network.openshift.io/v1/hostsubnets").status_code == 200
+        refused = [
+            api.post("/api/v1/namespaces/shop/pods", json=pod),
+            api.get("/api/v1/namespaces/shop/pods/p"),
+            api.put("/api/v1/nodes/n9", json=node),
+            api.delete("/api/v1/nodes/n9"),
+            api.delete("/api/v1/namespaces/shop"),
+            api.delete("/apis/network.openshift.io/v1/clusternetworks/default"),
+            api.post("/api/v1/namespaces/shop/services", json={"metadata": {"name": "s"}}),
+            api.get("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n9"),
+            api.get("/api/v1/namespaces/default/events/e1"),  # it lists them, reads none
+            api.patch(
+                "/api/v1/namespaces/shop/endpoints/web",
+                json={},
+                headers={"Content-Type": "application/merge-patch+json"},
+            ),
+        ]
+    assert [answer.status_code for answer in refused] == [403] * len(refused)
+    assert all("the controllers may not" in answer.text for answer in refused)

@@ -60,7 +60,7 @@ def run_controllers(
 ) -> Iterator[Callable[[str], Controllers]]:
     """Start ``podnet controllers`` processes against the master; each is stopped by PID."""
     command = controllers_command(
-        api_only_master.kubeconfig,
+        api_only_master,
         tmp_path,
         "--network-plugin",
         "multitenant",

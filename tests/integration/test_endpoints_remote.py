@@ -34,7 +34,7 @@ def master_and_controllers(
     """A master without controllers, and one ``podnet controllers`` process (stopped by
     PID, killed if it does not stop)."""
     master = launch_master(etcd, tmp_path / "master", prefix, "--no-controllers")
-    command = controllers_command(master.kubeconfig, tmp_path, "--no-leader-elect")
+    command = controllers_command(master, tmp_path, "--no-leader-elect")
     with open(tmp_path / "controllers.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -307,6 +307,7 @@ USERS = (
     ROUTER,
     NOBODY,
     User("system:node:n2", ("system:nodes", "system:podnet:proxies")),
+    User("system:podnet:controllers:c1", ("system:podnet:controllers",)),
     User("system:node:", ("system:nodes",)),  # no node name: not a node
     User("system:node:n1", ()),  # not in system:nodes: not a node
 )

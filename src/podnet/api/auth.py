@@ -38,6 +38,8 @@ from podnet.api.authorizer import (
 )
 from podnet.api.identity import (
     ADMIN_USER,
+    CONTROLLERS_GROUP,
+    CONTROLLERS_USER_PREFIX,
     MASTERS_GROUP,
     NODE_USER_PREFIX,
     NODES_GROUP,
@@ -68,6 +70,7 @@ __all__ = [
     "add_token",
     "authorize",
     "ensure_admin_token",
+    "ensure_controllers_token",
     "ensure_node_token",
     "ensure_proxy_token",
     "ensure_router_token",
@@ -262,6 +265,14 @@ def ensure_proxy_token(path: Path, name: str) -> str:
     if not name:
         raise ValueError("proxy name must not be empty")
     return add_token(path, f"{PROXY_USER_PREFIX}{name}", [PROXIES_GROUP])
+
+
+def ensure_controllers_token(path: Path, name: str) -> str:
+    """The token of controllers instance ``name`` run as their own process (group
+    ``system:podnet:controllers``: only what the controllers use)."""
+    if not name:
+        raise ValueError("controllers name must not be empty")
+    return add_token(path, f"{CONTROLLERS_USER_PREFIX}{name}", [CONTROLLERS_GROUP])
 
 
 def ensure_router_token(path: Path, name: str) -> str:

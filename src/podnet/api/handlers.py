@@ -196,6 +196,7 @@ class ResourceHandlers:
     # ---- writes -----------------------------------------------------------------------
 
     async def _create(self, request: web.Request, target: Target) -> web.StreamResponse:
+        self._precheck(request, "create", target)  # 403 before the body is judged (422)
         body = await read_body(request)
         _check_type(body, target.kind)
         obj = await self.registry.create(

@@ -1,8 +1,9 @@
 """The identities the API knows: who a caller is, by user name and groups.
 
 Names and groups follow Kubernetes where it has one (``system:masters``, a node's
-``system:node:<name>`` in ``system:nodes``); the service proxy and the router are
-podnet's own groups, one user per node or router instance.
+``system:node:<name>`` in ``system:nodes``); the service proxy, the router and the
+controllers run as their own process are podnet's own groups, one user per node, router
+or controllers instance.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ PROXIES_GROUP = "system:podnet:proxies"
 PROXY_USER_PREFIX = "system:podnet:proxy:"
 ROUTERS_GROUP = "system:podnet:routers"
 ROUTER_USER_PREFIX = "system:podnet:router:"
+CONTROLLERS_GROUP = "system:podnet:controllers"
+CONTROLLERS_USER_PREFIX = "system:podnet:controllers:"
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class User:
     def is_router(self) -> bool:
         """A router: reads routes, services and endpoints, writes route status."""
         return ROUTERS_GROUP in self.groups
+
+    @property
+    def is_controllers(self) -> bool:
+        """The master's controllers run as their own process: exactly what they use."""
+        return CONTROLLERS_GROUP in self.groups
 
 
 def node_user(node: str) -> str:

@@ -34,6 +34,7 @@ COMMANDS = {
     "apply": ("podnet.cli.resources", "apply"),
     "cluster": ("podnet.cli.cluster_cmd", "cluster"),
     "controllers": ("podnet.cli.controllers_cmd", "controllers"),
+    "controllers-credentials": ("podnet.cli.master_cmd", "controllers_credentials"),
     "delete": ("podnet.cli.resources", "delete"),
     "describe": ("podnet.cli.resources", "describe"),
     "get": ("podnet.cli.resources", "get"),

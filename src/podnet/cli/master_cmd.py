@@ -322,3 +322,22 @@ def node_credentials(node: str, state_dir: Path, server: str, output: Path) -> N
 
     path = issue(state_dir, node, server, output)
     click.echo(f"kubeconfig for node {node} written to {path}")
+
+
+@click.command("controllers-credentials")
+@click.argument("name")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path("/var/lib/podnet/master"),
+    show_default=True,
+)
+@click.option("--token-file", type=click.Path(path_type=Path), required=True, help="written 0600")
+@click.option("--ca-file", type=click.Path(path_type=Path), required=True, help="the API's CA")
+def controllers_credentials(name: str, state_dir: Path, token_file: Path, ca_file: Path) -> None:
+    """Issue a token for the controllers instance NAME (group system:podnet:controllers: only
+    what the controllers use) for ``podnet controllers --token-file --certificate-authority``."""
+    from podnet.master import controllers_credentials as issue
+
+    issue(state_dir, name, token_file, ca_file)
+    click.echo(f"token for controllers {name} written to {token_file}, the CA to {ca_file}")

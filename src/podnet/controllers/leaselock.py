@@ -28,12 +28,13 @@ from podnet.client.errors import ClientError, has_reason, is_transient, one_line
 from podnet.controllers.calls import ControllerApi, call, get_or_none
 from podnet.controllers.workqueue import cancel_all
 from podnet.model.kinds import LEASE, NAMESPACE
+from podnet.model.schemas_coordination import CONTROLLERS_LEASE_NAME, CONTROLLERS_LEASE_NAMESPACE
 
 log = logging.getLogger("podnet.controllers.leaselock")
 
 Obj = dict[str, Any]
-LEASE_NAMESPACE = "kube-system"
-LEASE_NAME = "podnet-controllers"
+LEASE_NAMESPACE = CONTROLLERS_LEASE_NAMESPACE
+LEASE_NAME = CONTROLLERS_LEASE_NAME
 DEFAULT_DURATION = 15  # seconds, client-go's default lease duration
 
 

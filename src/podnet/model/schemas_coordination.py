@@ -18,6 +18,9 @@ from podnet.model.schemas_types import in_range
 
 MAX_INT32 = (1 << 31) - 1
 NODE_LEASE_NAMESPACE = "kube-node-lease"
+# The Lease the controllers elect their leader with when they run as their own process.
+CONTROLLERS_LEASE_NAMESPACE = "kube-system"
+CONTROLLERS_LEASE_NAME = "podnet-controllers"
 
 
 def _micro_time(value: str) -> str:

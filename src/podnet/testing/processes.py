@@ -1,6 +1,7 @@
 """Start a real ``podnet master`` for a test or a benchmark (``MasterProcess`` itself is
 production code in ``podnet.cluster.processes``: the local cluster runs its masters with it),
-the command line of a ``podnet controllers`` process that reaches it over HTTPS, and stop
+the command line of a ``podnet controllers`` process that reaches it over HTTPS with the
+controllers' own identity, and stop
 such a process by its PID."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import sys
 from pathlib import Path
 
 from podnet.cluster.processes import MasterProcess
+from podnet.master import controllers_credentials
 from podnet.store.etcd_process import EtcdProcess
-from podnet.testing.api import kubeconfig_parts
 
 __all__ = ["MasterProcess", "controllers_command", "launch_master", "stop_process"]
 
@@ -23,15 +24,14 @@ def launch_master(etcd: EtcdProcess, state_dir: Path, prefix: str, *args: str) -
     return MasterProcess(etcd.endpoint, state_dir, prefix, args=list(args)).start()
 
 
-def controllers_command(kubeconfig: Path, work_dir: Path, *args: str) -> list[str]:
-    """``podnet controllers`` reaching the master of ``kubeconfig`` over HTTPS with its
-    token and CA (written to ``work_dir/token`` and ``work_dir/ca.pem``), then ``args``."""
-    server, ca, token = kubeconfig_parts(kubeconfig)
+def controllers_command(master: MasterProcess, work_dir: Path, *args: str) -> list[str]:
+    """``podnet controllers`` reaching ``master`` over HTTPS as the controllers' own
+    identity (group ``system:podnet:controllers``; token and CA written to
+    ``work_dir/token`` and ``work_dir/ca.pem``), then ``args``."""
     token_file, ca_file = work_dir / "token", work_dir / "ca.pem"
-    token_file.write_text(token + "\n")
-    ca_file.write_bytes(ca)
+    controllers_credentials(master.state_dir, "test", token_file, ca_file)
     return [
-        *(sys.executable, "-m", "podnet", "controllers", "--server", server),
+        *(sys.executable, "-m", "podnet", "controllers", "--server", master.server),
         *("--token-file", str(token_file), "--certificate-authority", str(ca_file), *args),
     ]
 

@@ -1,0 +1,232 @@
+"""The rule table: what each role may do, as RBAC-style rules (kube's RBAC and Node
+authorizer roles), indexed for the authorizer (``podnet.api.authorizer``).
+
+A ``Rule`` grants verbs on an API group's resources (with a subresource: ``pods/status``),
+optionally only some names or one namespace. A role is a tuple of rules; a user's roles
+come from its groups (``roles_of``) and their union is built and indexed once per set of
+roles (``role_rules``, ``role_index``), whatever the number of users.
+
+Roles:
+
+- the admin (group ``system:masters``): anything;
+- a node (``system:node:<name>`` in ``system:nodes``): reads every kind but events and
+  leases, creates and deletes mirror pods, updates its pods' status, creates and updates
+  its own Node, creates events, uses its own Lease in ``kube-node-lease`` (its writes are
+  then checked object by object: ``podnet.api.noderestriction``);
+- a service proxy (group ``system:podnet:proxies``): reads services, endpoints, endpoint
+  slices and nodes;
+- a router (group ``system:podnet:routers``): reads routes, services and endpoints and
+  writes route status;
+- the controllers run as their own process (group ``system:podnet:controllers``):
+  exactly the reads and writes the master's controllers make (``CONTROLLERS_RULES``);
+- everyone authenticated: access reviews (what may I do?).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from podnet.api.identity import User
+from podnet.api.noderestriction import LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE
+from podnet.model.kinds import KINDS
+from podnet.model.schemas_coordination import CONTROLLERS_LEASE_NAME, CONTROLLERS_LEASE_NAMESPACE
+
+READ_VERBS = frozenset({"get", "list", "watch"})
+WRITE_VERBS = frozenset({"create", "update", "patch"})
+# Non-resource requests carry the lowercase HTTP method as their verb (as in kube).
+NON_RESOURCE_READ_VERBS = READ_VERBS | {"head"}
+AUTHORIZATION_GROUP = "authorization.k8s.io"
+REVIEWS = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews"})
+ROUTE_GROUP = "route.openshift.io"
+DISCOVERY_GROUP = "discovery.k8s.io"
+NETWORK_GROUP = "network.openshift.io"
+NETWORKING_GROUP = "networking.k8s.io"
+EVENT_NAMESPACE = "default"  # where the controllers record events about nodes
+ALL = "*"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One RBAC-style policy rule: an empty ``names`` means any name.
+
+    ``own_name`` marks a role's rule that is about the caller's own object (a node's
+    Node and Lease): the name must be the caller's node name. Such a rule is written
+    once for every node; ``bound`` gives the plain rule of one node."""
+
+    verbs: frozenset[str]
+    group: str
+    resources: frozenset[str]
+    names: frozenset[str] = frozenset()
+    namespace: str | None = None  # None: every namespace (and cluster scope)
+    own_name: bool = False
+
+    def allows(
+        self,
+        verb: str,
+        group: str,
+        resource: str,
+        namespace: str | None,
+        name: str | None,
+        own: str | None = None,
+    ) -> bool:
+        """Whether this rule grants ``verb`` on ``group/resource`` (name, namespace) to
+        a caller whose own name is ``own``."""
+        return (
+            (verb in self.verbs or ALL in self.verbs)
+            and self.group in (ALL, group)
+            and (ALL in self.resources or resource in self.resources)
+            and (not self.names or name in self.names)
+            and (not self.own_name or (name is not None and name == own))
+            and (self.namespace is None or self.namespace == namespace)
+        )
+
+    @property
+    def wildcard(self) -> bool:
+        """Whether the verb, group or resource is ``*``."""
+        return ALL in self.verbs or self.group == ALL or ALL in self.resources
+
+    def bound(self, own: str | None) -> Rule:
+        """This rule for the caller named ``own``: ``own_name`` becomes ``names``."""
+        if not self.own_name or own is None:
+            return self
+        return Rule(self.verbs, self.group, self.resources, frozenset({own}), self.namespace)
+
+
+class RuleIndex:
+    """A role set's rules by (verb, group, resource), built once: a request checks only
+    the rules under its own key, and those with a wildcard (the admin's)."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        exact: dict[tuple[str, str, str], list[Rule]] = {}
+        for rule in rules:
+            if rule.wildcard:
+                continue
+            for verb in rule.verbs:
+                for resource in rule.resources:
+                    exact.setdefault((verb, rule.group, resource), []).append(rule)
+        self._exact = {key: tuple(found) for key, found in exact.items()}
+        self._wildcards = tuple(rule for rule in rules if rule.wildcard)
+
+    def candidates(self, verb: str, group: str, resource: str) -> tuple[Rule, ...]:
+        """The rules that may grant ``verb`` on ``group/resource``: those that name
+        exactly these, then those with a wildcard."""
+        return self._exact.get((verb, group, resource), ()) + self._wildcards
+
+
+def grant(
+    verbs: str,
+    group: str,
+    resources: str,
+    namespace: str | None = None,
+    *,
+    own: bool = False,
+) -> Rule:
+    """A rule from space-separated verbs and resources."""
+    return Rule(
+        frozenset(verbs.split()), group, frozenset(resources.split()), frozenset(), namespace, own
+    )
+
+
+# Every authenticated user may ask what it may do, as kube's system:basic-user.
+REVIEW_RULE = grant("create", AUTHORIZATION_GROUP, " ".join(sorted(REVIEWS)))
+ADMIN_RULES = (grant("*", ALL, ALL),)
+
+
+def readable(skip: frozenset[tuple[str, str]]) -> tuple[Rule, ...]:
+    """get/list/watch on every served kind (and its subresources) but ``skip``."""
+    by_group: dict[str, set[str]] = {}
+    for kind in KINDS.kinds:
+        if (kind.group, kind.plural) in skip:
+            continue
+        names = by_group.setdefault(kind.group, set())
+        names.add(kind.plural)
+        names.update(f"{kind.plural}/{sub}" for sub in kind.subresources)
+    return tuple(Rule(READ_VERBS, g, frozenset(r)) for g, r in sorted(by_group.items()))
+
+
+# One set for every node: "own" rules compare the name with the caller's at request time.
+NODE_RULES = (
+    *readable(frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL)})),
+    grant("create delete", "", "pods"),
+    grant("update patch", "", "pods/status"),
+    grant("create", "", "nodes"),
+    grant("update patch", "", "nodes nodes/status", own=True),
+    grant("create", "", "events"),
+    grant("create", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE),
+    grant("get update patch delete", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE, own=True),
+)
+PROXY_RULES = (
+    grant("get list watch", "", "services endpoints nodes"),
+    grant("get list watch", DISCOVERY_GROUP, "endpointslices"),
+)
+ROUTER_RULES = (
+    grant("get list watch", "", "services endpoints"),
+    grant("get list watch", ROUTE_GROUP, "routes routes/status"),
+    grant("update patch", ROUTE_GROUP, "routes/status"),
+)
+
+# The master's controllers run as their own process (``podnet controllers``): the kinds
+# and verbs they use, read from every controller, and nothing else (no Node or pod spec
+# writes, no tokens, no ClusterNetwork delete).
+CONTROLLERS_RULES = (
+    # the ClusterNetwork, made to agree with the configuration (HostSubnets follow it)
+    grant("get list watch create update", NETWORK_GROUP, "clusternetworks"),
+    # subnets for nodes; VNIDs for namespaces
+    grant("get list watch create update delete", NETWORK_GROUP, "hostsubnets netnamespaces"),
+    # nodes: their conditions (NetworkUnavailable; Ready from the Lease heartbeats) and
+    # events about them
+    grant("get list watch", "", "nodes"),
+    grant("update", "", "nodes/status"),
+    grant("create", "", "events", EVENT_NAMESPACE),
+    grant("list watch", LEASE_GROUP, LEASE_PLURAL),
+    # Namespaces default, kube-node-lease and kube-system; a deleted one's contents
+    grant("get list watch create", "", "namespaces"),
+    grant("update", "", "namespaces/finalize"),
+    grant("list watch delete", "", "pods services"),
+    grant("list delete", "", "events"),
+    grant("delete", LEASE_GROUP, LEASE_PLURAL),
+    grant("list delete", NETWORKING_GROUP, "networkpolicies"),
+    grant("list delete", NETWORK_GROUP, "egressnetworkpolicies"),
+    # Endpoints and EndpointSlices of selector Services
+    grant("get list watch create update delete", "", "endpoints"),
+    grant("get list watch create update delete", DISCOVERY_GROUP, "endpointslices"),
+    # leader election: the one Lease of the controllers
+    grant("create", LEASE_GROUP, LEASE_PLURAL, CONTROLLERS_LEASE_NAMESPACE),
+    Rule(
+        frozenset({"get", "update"}),
+        LEASE_GROUP,
+        frozenset({LEASE_PLURAL}),
+        frozenset({CONTROLLERS_LEASE_NAME}),
+        CONTROLLERS_LEASE_NAMESPACE,
+    ),
+)
+
+RoleSet = tuple[bool, bool, bool, bool, bool]  # admin, node, proxy, router, controllers
+
+
+def roles_of(user: User) -> RoleSet:
+    """Which roles ``user``'s name and groups give it."""
+    node = user.node_name is not None
+    return (user.is_admin, node, user.is_proxy, user.is_router, user.is_controllers)
+
+
+@functools.cache  # 32 role sets at most, whatever the number of nodes
+def role_rules(roles: RoleSet) -> tuple[Rule, ...]:
+    """The union of the rules of ``roles``."""
+    admin, node, proxy, router, controllers = roles
+    if admin:
+        return (*ADMIN_RULES, REVIEW_RULE)
+    return (
+        REVIEW_RULE,
+        *(NODE_RULES if node else ()),
+        *(PROXY_RULES if proxy else ()),
+        *(ROUTER_RULES if router else ()),
+        *(CONTROLLERS_RULES if controllers else ()),
+    )
+
+
+@functools.cache
+def role_index(roles: RoleSet) -> RuleIndex:
+    """``role_rules`` indexed by (verb, group, resource)."""
+    return RuleIndex(role_rules(roles))
