@@ -22,23 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from podnet.dataplane.interface import (
-    DataPlane,
-    DataPlaneError,
-    DataPlaneStatus,
-    NodeNetwork,
-    NodeSetupRefused,
-    PodAttachment,
-    PodNetwork,
-    RemoteNode,
-)
+from podnet.dataplane.interface import DataPlaneError, DataPlaneStatus
 from podnet.dataplane.linux.netlink import Netlink
-from podnet.dataplane.linux.rtnl import NetlinkBatch
 from podnet.dataplane.linux.services import ServiceTableSync
 from podnet.dataplane.linux.workers import NamespaceWorker, namespace_id
 from podnet.dataplane.ovs import hostnet, ovspods
@@ -49,9 +38,13 @@ from podnet.dataplane.ovs.flowsync import FlowSync
 from podnet.dataplane.ovs.nodeports import NodePorts, flow_problems
 from podnet.dataplane.ovs.ofctl import OfctlRunner
 from podnet.dataplane.ovs.pipeline import LocalPod
+from podnet.dataplane.ovs.underlaysetup import NodeKernel
 from podnet.dataplane.wiring import host_veth_name
 from podnet.policy.model import RuleSet
 from podnet.services.model import ServiceTable
+
+if TYPE_CHECKING:
+    from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, RemoteNode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,13 +59,8 @@ class OvsDataPlane:
     def __init__(self, base: Path, *, timeout: float = CALL_TIMEOUT) -> None:
         self.timeout = timeout
         self.daemons = OvsDaemons(base)
-        namespace = namespace_id()
-        self._node_thread = NamespaceWorker(f"podnet-ovs-{namespace}")
-        self._pod_threads = NamespaceWorker(f"podnet-ovs-pods-{namespace}", POD_THREADS)
-        self._netlink: Netlink | None = None
-        self._local = threading.local()
-        self._batches: list[NetlinkBatch] = []
-        self._batches_lock = threading.Lock()
+        self._kernel = NodeKernel()  # the node thread: netlink, sysctls, nft, in order
+        self._pod_threads = NamespaceWorker(f"podnet-ovs-pods-{namespace_id()}", POD_THREADS)
         self.runner = OfctlRunner(self.daemons.paths)
         self.flows = FlowSync(self.runner)
         self.state = FlowState()
@@ -98,7 +86,7 @@ class OvsDataPlane:
         if not problems:
             await self._load()
             problems += await self._node(
-                "check_node", lambda: hostnet.problems(self._nl(), node, self.state.remotes)
+                "check_node", lambda nl: hostnet.problems(nl, node, self.state.remotes)
             )
             problems += await self._flow_problems(node)
         if not problems:
@@ -112,9 +100,9 @@ class OvsDataPlane:
         await self._within("setup_node", self.ports.ensure(node), SETUP_TIMEOUT)
         self._supervise()
         await self._load()
-        await self._node("setup_node", lambda: hostnet.ensure(self._nl(), node, self.state.remotes))
+        await self._node("setup_node", lambda nl: hostnet.ensure(nl, node, self.state.remotes))
         wired = await self.ports.remove_orphans()
-        await self._node("setup_node", lambda: ovspods.remove_stray_veths(self._nl(), wired))
+        await self._node("setup_node", lambda nl: ovspods.remove_stray_veths(nl, wired))
         self.state.node = node
         await self._sync_flows(whole=True)
 
@@ -124,19 +112,13 @@ class OvsDataPlane:
         the underlay's L2 segment get nothing and are refused at the end."""
         self._require(node)
         refused = await self._node(
-            "sync_remote_nodes", lambda: hostnet.refused_remotes(self._nl(), node, remotes)
+            "sync_remote_nodes", lambda nl: hostnet.refused_remotes(nl, node, remotes)
         )
         chosen = [r for r in remotes if r.name not in refused]
-        await self._node(
-            "sync_remote_nodes", lambda: hostnet.sync_remotes(self._nl(), node, chosen)
-        )
+        await self._node("sync_remote_nodes", lambda nl: hostnet.sync_remotes(nl, node, chosen))
         self.state.remotes = chosen
         await self._sync_flows(whole=True)
-        if refused:
-            raise NodeSetupRefused(
-                f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on the "
-                "underlay's subnets"
-            )
+        hostnet.refuse(refused)
 
     # --- pods ----------------------------------------------------------------------------
 
@@ -144,7 +126,7 @@ class OvsDataPlane:
         """veth, pod side, OVS port with the pod's identity, then its flows."""
         self._require(None)
         host = host_veth_name(pod.container_id, pod.ifname)
-        await self._pod("attach_pod", lambda: ovspods.wire(self._batch(), pod, host))
+        await self._pod("attach_pod", lambda: ovspods.wire(pod, host))
         try:
             async with self._ofports:
                 ofport = self._free_ofport()
@@ -184,7 +166,7 @@ class OvsDataPlane:
 
     async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
         """The host's nftables service proxy (the linux data plane's), for tun0."""
-        await self._node("sync_services", lambda: self.services.sync(node, table), SETUP_TIMEOUT)
+        await self._node("sync_services", lambda _: self.services.sync(node, table), SETUP_TIMEOUT)
 
     async def close(self) -> None:
         """Stop supervising, close OVSDB and the threads; the daemons keep running."""
@@ -195,6 +177,7 @@ class OvsDataPlane:
             self._supervisor.cancel()
             await asyncio.gather(self._supervisor, return_exceptions=True)
         await self.ports.close()
+        await self._kernel(lambda _: self.services.close())
         await asyncio.to_thread(self._stop_threads)
         self.daemons.close()
 
@@ -231,7 +214,7 @@ class OvsDataPlane:
         self.state.pods.pop(f"{container_id}/{ifname}", None)
         await self._sync_flows()
         await self.ports.delete(host)
-        await self._pod("detach_pod", lambda: ovspods.unwire(self._batch(), host))
+        await self._pod("detach_pod", lambda: ovspods.unwire(host))
 
     def _free_ofport(self) -> int:
         used = {pod.ofport for pod in self.state.pods.values()} | self._reserved
@@ -254,9 +237,7 @@ class OvsDataPlane:
         log.warning("%s restarted: reprogramming the node", VSWITCHD)
         try:
             await self.ports.ensure(node)
-            await self._node(
-                "reprogram", lambda: hostnet.ensure(self._nl(), node, self.state.remotes)
-            )
+            await self._node("reprogram", lambda nl: hostnet.ensure(nl, node, self.state.remotes))
             await self._sync_flows(whole=True)
         except DataPlaneError as err:
             log.error("reprogramming after the %s restart failed: %s", VSWITCHD, err)
@@ -269,51 +250,24 @@ class OvsDataPlane:
         if node is not None and node != self.state.node:
             raise DataPlaneError("the node's network changed: setup_node first")
 
-    async def _kernel(self, fn: Callable[[Netlink], T]) -> T:
-        """``fn`` on the node thread's netlink socket (for the underlay's set-up)."""
-        return await self._node("underlay", lambda: fn(self._nl()))
-
-    def _nl(self) -> Netlink:
-        if self._netlink is None:
-            self._netlink = Netlink.open()
-        return self._netlink
-
-    def _batch(self) -> NetlinkBatch:
-        batch: NetlinkBatch | None = getattr(self._local, "batch", None)
-        if batch is None:
-            batch = self._local.batch = NetlinkBatch()
-            with self._batches_lock:
-                self._batches.append(batch)
-        return batch
-
     def _stop_threads(self) -> None:
-        def close_node() -> None:
-            self.services.close()
-            if self._netlink is not None:
-                self._netlink.close()
-
-        self._node_thread.submit(close_node).result(self.timeout)
         self._pod_threads.stop()
-        self._node_thread.stop()
-        with self._batches_lock:
-            for batch in self._batches:
-                batch.close()
+        self._kernel.close()
 
-    async def _node(self, what: str, fn: Callable[[], T], limit: float | None = None) -> T:
-        return await self._on(self._node_thread, what, fn, limit)
+    async def _node(self, what: str, fn: Callable[[Netlink], T], limit: float | None = None) -> T:
+        """``fn`` on the node thread, with its netlink socket."""
+        return cast(T, await self._within(what, asyncio.shield(self._kernel(fn)), limit))
 
     async def _pod(self, what: str, fn: Callable[[], T]) -> T:
-        return await self._on(self._pod_threads, what, fn, None)
-
-    async def _on(
-        self, worker: NamespaceWorker, what: str, fn: Callable[[], T], limit: float | None
-    ) -> T:
-        if self._closed:
-            raise DataPlaneError(f"{what}: the data plane is closed")
-        future = asyncio.wrap_future(worker.submit(fn))
-        return await self._within(what, asyncio.shield(future), limit)
+        """``fn`` on one of the pod threads."""
+        return await self._within(what, asyncio.wrap_future(self._pod_threads.submit(fn)))
 
     async def _within(self, what: str, step: Awaitable[T], limit: float | None = None) -> T:
+        """``step`` with a timeout, as a DataPlaneError (the work itself goes on)."""
+        if self._closed:
+            if asyncio.iscoroutine(step):
+                step.close()
+            raise DataPlaneError(f"{what}: the data plane is closed")
         limit = limit or self.timeout
         try:
             async with asyncio.timeout(limit):
@@ -327,4 +281,6 @@ def _never(host: str) -> PodAttachment:
 
 
 if TYPE_CHECKING:  # mypy checks that the class fulfils the contract
+    from podnet.dataplane.interface import DataPlane
+
     _conforms: DataPlane = OvsDataPlane(Path())

@@ -176,3 +176,12 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
     underlay = uplink(nl, node)
     ensure_routes(nl, node, remotes, underlay)
     linux_node.ensure_peers(node, underlay.name, peers_of(node, remotes))
+
+
+def refuse(refused: list[str]) -> None:
+    """NodeSetupRefused naming the host-gw remotes that are not L2 adjacent, if any."""
+    if refused:
+        raise NodeSetupRefused(
+            f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on the "
+            "uplink's subnets"
+        )

@@ -80,14 +80,14 @@ def attachment_of(host_ifname: str, ids: Mapping[str, str]) -> PodAttachment | N
     )
 
 
-def wire(links: NetlinkBatch, pod: PodNetwork, host: str) -> None:
+def wire(pod: PodNetwork, host: str) -> None:
     """The veth (a leftover of the same name replaced), the pod side configured, and
     checksum offload off in the pod; on failure the veth is removed again."""
-    links.run([rtnl.delete_link(host)])  # a leftover of a crash (the port went with it)
+    unwire(host)  # a leftover of a crash (its OVS port is replaced after this)
     fd = _open_netns(pod.netns)
     try:
         peer = rtnl.PeerEnd(pod.ifname, fd, pod.mac)
-        links.run([rtnl.create_veth(host, NO_MASTER, pod.mtu, peer)])
+        _run([rtnl.create_veth(host, NO_MASTER, pod.mtu, peer)])
     finally:
         os.close(fd)
     try:
@@ -96,15 +96,25 @@ def wire(links: NetlinkBatch, pod: PodNetwork, host: str) -> None:
         checksum_offload_off(pod.netns, pod.ifname)
     except BaseException:
         try:
-            unwire(links, host)
+            unwire(host)
         except DataPlaneError as err:  # keep the first error; set-up removes strays
             log.warning("removing %s after a failed attach: %s", host, err)
         raise
 
 
-def unwire(links: NetlinkBatch, host: str) -> None:
+def unwire(host: str) -> None:
     """Delete the veth (its pod end goes with it); fine if it is gone."""
-    links.run([rtnl.delete_link(host)])
+    _run([rtnl.delete_link(host)])
+
+
+def _run(requests: list[rtnl.Request]) -> None:
+    """``requests`` on a netlink socket of the calling thread's namespace (one per call:
+    pods are wired on several threads at once)."""
+    links = NetlinkBatch()
+    try:
+        links.run(requests)
+    finally:
+        links.close()
 
 
 def remove_stray_veths(nl: Netlink, ports: set[str]) -> list[str]:

@@ -155,15 +155,11 @@ def remote_node_flows(node: NodeNetwork, remote: RemoteNode) -> list[Flow]:
     # the frame was sent to the remote's gateway: readdressed to ours, so that what goes
     # on to tun0 (to the host, a service's reply) is for tun0 (delivery sets the pod's)
     to_gateway = f"set_field:{pod_mac(node.gateway.ip)}->eth_dst"
+    vxlan_in = f"goto_table:{t.VXLAN_IN}"
     return _flows(
         remote_cookie(remote.name),
-        (
-            t.CLASSIFY,
-            200,
-            f"ip,{from_remote},nw_src={subnet}",
-            f"{to_gateway},goto_table:{t.VXLAN_IN}",
-        ),
-        (t.CLASSIFY, 200, f"arp,{from_remote},arp_spa={subnet}", f"goto_table:{t.VXLAN_IN}"),
+        (t.CLASSIFY, 200, f"ip,{from_remote},nw_src={subnet}", f"{to_gateway},{vxlan_in}"),
+        (t.CLASSIFY, 200, f"arp,{from_remote},arp_spa={subnet}", vxlan_in),
         (t.ARP_REMOTE, 100, f"arp,arp_tpa={subnet}", send),
         (t.REMOTE, 100, f"ip,nw_dst={subnet}", send),
     )
@@ -180,20 +176,11 @@ def pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
         f"load:{port:#x}->NXM_NX_{t.REG_OUT_PORT.upper()}[],"
         f"set_field:{mac}->eth_dst,goto_table:{t.ISOLATION}"
     )
+    sender = f"in_port={port},dl_src={mac}"
     return _flows(
         pod_cookie(pod.key),
-        (
-            t.POD_IN,
-            100,
-            f"ip,in_port={port},dl_src={mac},nw_src={ip}",
-            f"{load},goto_table:{t.EGRESS_POLICY}",
-        ),
-        (
-            t.POD_IN,
-            100,
-            f"arp,in_port={port},dl_src={mac},arp_spa={ip},arp_sha={mac}",
-            f"{load},goto_table:{t.ROUTE}",
-        ),
+        (t.POD_IN, 100, f"ip,{sender},nw_src={ip}", f"{load},goto_table:{t.EGRESS_POLICY}"),
+        (t.POD_IN, 100, f"arp,{sender},arp_spa={ip},arp_sha={mac}", f"{load},goto_table:{t.ROUTE}"),
         (t.ARP_LOCAL, 100, f"arp,arp_tpa={ip}", f"output:{port}"),
         (t.LOCAL, 100, f"ip,nw_dst={ip}", deliver),
     )
