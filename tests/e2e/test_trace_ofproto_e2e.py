@@ -184,7 +184,7 @@ def test_service_endpoints_are_traced(cluster: Path) -> None:
         api.create(SERVICE, body, namespace="x")
 
         def ready() -> bool:
-            subsets = api.get(ENDPOINTS, "web", "x").get("subsets") or []
+            subsets = api.get(ENDPOINTS, namespace="x", name="web").get("subsets") or []
             return any(subset.get("addresses") for subset in subsets)
 
         wait_for(ready, SYNC_TIMEOUT, "the endpoints of x/web", ignore=(NotFound,))
