@@ -2,31 +2,30 @@
 OpenShift SDN's per-pair rendering of the same objects, and the time to render them.
 
 Run: .venv/bin/python bench/bench_ovs_flows.py [--pods 5000] [--nodes 50]
-     [--policies 250 500 750 1000] [--ovs] [--changes 20]
+     [--policies 250 500 750 1000]
 
-The objects are ``bench_policy``'s (pods in 50 namespaces and 20 apps, 5 teams;
-policies allowing ingress to one app from the next app in a team's namespaces on a port
-and on the named port ``http``, a third of them also limiting egress to an ipBlock with
-an except), compiled once per size with ``compile_rules``. For node 1 (``--pods`` /
-``--nodes`` local pods) it prints, per policy count:
+The objects are ``bench_policy``'s (pods in 50 namespaces and 20 apps, 5 teams, spread
+evenly over the nodes; policies allowing ingress to one app from the next app in a
+team's namespaces on a port and on the named port ``http``, a third of them also
+limiting egress to an ipBlock with an except), twice: each policy with a port of its
+own, so no two rules share a conjunction (every policy costs its own flows), and with
+ports from a set of 100, as in ``bench_policy``. Compiled once per size with
+``compile_rules``; for node 0 (``--pods`` / ``--nodes`` local pods) it prints, per
+policy count:
 
 - the flows of tables 21 and 80 (``policyflows``) and the conjunction actions they hold
-  (a flow shared by many rules lists each of their conjunctions), the flow text size;
+  (a flow shared by many conjunctions lists each of them), the flow text size;
 - OpenShift SDN's count for the same objects: its networkpolicy plugin writes, per rule,
   one flow per (local target pod, peer) pair and port (a peer being a pod IP or an
   ipBlock network), so per rule |local targets| x |peers| x |ports|;
-- the render time (median of 5; the compile is not counted).
+- the render time, wall and CPU (median of 5; the compile is not counted).
 
-With ``--ovs`` (root), the largest flow set is installed in a private OVS (userspace
-datapath, in a namespace of its own, removed afterwards) with ``FlowSync``, then
-``--changes`` times one policy's port changes and the time from rendering to the switch
-holding the new flows (one bundle) is measured: p50/p99.
+Installing a change on a real switch through the data plane: ``bench_ovs_policy_latency``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import time
@@ -37,14 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_policy import APPS, NAMESPACES, TEAMS, percentile, pod_object, policy_object
+from bench_policy import APPS, NAMESPACES, TEAMS, pod_object, policy_object
 from podnet.dataplane.ovs.flow import Flow
-from podnet.dataplane.ovs.flowsync import FlowSync
 from podnet.dataplane.ovs.policyflows import LocalView, policy_flows
 from podnet.model.network import NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.policy.model import RuleSet
-from podnet.testing.ovsnode import ovs_node
 
 NODE = "node0"
 
@@ -111,43 +108,11 @@ def median_ms(work: Callable[[], object], runs: int = 5) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-async def install_and_change(rules_of: Callable[[int], RuleSet], changes: int) -> None:
-    base = rules_of(0)
-    here = view(base)
-    async with ovs_node("ovflows") as node:
-        sync = FlowSync(node.runner)
-        start = time.perf_counter()
-        await sync.sync(policy_flows(here, base))
-        print(f"  installed on a fresh bridge: {(time.perf_counter() - start) * 1000:.0f} ms")
-        latencies, cpu = [], []
-        for k in range(1, changes + 1):
-            changed = rules_of(k)  # policy 0's port differs (compiled beforehand)
-            start, start_cpu = time.perf_counter(), time.process_time()
-            result = await sync.sync(policy_flows(view(changed), changed))
-            latencies.append((time.perf_counter() - start) * 1000)
-            cpu.append((time.process_time() - start_cpu) * 1000)
-        dumped = len((await node.runner.dump_flows("br0")).splitlines())
-    print(f"  one policy changed -> flows on the switch ({changes} changes, last: {result}):")
-    p50, p99, cpu50 = percentile(latencies, 50), percentile(latencies, 99), percentile(cpu, 50)
-    print(f"    p50 {p50:.1f} ms, p99 {p99:.1f} ms (this process's CPU: p50 {cpu50:.1f} ms); "
-          f"{dumped} flows dumped")  # fmt: skip
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pods", type=int, default=5000)
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--policies", type=int, nargs="+", default=[250, 500, 750, 1000])
-    parser.add_argument("--ovs", action="store_true", help="install on a real OVS (root)")
-    parser.add_argument("--changes", type=int, default=20)
-    args = parser.parse_args()
-    pod_objs = pods(args.pods, args.nodes)
-    print(f"{args.pods} pods on {args.nodes} nodes, {NAMESPACES} namespaces, {APPS} apps; "
-          f"node {NODE}'s tables 21 and 80")  # fmt: skip
+def table(pod_objs: list[dict[str, Any]], counts: list[int], port_of: Callable[[int], int]) -> None:
     print(f"{'policies':>8} {'rules':>6} {'flows':>7} {'conj acts':>10} {'text KB':>8} "
           f"{'openshift':>10} {'ratio':>7} {'render ms':>10} {'cpu ms':>7}")  # fmt: skip
-    for count in args.policies:
-        rules = ruleset(pod_objs, count, lambda j: 8000 + j % 100)
+    for count in counts:
+        rules = ruleset(pod_objs, count, port_of)
         here = view(rules)
         flows = policy_flows(here, rules)
         pairs = openshift_flows(rules, frozenset(here.pods))
@@ -156,14 +121,21 @@ def main() -> None:
         actions, ratio = conjunction_actions(flows), pairs / len(flows)
         print(f"{count:8d} {len(rules.rules):6d} {len(flows):7d} {actions:10d} {text / 1024:8.0f} "
               f"{pairs:10d} {ratio:7.1f} {ms:10.1f} {cpu:7.1f}")  # fmt: skip
-    if args.ovs:
-        largest = max(args.policies)
-        prepared = {
-            k: ruleset(pod_objs, largest, lambda j, k=k: 8000 + (j % 100 if j else 100 + k))
-            for k in range(args.changes + 1)
-        }
-        print(f"on a real OVS, {largest} policies:")
-        asyncio.run(install_and_change(prepared.__getitem__, args.changes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--policies", type=int, nargs="+", default=[250, 500, 750, 1000])
+    args = parser.parse_args()
+    pod_objs = pods(args.pods, args.nodes)
+    print(f"{args.pods} pods on {args.nodes} nodes, {NAMESPACES} namespaces, {APPS} apps; "
+          f"node {NODE}'s tables 21 and 80")  # fmt: skip
+    print("each policy a port of its own (no two rules share a conjunction):")
+    table(pod_objs, args.policies, lambda j: 8000 + j)
+    print("ports from a set of 100 (rules with equal peers and ports share one):")
+    table(pod_objs, args.policies, lambda j: 8000 + j % 100)
 
 
 if __name__ == "__main__":
