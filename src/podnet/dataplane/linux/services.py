@@ -60,6 +60,7 @@ class ServiceTableSync:
         """Make the kernel's table equal ``table``; True when something changed. A sync
         that reads the kernel or changes it logs where its time went."""
         marks = [time.perf_counter()]
+        batched = self.batched
         if self._renderer is None or self._renderer.node != node:
             self._renderer = ServiceRenderer(node)
         want = self._renderer.render(table)
@@ -95,8 +96,10 @@ class ServiceTableSync:
             spans = (f"{(b - a) * 1000:.1f}" for a, b in itertools.pairwise(marks))
             log.info(
                 "service table sync (ms): render %s, read-back %s, diff %s, nft %s, "
-                "conntrack+trim %s",
+                "conntrack+trim %s; %d lines of change%s",
                 *spans,
+                script.count("\n"),
+                " (element batch)" if self.batched > batched else "",
             )
         return bool(script)
 
