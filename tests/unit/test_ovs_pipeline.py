@@ -10,6 +10,7 @@ from podnet.dataplane.interface import NodeNetwork, RemoteNode, pod_mac
 from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, Kind, flows_text, kind_of
+from podnet.dataplane.ovs.flowstate import FlowState, as_read_back, parse_dump
 from podnet.dataplane.ovs.pipeline import Groups, LocalPod
 from podnet.model.network import MULTITENANT, SUBNET
 from podnet.policy.model import RuleSet, VnidIsolation
@@ -223,3 +224,36 @@ def test_a_catch_all_flow_is_alone_at_its_priority() -> None:
     for default in (f for f in flows if not f.match):
         same = [f for f in flows if (f.table, f.priority) == (default.table, default.priority)]
         assert same == [default], same
+
+
+# --- flowstate: what a restarted plane keeps until the agent tells it ---------------------
+
+
+def test_a_restarted_state_adopts_what_it_was_not_told_yet() -> None:
+    rules = multitenant({"10.128.0.5": 10, "10.128.2.7": 10})
+    before = FlowState(NODE, list(REMOTES), {p.key: p for p in [pod(5)]}, rules, True)
+    on_switch = parse_dump(
+        "".join(f" {as_read_back(flow).text().replace(',', ', ', 2)}\n" for flow in before.flows())
+    )
+    restarted = FlowState(NODE, None, {p.key: p for p in [pod(5), pod(6)]}, adopted=on_switch)
+    groups = restarted.groups()
+    own = before.groups()
+    for kept in (pipeline.remote_cookie("node-2"), pipeline.pod_cookie("c5/eth0")):
+        assert groups[kept] == on_switch[kept] and sorted(groups[kept]) == sorted(own[kept])
+    assert (
+        groups[pipeline.vnid_cookie(IPv4Address("10.128.2.7"))]
+        == on_switch[pipeline.vnid_cookie(IPv4Address("10.128.2.7"))]
+    ), "the rules' groups are kept as found"
+    new_pod = groups[pipeline.pod_cookie("c6/eth0")]
+    assert new_pod == pipeline.pod_flows(pod(6), t.UNASSIGNED_VNID), "a new pod meets VNID 0"
+    fresh = FlowState(NODE, None, {p.key: p for p in [pod(6)]}).groups()
+    assert fresh[pipeline.pod_cookie("c6/eth0")] == pipeline.pod_flows(pod(6), 0), (
+        "a new node isolates nothing before its first policy sync, as linux"
+    )
+
+
+def test_flows_are_written_as_the_switch_reads_them_back() -> None:
+    one = Flow(80, 50, "ip", "ct(commit,exec(set_field:0x4/0x4->ct_mark)),output:2", 1)
+    assert as_read_back(one).actions == "ct(commit,exec(load:0x1->NXM_NX_CT_MARK[2])),output:2"
+    two = Flow(80, 50, "ip", "ct(commit,exec(set_field:0x6/0x6->ct_mark))", 1)
+    assert as_read_back(two) == two

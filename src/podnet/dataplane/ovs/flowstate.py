@@ -16,7 +16,8 @@ pipeline changed (another podnet) is found out of date.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from podnet.dataplane.interface import NodeNetwork, RemoteNode
 from podnet.dataplane.ovs import pipeline
@@ -48,6 +49,27 @@ def parse_dump(text: str) -> Groups:
             flow = Flow(found.table, found.priority, found.match, found.actions, found.cookie)
             groups.setdefault(flow.cookie, []).append(flow)
     return groups
+
+
+_ONE_BIT_CT_MARK = re.compile(r"set_field:(0x[0-9a-f]+)/\1->ct_mark")
+
+
+def as_read_back(flow: Flow) -> Flow:
+    """``flow`` as the switch shows it when read back, where the two differ in form
+    only: a one-bit ``set_field:0xN/0xN->ct_mark`` comes back as
+    ``load:0x1->NXM_NX_CT_MARK[b]``, and ``ovs-ofctl`` (diff-flows, replace-flows) would
+    otherwise take the flow for a different one on every comparison."""
+    if "->ct_mark" not in flow.actions:
+        return flow
+    actions = _ONE_BIT_CT_MARK.sub(_as_load, flow.actions)
+    return flow if actions == flow.actions else replace(flow, actions=actions)
+
+
+def _as_load(found: re.Match[str]) -> str:
+    value = int(found.group(1), 16)
+    if value & (value - 1):  # several bits: left as written
+        return found.group(0)
+    return f"load:0x1->NXM_NX_CT_MARK[{value.bit_length() - 1}]"
 
 
 @dataclass
@@ -99,7 +121,8 @@ class FlowState:
         return groups
 
     def flows(self) -> list[Flow]:
-        return [flow for flows in self.groups().values() for flow in flows]
+        """Every flow, written as the switch reads it back (``as_read_back``)."""
+        return [as_read_back(flow) for flows in self.groups().values() for flow in flows]
 
     def _adopted(self, kind: Kind) -> Groups:
         return {c: flows for c, flows in self.adopted.items() if kind_of(c) == kind}
