@@ -76,14 +76,6 @@ def node_flows(name: str, rules: RuleSet) -> str:
     remotes = [RemoteNode(n, ip, subnet) for n, (ip, subnet) in NODES.items() if n != name]
     groups = pipeline.desired(node_network(name), remotes, local_pods(name), rules)
     flows = [f for group in groups.values() for f in group]
-    # ROUTE holds both "priority=0,ip actions=goto_table:100" and "priority=0 actions=drop"
-    # (pipeline.node_flows): overlapping at one priority, OVS may pick the drop for IP.
-    # Until the pipeline orders them, the stand-in keeps only the IP one.
-    ip_default = any(f.table == t.ROUTE and f.priority == 0 and f.match == "ip" for f in flows)
-    flows = [
-        f for f in flows
-        if not (ip_default and f.table == t.ROUTE and f.priority == 0 and not f.match)
-    ]  # fmt: skip
     return flows_text(flows)
 
 
