@@ -15,9 +15,12 @@ pipeline changed (another podnet) is found out of date.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address
 
 from podnet.dataplane.interface import NodeNetwork, RemoteNode
 from podnet.dataplane.ovs import pipeline
@@ -74,7 +77,10 @@ def _as_load(found: re.Match[str]) -> str:
 
 @dataclass
 class FlowState:
-    """The inputs known so far, and the adopted groups for the rest."""
+    """The inputs known so far, and the adopted groups for the rest. Parts are rendered
+    again only when their inputs change (``_memo``: the node, the remotes list, the rule
+    set and the pods' ports, compared by identity or value), so a pod's attach at 5,000
+    cluster pods does not render the 5,000 pods' VNID flows again."""
 
     node: NodeNetwork | None = None
     remotes: list[RemoteNode] | None = None  # None: not told yet
@@ -82,60 +88,87 @@ class FlowState:
     rules: RuleSet | None = None
     rules_known: bool = False
     adopted: Groups = field(default_factory=dict)
-    _policy: tuple[object, RuleSet | None, Groups] | None = None  # the last policy render
+    _memos: dict[str, tuple[tuple[object, ...], Groups]] = field(default_factory=dict)
 
     def groups(self) -> Groups:
         """Every group br0 should hold (the node must be known), the note included."""
         node = self.node
         assert node is not None, "the node is not known yet"
         pods = sorted(self.pods.values())
-        groups: Groups = {pipeline.node_cookie(): pipeline.node_flows(node)}
+        groups = dict(self._memo("node", (node,), lambda: _node_groups(node)))
         if self.remotes is None:
-            groups.update(self._adopted(Kind.REMOTE_NODE))
+            groups.update(self._adopted(lambda kind: kind == Kind.REMOTE_NODE))
         else:
-            for remote in usable_remotes(node, self.remotes):
-                groups[pipeline.remote_cookie(remote.name)] = pipeline.remote_node_flows(
-                    node, remote
-                )
-        vnids = pipeline.vnids_of(self.rules)
-        adopted_rules = {c: f for c, f in self.adopted.items() if kind_of(c) not in OWN_KINDS}
+            remotes = self.remotes
+            groups.update(self._memo("remotes", (node, remotes), lambda: _remotes(node, remotes)))
+        adopted_rules = self._adopted(lambda kind: kind not in OWN_KINDS)
+        vnids = self._vnids()
         # rules not known, none found either (a new node): nothing is isolated yet, as
         # with linux before its first policy sync; found: a new pod meets only VNID 0
         unknown_vnid = UNASSIGNED_VNID if adopted_rules else 0
         for pod in pods:
             key = pipeline.pod_cookie(pod.key)
             if self.rules_known:
-                groups[key] = pipeline.pod_flows(pod, pipeline.register_vnid(vnids, pod.ip))
+                groups[key] = _pod_flows(pod, pipeline.register_vnid(vnids, pod.ip))
             else:
-                groups[key] = self.adopted.get(key) or pipeline.pod_flows(pod, unknown_vnid)
+                groups[key] = self.adopted.get(key) or _pod_flows(pod, unknown_vnid)
         if not self.rules_known and adopted_rules:
             groups.update(adopted_rules)
-        elif not self.rules_known:
-            groups.update(self._policy_groups(node, pods))
         else:
-            for ip, vnid in vnids.items():
-                groups[pipeline.vnid_cookie(ip)] = pipeline.source_vnid_flows(ip, vnid)
-            groups.update(self._policy_groups(node, pods))
-        flow = note(node)
-        groups[flow.cookie] = [flow]
+            if self.rules_known:
+                groups.update(self._memo("vnids", (self.rules,), lambda: _vnid_groups(vnids)))
+            ports = tuple((pod.ip, pod.ofport) for pod in pods)
+            rules = self.rules
+            groups.update(
+                self._memo("policy", (node, rules, ports), lambda: _policy(node, rules, pods))
+            )
         return groups
 
     def flows(self) -> list[Flow]:
         """Every flow, written as the switch reads it back (``as_read_back``)."""
-        return [as_read_back(flow) for flows in self.groups().values() for flow in flows]
+        return [flow for flows in self.groups().values() for flow in flows]
 
-    def _adopted(self, kind: Kind) -> Groups:
-        return {c: flows for c, flows in self.adopted.items() if kind_of(c) == kind}
+    def _vnids(self) -> dict[IPv4Address, int | None]:
+        return pipeline.vnids_of(self.rules)
 
-    def _policy_groups(self, node: NodeNetwork, pods: list[LocalPod]) -> Groups:
-        """Tables 21/80, rendered again only when the node, the rules or the pods changed."""
-        ports = tuple((pod.ip, pod.ofport) for pod in pods)
-        cached = self._policy
-        if cached is None or cached[1] is not self.rules or cached[0] != (node, ports):
-            self._policy = (
-                (node, ports),
-                self.rules,
-                pipeline.policy_flows(node, self.rules, pods),
-            )
-        assert self._policy is not None
-        return self._policy[2]
+    def _adopted(self, wanted: Callable[[Kind], bool]) -> Groups:
+        return {c: flows for c, flows in self.adopted.items() if wanted(kind_of(c))}
+
+    def _memo(self, name: str, inputs: tuple[object, ...], make: Callable[[], Groups]) -> Groups:
+        """``make()``, unless the inputs are the ones of the last call (each the same
+        object, or an equal node or ports)."""
+        cached = self._memos.get(name)
+        if cached is None or not all(
+            a is b or (not isinstance(a, (list, RuleSet)) and a == b)
+            for a, b in zip(cached[0], inputs, strict=True)
+        ):
+            cached = (inputs, make())
+            self._memos[name] = cached
+        return cached[1]
+
+
+def _node_groups(node: NodeNetwork) -> Groups:
+    flow = note(node)
+    return {pipeline.node_cookie(): pipeline.node_flows(node), flow.cookie: [flow]}
+
+
+def _remotes(node: NodeNetwork, remotes: list[RemoteNode]) -> Groups:
+    return {
+        pipeline.remote_cookie(r.name): pipeline.remote_node_flows(node, r)
+        for r in usable_remotes(node, remotes)
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
+    return pipeline.pod_flows(pod, vnid)
+
+
+def _vnid_groups(vnids: dict[IPv4Address, int | None]) -> Groups:
+    return {pipeline.vnid_cookie(ip): pipeline.source_vnid_flows(ip, v) for ip, v in vnids.items()}
+
+
+def _policy(node: NodeNetwork, rules: RuleSet | None, pods: list[LocalPod]) -> Groups:
+    """Tables 21/80 (``policyflows``), as the switch reads them back."""
+    groups = pipeline.policy_flows(node, rules, pods)
+    return {c: [as_read_back(f) for f in flows] for c, flows in groups.items()}
