@@ -25,7 +25,7 @@ from podnet.cluster.nodes import (
     node_ready,
     socket_answers,
 )
-from podnet.cluster.ovsnodes import check_ovs_paths, stop_ovs
+from podnet.cluster.ovsnodes import check_ovs_paths, release_strays, stop_ovs
 from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState, locked, new_cluster_id
@@ -60,6 +60,7 @@ class ClusterSpec:
 def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
     state = ClusterState.load(state_dir)
     if state is None or not state.cluster_id:
+        _check_paths(state_dir, spec)
         state = state or ClusterState(plugin=spec.plugin)
         state.cluster_id = new_cluster_id()
         state.tunnel, state.underlay_cidr = spec.tunnel, spec.underlay_cidr
@@ -76,12 +77,22 @@ def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
             f"the cluster runs the {state.dataplane} data plane; `podnet cluster down` "
             f"first to use {spec.dataplane}"
         )
+    _check_paths(state_dir, spec)
     if state.plugin != spec.plugin and ControlPlane(state_dir).running():
         raise ClusterError(
             f"the cluster runs the {state.plugin} plugin; `podnet cluster down` first "
             f"to use {spec.plugin}"
         )
     return state
+
+
+def _check_paths(state_dir: Path, spec: ClusterSpec) -> None:
+    """ovs: every node's OVS sockets must fit a unix socket path (before anything starts)."""
+    if spec.dataplane == "ovs":
+        try:
+            check_ovs_paths(state_dir, max(spec.nodes, 1))
+        except NodeSetupRefused as exc:
+            raise ClusterError(str(exc)) from exc
 
 
 def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterState:
@@ -92,11 +103,6 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         known = ", ".join(CLUSTER_DATAPLANES)
         raise ClusterError(f"unknown data plane {spec.dataplane!r} (one of {known})")
     IPv4Network(spec.underlay_cidr)  # a bad CIDR fails here, before anything starts
-    if spec.dataplane == "ovs":
-        try:
-            check_ovs_paths(state_dir, max(spec.nodes, 1))
-        except NodeSetupRefused as exc:
-            raise ClusterError(str(exc)) from exc
     upstreams = checked_upstreams(spec.dns_upstreams)
     with locked(state_dir):
         state = _initial_state(state_dir, spec)
@@ -122,6 +128,7 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         if len(state.nodes) > spec.nodes:
             say(f"the cluster has {len(state.nodes)} nodes; `cluster up` never removes nodes")
         write_upstream_resolv_confs(state, state_dir, max(spec.nodes, len(state.nodes)))
+        release_strays(state, state_dir, say)
         with admin_api(state_dir) as api:
             for index in range(1, spec.nodes + 1):
                 ensure_node(state, state_dir, index, api, say)

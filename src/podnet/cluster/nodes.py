@@ -279,10 +279,6 @@ def ensure_node(state: ClusterState, state_dir: Path, index: int, api: Any, say:
     if node.agent is not None and node.agent.alive():
         say(f"{node.name}: agent already running (pid {node.agent.pid})")
         return node
-    if state.dataplane == "ovs":
-        from podnet.cluster.ovsnodes import release_stray
-
-        release_stray(state_dir, node.name, node.netns, say)
     start_agent(state, node, state_dir)
     subnet = wait_agent_ready(node, state_dir, api)
     pid = node.agent.pid if node.agent else 0

@@ -79,6 +79,14 @@ def _netns_inode(target: Path) -> int | None:
         return None
 
 
+def release_strays(state: ClusterState, state_dir: Path, say: Say) -> None:
+    """``release_stray`` for every recorded node of an ovs cluster (before the nodes'
+    namespaces are ensured and their agents started)."""
+    if state.dataplane == "ovs":
+        for node in state.nodes.values():
+            release_stray(state_dir, node.name, node.netns, say)
+
+
 def release_stray(state_dir: Path, node: str, namespace: str, say: Say) -> bool:
     """Stop and remove ``node``'s OVS instance if its daemons run outside the node's
     namespace (it was removed and made again while they ran); True if it did."""
