@@ -257,3 +257,18 @@ def test_flows_are_written_as_the_switch_reads_them_back() -> None:
     assert as_read_back(one).actions == "ct(commit,exec(load:0x1->NXM_NX_CT_MARK[2])),output:2"
     two = Flow(80, 50, "ip", "ct(commit,exec(set_field:0x6/0x6->ct_mark))", 1)
     assert as_read_back(two) == two
+
+
+def test_parts_are_rendered_again_exactly_when_their_inputs_change() -> None:
+    rules = multitenant({"10.128.0.5": 10})
+    state = FlowState(NODE, list(REMOTES), {p.key: p for p in [pod(5)]}, rules, True)
+    first = state.groups()
+    assert state.groups() == first
+    vnid = pipeline.vnid_cookie(IPv4Address("10.128.0.5"))
+    assert state.groups()[vnid] is first[vnid], "the same rule set: not rendered again"
+    state.rules = multitenant({"10.128.0.5": 11})  # another rule set: rendered again
+    assert state.groups()[vnid] != first[vnid]
+    state.pods[pod(6).key] = pod(6)
+    assert pipeline.pod_cookie(pod(6).key) in state.groups()
+    state.remotes = [REMOTES[0]]
+    assert pipeline.remote_cookie("node-3") not in state.groups()
