@@ -217,7 +217,7 @@ def api_update_latencies_ms(count: int) -> list[float]:
             lifecycle.cluster_up(state_dir, lifecycle.ClusterSpec(nodes=1), say=lambda _: None)
             with pods.admin_api(state_dir) as api:
                 pods.ensure_namespace(api, "bench")
-                subnet = api.get(HOST_SUBNET, "node1")["subnet"]
+                subnet = api.get(HOST_SUBNET, None, "node1")["subnet"]
                 gateway = str(ipaddress.IPv4Network(subnet).network_address + 1)
                 record = pods.run_pod(state_dir, "prober", "bench", "node1")
 

@@ -142,7 +142,7 @@ async def post_all(kubeconfig: Path, items: list[tuple[str, dict[str, Any]]]) ->
 
 def node1_subnet(state_dir: Path) -> IPv4Network:
     with pods.admin_api(state_dir) as api:
-        return IPv4Network(api.get(HOST_SUBNET, "node1")["subnet"])
+        return IPv4Network(api.get(HOST_SUBNET, None, "node1")["subnet"])
 
 
 def load_pods(state_dir: Path, kubeconfig: Path, count: int, node_count: int) -> None:
@@ -437,8 +437,8 @@ def throughput(args: argparse.Namespace) -> None:
                                 iperf(server.netns, client.netns, server.ip, args.seconds)
                             )
                         if with_policy:
-                            api.delete(NETWORK_POLICY, "allow-clients", namespace="bench")
-                            api.delete(NETWORK_POLICY, "deny", namespace="bench")
+                            api.delete(NETWORK_POLICY, "bench", "allow-clients")
+                            api.delete(NETWORK_POLICY, "bench", "deny")
             print(f"== iperf3, 1 stream, {args.seconds} s, median of {args.runs}")
             for key, values in results.items():
                 print(f"  {key:<32} {statistics.median(values):6.2f} Gbit/s")
@@ -484,7 +484,7 @@ def multitenant(args: argparse.Namespace) -> None:
                         change = "join:a" if run % 2 == 0 else "isolate"
                         patch = {"metadata": {"annotations": {CHANGE_NETWORK: change}}}
                         start = time.perf_counter()
-                        api.patch(NET_NAMESPACE, "b", patch)
+                        api.patch(NET_NAMESPACE, None, "b", patch)
                         last = max(m.first_after(start) for m in monitors)
                         found.append(last - start)
                         time.sleep(1.0)

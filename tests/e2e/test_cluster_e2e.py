@@ -222,7 +222,7 @@ def test_deleting_a_node_removes_its_routes_and_fdb_and_releases_its_subnet(clus
             text = planeview.remote_node_state(cluster, state, node)
             assert subnet in text or gone.ip in text, text
         nodes.stop_agent(gone)  # so it cannot register its Node again
-        api.delete("nodes", gone.name)
+        api.delete("nodes", None, gone.name)
         wait_for(lambda: nodes.host_subnet(api, gone.name) is None, 30, "HostSubnet released")
 
     def forgotten() -> bool:

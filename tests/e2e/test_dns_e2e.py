@@ -216,7 +216,7 @@ def test_a_new_service_is_answered_and_a_deleted_one_is_gone(cluster: Cluster) -
         late = ip["spec"]["clusterIP"]
         for asker in ASKERS:
             wait_for(lambda a=asker: cluster.getent(a, "hosts", "late") == [late], SETTLE, "late")
-        api.delete(SERVICE, "late", NS)
+        api.delete(SERVICE, NS, "late")
         for asker in ASKERS:
             wait_for(lambda a=asker: cluster.getent(a, "hosts", "late") == [], SETTLE, "gone")
             nx = cluster.dig(asker, f"late.{NS}.{ZONE}")

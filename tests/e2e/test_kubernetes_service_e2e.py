@@ -47,7 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
             state_dir, lifecycle.ClusterSpec(nodes=1, dataplane=TEST_DATAPLANE), say=print
         )
         with pods.admin_api(state_dir) as api:
-            network = IPv4Network(api.get(CLUSTER_NETWORK, "default")["serviceNetwork"])
+            network = IPv4Network(api.get(CLUSTER_NETWORK, None, "default")["serviceNetwork"])
         yield state_dir, str(network.network_address + 1)
     finally:
         lifecycle.cluster_down(state_dir, say=print)
@@ -56,11 +56,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
 def test_pods_find_the_kubernetes_service(cluster: tuple[Path, str]) -> None:
     state_dir, first = cluster
     with pods.admin_api(state_dir) as api:
-        service = wait_for(lambda: api.get(SERVICE, "kubernetes", "default"), 30, "the Service")
+        service = wait_for(lambda: api.get(SERVICE, "default", "kubernetes"), 30, "the Service")
         assert service["spec"]["clusterIP"] == first
         assert service["spec"]["ports"][0]["port"] == 443
         subsets = wait_for(
-            lambda: api.get(ENDPOINTS, "kubernetes", "default").get("subsets"), 30, "endpoints"
+            lambda: api.get(ENDPOINTS, "default", "kubernetes").get("subsets"), 30, "endpoints"
         )
         assert subsets == [
             {

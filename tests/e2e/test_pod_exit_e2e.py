@@ -50,7 +50,7 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def pod_status(state_dir: Path, name: str) -> dict[str, Any]:
     with pods.admin_api(state_dir) as api:
-        return dict(api.get(POD, name, NS).get("status") or {})
+        return dict(api.get(POD, NS, name).get("status") or {})
 
 
 def ready(status: dict[str, Any]) -> str | None:
@@ -61,14 +61,14 @@ def ready(status: dict[str, Any]) -> str | None:
 def addresses(state_dir: Path) -> list[str]:
     """Ready and not-ready addresses of the Service's Endpoints."""
     with pods.admin_api(state_dir) as api:
-        subsets = api.get(ENDPOINTS, "mortals", NS).get("subsets") or []
+        subsets = api.get(ENDPOINTS, NS, "mortals").get("subsets") or []
     kinds = ("addresses", "notReadyAddresses")
     return sorted(a["ip"] for s in subsets for k in kinds for a in s.get(k) or [])
 
 
 def ready_addresses(state_dir: Path) -> list[str]:
     with pods.admin_api(state_dir) as api:
-        subsets = api.get(ENDPOINTS, "mortals", NS).get("subsets") or []
+        subsets = api.get(ENDPOINTS, NS, "mortals").get("subsets") or []
     return sorted(a["ip"] for s in subsets for a in s.get("addresses") or [])
 
 

@@ -106,9 +106,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         with pods.admin_api(state_dir) as api:
             pods.ensure_namespace(api, NS)
-            network = api.get(CLUSTER_NETWORK, "default")
+            network = api.get(CLUSTER_NETWORK, None, "default")
             created = api.create(SERVICE, _service(network["serviceNetwork"]), namespace=NS)
-            subnet = IPv4Network(api.get(HOST_SUBNET, "node1")["subnet"])
+            subnet = IPv4Network(api.get(HOST_SUBNET, None, "node1")["subnet"])
         yield Cluster(
             state_dir, str(subnet.network_address + 1), created["spec"]["clusterIP"], seen
         )
@@ -120,7 +120,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def pod_object(cluster: Cluster, name: str) -> dict[str, Any]:
     with pods.admin_api(cluster.state_dir) as api:
-        return dict(api.get(POD, name, NS))
+        return dict(api.get(POD, NS, name))
 
 
 def condition(cluster: Cluster, name: str, kind: str = "Ready") -> str | None:
@@ -206,7 +206,7 @@ def endpoint_ips(cluster: Cluster, name: str) -> tuple[list[str], list[str]]:
 
     try:
         with pods.admin_api(cluster.state_dir) as api:
-            subsets = api.get(ENDPOINTS, name, NS).get("subsets") or []
+            subsets = api.get(ENDPOINTS, NS, name).get("subsets") or []
     except StatusError:
         return [], []
     ready = [a["ip"] for s in subsets for a in s.get("addresses") or []]

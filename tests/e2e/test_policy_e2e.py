@@ -165,7 +165,7 @@ def netpol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 pods.run_pod(state_dir, name, ns, node, {"pod": name}, ports=ports)
         with cluster.api() as api:
             for ns in NAMESPACES:
-                api.patch(NAMESPACE, ns, {"metadata": {"labels": {"ns": ns}}})
+                api.patch(NAMESPACE, None, ns, {"metadata": {"labels": {"ns": ns}}})
         yield cluster
     finally:
         down(state_dir)
@@ -182,12 +182,12 @@ def relabel(cluster: Cluster, case: Case, undo: bool = False) -> None:
             usual = {"pod": name}
             want = usual if undo else labels
             drop = {k: None for k in (labels if undo else usual) if k not in want}
-            api.patch(POD, name, {"metadata": {"labels": {**drop, **want}}}, namespace=ns)
+            api.patch(POD, ns, name, {"metadata": {"labels": {**drop, **want}}})
         for ns, labels in case.ns_labels.items():
             usual = {"ns": ns}
             want = usual if undo else labels
             drop = {k: None for k in (labels if undo else usual) if k not in want}
-            api.patch(NAMESPACE, ns, {"metadata": {"labels": {**drop, **want}}})
+            api.patch(NAMESPACE, None, ns, {"metadata": {"labels": {**drop, **want}}})
 
 
 def apply_policies(cluster: Cluster, policies: Sequence[dict[str, Any]]) -> None:
@@ -203,7 +203,7 @@ def remove_policies(cluster: Cluster, policies: Sequence[dict[str, Any]]) -> Non
     with cluster.api() as api:
         for policy in policies:
             meta = policy["metadata"]
-            api.delete(NETWORK_POLICY, meta["name"], namespace=meta["namespace"])
+            api.delete(NETWORK_POLICY, meta["namespace"], meta["name"])
 
 
 def matrix_of(verdicts: Verdicts, protocol: str, port: int | None) -> str:
@@ -310,11 +310,11 @@ def test_changes_at_runtime_and_no_stale_rule(netpol: Cluster) -> None:
         before = netpol.probe(["y/c", "x/a"], [("TCP", 80)])
         assert not before[("y/c", "x/a", "TCP", 80)]
         with netpol.api() as api:
-            api.patch(POD, "c", {"metadata": {"labels": {"pod": "b"}}}, namespace="y")
+            api.patch(POD, "y", "c", {"metadata": {"labels": {"pod": "b"}}})
         netpol.converge()
         assert netpol.probe(["y/c", "x/a"], [("TCP", 80)])[("y/c", "x/a", "TCP", 80)]
         with netpol.api() as api:
-            api.patch(POD, "c", {"metadata": {"labels": {"pod": "c"}}}, namespace="y")
+            api.patch(POD, "y", "c", {"metadata": {"labels": {"pod": "c"}}})
         netpol.converge()
         assert not netpol.probe(["y/c", "x/a"], [("TCP", 80)])[("y/c", "x/a", "TCP", 80)]
         deny = {

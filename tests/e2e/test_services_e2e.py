@@ -197,9 +197,9 @@ def test_traffic_follows_scaling_readiness_and_labels(cluster: Cluster) -> None:
         made.append("f4")
         answers_from(cluster, "c1", ip, {"f1", "f4"}, 40)
         with cluster.api() as api:  # a label change takes f1 out, and back in
-            api.patch(POD, "f1", {"metadata": {"labels": {"app": "moved"}}}, NS)
+            api.patch(POD, NS, "f1", {"metadata": {"labels": {"app": "moved"}}})
             answers_from(cluster, "c1", ip, {"f4"}, 10)
-            api.patch(POD, "f1", {"metadata": {"labels": {"app": "follow"}}}, NS)
+            api.patch(POD, NS, "f1", {"metadata": {"labels": {"app": "follow"}}})
             answers_from(cluster, "c1", ip, {"f1", "f4"}, 40)
 
 
@@ -223,7 +223,7 @@ def test_no_endpoints_refuses_and_the_service_still_exists(cluster: Cluster) -> 
 
     wait_for(refused, SETTLE, "connections to an endpointless service refused")
     with cluster.api() as api:
-        assert api.get(SERVICE, "nobody", NS)["spec"]["clusterIP"] == ip
+        assert api.get(SERVICE, NS, "nobody")["spec"]["clusterIP"] == ip
         assert not api.get("endpoints", "nobody", NS).get("subsets")
 
 
@@ -296,7 +296,7 @@ def test_external_ips_answer_from_outside_masqueraded(cluster: Cluster) -> None:
 
 def test_bad_services_are_refused_clearly_and_change_nothing(cluster: Cluster) -> None:
     with cluster.api() as api:
-        network = IPv4Network(api.get(CLUSTER_NETWORK, "default")["serviceNetwork"])
+        network = IPv4Network(api.get(CLUSTER_NETWORK, None, "default")["serviceNetwork"])
     taken_ip = str(network.network_address + 250)
     first = cluster.service("first", {"app": "web"}, type="NodePort", clusterIP=taken_ip)
     taken_port = first["spec"]["ports"][0]["nodePort"]

@@ -80,4 +80,4 @@ def test_policy_through_cluster_ips_matches_trace_and_expectation(cluster: Path,
     finally:
         with pods.admin_api(cluster) as api:
             for body in policies:
-                api.delete(NETWORK_POLICY, body["metadata"]["name"], "x")
+                api.delete(NETWORK_POLICY, "x", body["metadata"]["name"])

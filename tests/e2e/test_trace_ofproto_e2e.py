@@ -117,7 +117,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 pods.run_pod(state_dir, name, ns, node, {"pod": name}, ports=[("http", 80, "TCP")])
         with pods.admin_api(state_dir) as api:
             for ns in ("x", "y"):
-                api.patch(NAMESPACE, ns, {"metadata": {"labels": {"ns": ns}}})
+                api.patch(NAMESPACE, None, ns, {"metadata": {"labels": {"ns": ns}}})
             for body in POLICIES:
                 api.create(NETWORK_POLICY, body)
         yield state_dir

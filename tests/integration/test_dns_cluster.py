@@ -72,9 +72,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             api.create(SERVICE, service_object(NS, "alias", {}, **alias), NS)
             made = api.create(SERVICE, service_object("other", "db", {"app": "db"}), "other")
             ips["db"] = made["spec"]["clusterIP"]
+            subnets = {n: api.get(HOST_SUBNET, None, n)["subnet"] for n in ("node1", "node2")}
             gateways = {
-                node: str(IPv4Network(api.get(HOST_SUBNET, node)["subnet"]).network_address + 1)
-                for node in ("node1", "node2")
+                node: str(IPv4Network(subnet).network_address + 1)
+                for node, subnet in subnets.items()
             }
         for pod, node in (("a", "node1"), ("b", "node2")):
             record = pods.run_pod(state_dir, pod, NS, node, {"app": pod, "tier": "hl"})

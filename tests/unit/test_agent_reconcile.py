@@ -82,9 +82,9 @@ def test_cluster_status_reads_the_problems_of_each_node_from_its_note() -> None:
     }
 
     class Nodes:
-        def get(self, kind: object, name: str) -> dict[str, Any]:
+        def get(self, kind: object, namespace: str | None, name: str) -> dict[str, Any]:
             if name not in nodes:
-                raise NotFound(404, "NotFound", f"nodes {name!r} not found")
+                raise NotFound(f"nodes {name!r} not found", 404, "NotFound")
             return nodes[name]
 
     assert reconcile_report(Nodes(), ["node1", "node2", "gone"]) == {

@@ -7,15 +7,21 @@ The rules are checked both ways: every call the real controllers make in a busy 
 from __future__ import annotations
 
 import asyncio
+import stat
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from podnet.api.auth import parse_token_file
 from podnet.api.authorizer import RequestAttributes, allowed_by_rules, authorize, rules_for
 from podnet.api.identity import User
+from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.roles import CONTROLLERS_RULES
+from podnet.cli.main import cli
 from podnet.client.objectapi import Listing
 from podnet.client.watch import ResourceVersion, WatchEvent
 from podnet.controllers.config import MULTITENANT, NetworkConfig
@@ -215,3 +221,23 @@ def test_the_controllers_rules_are_exactly_the_table() -> None:
     assert rules_for(CONTROLLERS) == (*review_rule, *CONTROLLERS_RULES)
     assert not any(rule.wildcard for rule in CONTROLLERS_RULES)
     assert not any("patch" in rule.verbs for rule in CONTROLLERS_RULES)
+
+
+def test_controllers_credentials_issue_one_token_of_the_group(tmp_path: Path) -> None:
+    state = tmp_path / "master"
+    ensure_pki(state / "pki", ["127.0.0.1"])
+    token_file, ca_file = tmp_path / "controllers.token", tmp_path / "ca.pem"
+    args = ["controllers-credentials", "c1", "--state-dir", str(state)]
+    args += ["--token-file", str(token_file), "--ca-file", str(ca_file)]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    token = token_file.read_text().strip()
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert ca_file.read_bytes() == (state / "pki" / "ca.crt").read_bytes()
+    users = parse_token_file((state / "tokens.csv").read_text())
+    assert users[token] == CONTROLLERS  # exactly this user, in exactly this group
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and token_file.read_text().strip() == token  # no second token
+    assert len(parse_token_file((state / "tokens.csv").read_text())) == 1
+    empty = CliRunner().invoke(cli, [*args[:1], "", *args[2:]])
+    assert empty.exit_code == 1 and "must not be empty" in empty.output

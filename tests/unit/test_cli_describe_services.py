@@ -149,10 +149,10 @@ class FakeClient:
         self.endpoints, self.code = endpoints, code
         self.asked: list[tuple[str, str, str | None]] = []
 
-    def get(self, kind: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, kind: Any, namespace: str | None, name: str) -> dict[str, Any]:
         self.asked.append((kind.plural, name, namespace))
         if self.endpoints is None:
-            raise StatusError(self.code, "NotFound" if self.code == 404 else "Forbidden", "no")
+            raise StatusError("no", self.code, "NotFound" if self.code == 404 else "Forbidden")
         return self.endpoints
 
 

@@ -155,7 +155,7 @@ async def test_errors_are_classified(scripted: tuple[ScriptedApi, AsyncApiClient
     async def flaky() -> str:
         attempts.append(1)
         if len(attempts) < 3:
-            raise ServerError(503, "ServiceUnavailable", "etcd down")
+            raise ServerError("etcd down", 503, "ServiceUnavailable")
         return "ok"
 
     assert await with_retry(flaky, "flaky", 5.0, Backoff(0.001, 0.01)) == "ok"
@@ -167,7 +167,7 @@ async def test_errors_are_classified(scripted: tuple[ScriptedApi, AsyncApiClient
 
 async def down_permanent(attempts: list[int]) -> None:
     attempts.append(1)
-    raise StatusError(403, "Forbidden", "forbidden")
+    raise StatusError("forbidden", 403, "Forbidden")
 
 
 # ---- what the writes send -------------------------------------------------------------------

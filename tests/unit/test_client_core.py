@@ -60,7 +60,7 @@ from podnet.model.kinds import LEASE, NODE, POD
 def test_error_from_status_picks_the_class(
     code: int, reason: str, cls: type[StatusError], transient: bool
 ) -> None:
-    err = error_from_status(code, reason, "why")
+    err = error_from_status("why", code, reason)
     assert type(err) is cls
     assert is_transient(err) is transient
     assert (err.code, err.message) == (code, "why")
@@ -76,7 +76,7 @@ def test_model_errors_translate_into_the_same_tree() -> None:
         (model_errors.unavailable("etcd down"), ServerError),
         (model_errors.forbidden("no"), StatusError),
     ]:
-        err = error_from_status(model.code, model.reason, model.message)
+        err = error_from_status(model.message, model.code, model.reason)
         assert type(err) is cls
         assert (err.code, err.reason, err.message) == (model.code, model.reason, model.message)
 
@@ -95,11 +95,11 @@ def test_error_from_body_reads_a_status_or_falls_back_to_the_code() -> None:
 def test_transient_is_explicit() -> None:
     assert is_transient(Unreachable("https://m", "refused"))
     assert not is_transient(TLSFailure("https://m", "unknown CA"))
-    assert is_transient(InvalidResponse(200, "not JSON"))
+    assert is_transient(InvalidResponse("not JSON", 200))
     assert is_transient(TimeoutError()) and is_transient(ConnectionResetError())
     assert not is_transient(ValueError("x"))
     assert not is_transient(ClientError("config"))
-    assert has_reason(Conflict(409, "Conflict", "stale"), "Conflict", "AlreadyExists")
+    assert has_reason(Conflict("stale", 409, "Conflict"), "Conflict", "AlreadyExists")
     assert not has_reason(ValueError(), "Conflict")
 
 
@@ -150,7 +150,7 @@ async def test_with_retry_retries_transient_errors_on_a_fake_clock() -> None:
     async def flaky() -> str:
         calls.append(1)
         if len(calls) < 4:
-            raise ServerError(503, "ServiceUnavailable", "etcd down")
+            raise ServerError("etcd down", 503, "ServiceUnavailable")
         return "ok"
 
     backoff = Backoff(1.0, 4.0, rand=lambda: 1.0)
@@ -175,13 +175,13 @@ async def test_with_retry_gives_up_at_the_deadline_and_never_retries_permanent()
 
     async def refused() -> None:
         calls.append(1)
-        raise NotFound(404, "NotFound", "gone")
+        raise NotFound("gone", 404, "NotFound")
 
     calls.clear()
     with pytest.raises(NotFound):
         await with_retry(refused, "refused", None, backoff, sleep=clock.sleep, clock=clock.time)
     assert len(calls) == 1
-    conflicts = iter([Conflict(409, "Conflict", "stale"), None])
+    conflicts = iter([Conflict("stale", 409, "Conflict"), None])
 
     async def once_stale() -> str:
         err = next(conflicts)

@@ -119,7 +119,7 @@ async def test_a_permanent_error_reaches_every_subscriber_and_a_new_one_starts_o
     hub = Informers(api, backoff=FAST)
     one, two = hub.watch(POD), hub.watch(POD)
     await asyncio.gather(take(one, 1), take(two, 1))
-    await api.fail_watches(StatusError(403, "Forbidden", "no watching"))
+    await api.fail_watches(StatusError("no watching", 403, "Forbidden"))
     for stream in (one, two):
         with pytest.raises(StatusError, match="no watching"):
             await take(stream, 1)

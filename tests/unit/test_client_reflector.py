@@ -98,7 +98,7 @@ class MemoryApi:
     ) -> AsyncIterator[WatchEvent]:
         self.calls.append(("watch", since))
         if since < self.compacted:
-            raise Expired(410, "Expired", f"too old resource version: {since}")
+            raise Expired(f"too old resource version: {since}", 410, "Expired")
         sent = since
         while True:
             if self.watch_errors:
@@ -242,7 +242,7 @@ async def test_listing_errors_transient_retried_permanent_raised(api: MemoryApi)
     stream = Reflectors(api, backoff=FAST).watch(POD)
     assert names((await take(stream, 1))[0]) == (LISTED, ["a", "b"])
     await stream.aclose()
-    api.list_errors = [StatusError(403, "Forbidden", "no listing pods")]
+    api.list_errors = [StatusError("no listing pods", 403, "Forbidden")]
     with pytest.raises(StatusError, match="no listing pods"):
         await take(reflect(api, POD, backoff=FAST), 1)
 
@@ -250,6 +250,6 @@ async def test_listing_errors_transient_retried_permanent_raised(api: MemoryApi)
 async def test_a_permanent_watch_error_ends_the_stream(api: MemoryApi) -> None:
     stream = reflect(api, POD, backoff=FAST)
     await take(stream, 1)
-    await api.fail_watches(StatusError(403, "Forbidden", "no watching"))
+    await api.fail_watches(StatusError("no watching", 403, "Forbidden"))
     with pytest.raises(StatusError, match="no watching"):
         await take(stream, 1)

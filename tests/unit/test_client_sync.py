@@ -98,7 +98,7 @@ def test_resource_paths() -> None:
 
 def test_get_sends_bearer_token_and_returns_the_object() -> None:
     rec = Recorder(lambda r: httpx.Response(200, json={"metadata": {"name": "n1"}}))
-    obj = rec.client().get("hostsubnet", "n1")
+    obj = rec.client().get("hostsubnet", None, "n1")
     assert obj == {"metadata": {"name": "n1"}}
     req = rec.requests[0]
     assert (req.method, str(req.url)) == (
@@ -129,8 +129,8 @@ def test_create_replace_patch_delete_methods_and_bodies() -> None:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop"}}
     client.create(POD, pod)
     client.replace(POD, pod)
-    client.patch(NET_NAMESPACE, "a", {"metadata": {"annotations": {"x": "y"}}})
-    client.delete(HOST_SUBNET, "n1")
+    client.patch(NET_NAMESPACE, None, "a", {"metadata": {"annotations": {"x": "y"}}})
+    client.delete(HOST_SUBNET, None, "n1")
     seen = [(r.method, r.url.path) for r in rec.requests]
     assert seen == [
         ("POST", "/api/v1/namespaces/shop/pods"),
@@ -152,7 +152,7 @@ def test_create_replace_patch_delete_methods_and_bodies() -> None:
 def test_status_body_becomes_api_client_error() -> None:
     rec = Recorder(lambda r: status(404, "NotFound", 'hostsubnets "n9" not found'))
     with pytest.raises(NotFound) as info:
-        rec.client().get(HOST_SUBNET, "n9")
+        rec.client().get(HOST_SUBNET, None, "n9")
     err = info.value
     assert not is_transient(err)
     assert (err.code, err.reason, err.message) == (404, "NotFound", 'hostsubnets "n9" not found')
@@ -174,7 +174,7 @@ def test_error_without_status_body_uses_http_code() -> None:
 def test_non_json_success_is_an_error() -> None:
     rec = Recorder(lambda r: httpx.Response(200, text="<html>"))
     with pytest.raises(InvalidResponse, match="did not answer with JSON"):
-        rec.client().get(HOST_SUBNET, "n1")
+        rec.client().get(HOST_SUBNET, None, "n1")
 
 
 def test_transport_failure_is_unreachable_naming_the_server() -> None:
@@ -183,7 +183,7 @@ def test_transport_failure_is_unreachable_naming_the_server() -> None:
 
     client = ApiClient(ClientConfig(server=SERVER), transport=httpx.MockTransport(boom))
     with pytest.raises(Unreachable) as info:
-        client.get(HOST_SUBNET, "n1")
+        client.get(HOST_SUBNET, None, "n1")
     assert is_transient(info.value)
     assert (
         str(info.value) == f"cannot reach the podnet master at {SERVER}: timed out while connecting"
@@ -217,7 +217,7 @@ def test_watch_streams_events_from_a_resource_version() -> None:
         {"type": "MODIFIED", "object": {"metadata": {"name": "a"}, "netid": 11}},
     ]
     rec = Recorder(lambda r: httpx.Response(200, content=event_lines(*events) + b"\n"))
-    got = list(rec.client().watch(NET_NAMESPACE, resource_version="42", label_selector="team=x"))
+    got = list(rec.client().watch(NET_NAMESPACE, since="42", label_selector="team=x"))
     assert [{"type": e.type, "object": e.object} for e in got] == events
     req = rec.requests[0]
     assert req.url.path == "/apis/network.openshift.io/v1/netnamespaces"
@@ -240,7 +240,7 @@ def test_watch_error_event_and_error_answer_raise() -> None:
     }
     rec = Recorder(lambda r: httpx.Response(200, content=event_lines(gone)))
     with pytest.raises(Expired) as info:
-        list(rec.client().watch(HOST_SUBNET, resource_version="1"))
+        list(rec.client().watch(HOST_SUBNET, since="1"))
     assert (info.value.code, info.value.reason) == (410, "Expired")
     rec = Recorder(lambda r: status(403, "Forbidden", "no watching"))
     with pytest.raises(StatusError, match="no watching"):

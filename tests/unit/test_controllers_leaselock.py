@@ -175,5 +175,5 @@ class Spy:
     async def update(self, kind: Kind, obj: Obj) -> Obj:
         if self.refuse_updates:
             self.refused += 1
-            raise ServerError(503, "ServiceUnavailable", "etcd is busy")
+            raise ServerError("etcd is busy", 503, "ServiceUnavailable")
         return await self._api.update(kind, obj)

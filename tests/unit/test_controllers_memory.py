@@ -585,7 +585,7 @@ async def test_keyed_queue_is_serial_per_key_dedupes_and_retries() -> None:
         running.discard(key)
         if failures.get(key):
             failures[key] -= 1
-            raise ServerError(503, "ServiceUnavailable", "etcd is busy")
+            raise ServerError("etcd is busy", 503, "ServiceUnavailable")
 
     queue = KeyedQueue("test", handle, workers=4, backoff=Backoff(0.01, 0.02))
     for key in ["a", "a", "a", "b", "flaky"]:

@@ -202,7 +202,7 @@ async def test_a_stale_cache_falls_back_to_read_modify_write(
     async def stale_once(kind: Any, obj: Obj) -> Obj:
         if not refused:
             refused.append(obj["metadata"]["name"])
-            raise error_from_status(409, "Conflict", "the object has been modified")
+            raise error_from_status("the object has been modified", 409, "Conflict")
         return await real_update(kind, obj)
 
     monkeypatch.setattr(api, "update", stale_once)

@@ -99,11 +99,11 @@ class RecordingApi:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
 
-    def get(self, kind: object, name: str, namespace: str) -> dict[str, Any]:
+    def get(self, kind: object, namespace: str, name: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "namespace": namespace}, "status": {}}
 
     def patch(
-        self, kind: object, name: str, body: dict[str, Any], namespace: str, **_: Any
+        self, kind: object, namespace: str, name: str, body: dict[str, Any], **_: Any
     ) -> None:
         self.patches.append(body["status"])
 

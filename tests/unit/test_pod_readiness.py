@@ -193,14 +193,14 @@ class FakeStatusApi:
         self.deleted = False
         self.patches: list[dict[str, Any]] = []
 
-    def get(self, kind: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, kind: Any, namespace: str | None, name: str) -> dict[str, Any]:
         from podnet.client import NotFound
 
         if self.deleted:
-            raise NotFound(404, "NotFound", "pods not found")
+            raise NotFound("pods not found", 404, "NotFound")
         return {"metadata": {"name": name}, "status": self.status}
 
-    def patch(self, kind: Any, name: str, patch: dict[str, Any], namespace: str | None = None,
+    def patch(self, kind: Any, namespace: str | None, name: str, patch: dict[str, Any], *,
               subresource: str = "") -> dict[str, Any]:  # fmt: skip
         assert (kind.plural, subresource) == ("pods", "status")
         self.patches.append(patch)

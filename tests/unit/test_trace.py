@@ -70,10 +70,10 @@ class FakeReader:
             "services": [],
         }
 
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any]:
         assert (kind.plural, name) == ("clusternetworks", "default")
         if self.network is None:
-            raise NotFound(404, "NotFound", "not found")
+            raise NotFound("not found", 404, "NotFound")
         return self.network
 
     def list(self, kind: Kind, namespace: str | None = None) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class MasterServiceReconciler:
             await asyncio.sleep(RETRY)
 
     async def _write_service(self, desired: Obj) -> None:
-        live = await get_or_none(self.api, SERVICE, NAME, NAMESPACE)
+        live = await get_or_none(self.api, SERVICE, NAMESPACE, NAME)
         fix = "create" if live is None else service_fix(live, desired)
         if fix == "none":
             return
@@ -166,7 +166,7 @@ class MasterServiceReconciler:
             (ENDPOINT_SLICE, desired_slice(addresses, self.port), slice_fix),
         )
         for kind, desired, fix in writes:
-            current = await get_or_none(self.api, kind, NAME, NAMESPACE)
+            current = await get_or_none(self.api, kind, NAMESPACE, NAME)
             write = fix(current, desired)
             if write is None:
                 continue

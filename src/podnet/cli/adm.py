@@ -34,7 +34,7 @@ class Change:
 
 def _require(client: ApiClient, name: str, role: str = "") -> dict[str, Any]:
     try:
-        return client.get(NET_NAMESPACE, name)
+        return client.get(NET_NAMESPACE, None, name)
     except StatusError as exc:
         if exc.code == 404:
             raise CliError(f'netnamespace "{name}"{role} not found') from exc
@@ -44,7 +44,7 @@ def _require(client: ApiClient, name: str, role: str = "") -> dict[str, Any]:
 def _check_plugin(client: ApiClient) -> None:
     """Refuse early on a flat (subnet) cluster, where nobody would act on the annotation."""
     try:
-        plugin = client.get(CLUSTER_NETWORK, "default").get("pluginName")
+        plugin = client.get(CLUSTER_NETWORK, None, "default").get("pluginName")
     except StatusError:
         return
     if plugin == SUBNET_PLUGIN:
@@ -66,7 +66,7 @@ def wait_applied(client: ApiClient, name: str, deadline: float, timeout: float) 
     """Poll the NetNamespace until the master has removed the change annotation."""
     while True:
         try:
-            obj = client.get(NET_NAMESPACE, name)
+            obj = client.get(NET_NAMESPACE, None, name)
         except StatusError as exc:
             if exc.code == 404:
                 raise CliError(f'netnamespace "{name}" was deleted during the change') from exc
@@ -91,7 +91,7 @@ def change_network(state: CliState, names: list[str], change: Change, timeout: f
     _check_plugin(client)
     patch = {"metadata": {"annotations": {CHANGE_NETWORK: change.value}}}
     for name in unique:
-        client.patch(NET_NAMESPACE, name, patch)
+        client.patch(NET_NAMESPACE, None, name, patch)
     deadline = time.monotonic() + timeout
     for name in unique:
         obj = wait_applied(client, name, deadline, timeout)

@@ -298,14 +298,18 @@ def log_to_stderr() -> None:
     )
 
 
-@click.command("node-credentials")
-@click.argument("node")
-@click.option(
+# The master's state directory, where the credentials commands find the tokens and the CA.
+STATE_DIR_OPTION = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=Path("/var/lib/podnet/master"),
     show_default=True,
 )
+
+
+@click.command("node-credentials")
+@click.argument("node")
+@STATE_DIR_OPTION
 @click.option(
     "--server", required=True, help="API URL the node should use, e.g. https://10.0.0.1:6443"
 )
@@ -326,12 +330,7 @@ def node_credentials(node: str, state_dir: Path, server: str, output: Path) -> N
 
 @click.command("controllers-credentials")
 @click.argument("name")
-@click.option(
-    "--state-dir",
-    type=click.Path(path_type=Path),
-    default=Path("/var/lib/podnet/master"),
-    show_default=True,
-)
+@STATE_DIR_OPTION
 @click.option("--token-file", type=click.Path(path_type=Path), required=True, help="written 0600")
 @click.option("--ca-file", type=click.Path(path_type=Path), required=True, help="the API's CA")
 def controllers_credentials(name: str, state_dir: Path, token_file: Path, ca_file: Path) -> None:

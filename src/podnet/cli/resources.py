@@ -112,7 +112,7 @@ def _show(
 ) -> str | None:
     kind = printer.kind
     if names[0] is not None:
-        objects = [client.get(kind, n, ns) for n in names if n is not None]
+        objects = [client.get(kind, ns, n) for n in names if n is not None]
         printer.initial(objects, single=len(objects) == 1)
         return str(objects[-1].get("metadata", {}).get("resourceVersion") or "") or None
     listing = client.list(kind, ns, label_selector=selector, field_selector=field_selector)
@@ -134,7 +134,7 @@ def _watch(
     name: str | None,
 ) -> None:
     for event in client.watch(
-        printer.kind, ns, version, label_selector=selector, field_selector=field_selector
+        printer.kind, version, ns, label_selector=selector, field_selector=field_selector
     ):
         obj = event.object
         if event.type == BOOKMARK:
@@ -158,7 +158,7 @@ def describe(state: CliState, args: tuple[str, ...], namespace: str | None) -> N
     views = []
     for kind, name in refs:
         ns = state.namespace(namespace)
-        views.append(describe_view(state.client(), kind, state.client().get(kind, str(name), ns)))
+        views.append(describe_view(state.client(), kind, state.client().get(kind, ns, str(name))))
     click.echo("\n\n".join(views))
 
 
@@ -288,7 +288,7 @@ def apply_manifest(client: ApiClient, manifest: Manifest) -> str:
     """Create the object, or patch it to match; returns created/configured/unchanged."""
     desired = with_last_applied(desired_object(manifest))
     try:
-        live = client.get(manifest.kind, manifest.name, manifest.namespace)
+        live = client.get(manifest.kind, manifest.namespace, manifest.name)
     except StatusError as exc:
         if exc.code != 404:
             raise
@@ -302,7 +302,7 @@ def apply_manifest(client: ApiClient, manifest: Manifest) -> str:
     patch = three_way_patch(last_applied(live), desired, live)
     if not patch:
         return "unchanged"
-    client.patch(manifest.kind, manifest.name, patch, manifest.namespace)
+    client.patch(manifest.kind, manifest.namespace, manifest.name, patch)
     return "configured"
 
 
@@ -349,7 +349,7 @@ def delete(
     failed = False
     for kind, name, ns in targets:
         try:
-            state.client().delete(kind, name, ns)
+            state.client().delete(kind, ns, name)
         except StatusError as exc:
             if exc.code == 404 and ignore_not_found:
                 continue

@@ -170,7 +170,7 @@ def describe_view(client: Any, kind: Kind, obj: Obj) -> str:
     if _same(kind, SERVICE):
         meta = obj.get("metadata") or {}
         try:
-            endpoints = client.get(ENDPOINTS, str(meta.get("name")), meta.get("namespace"))
+            endpoints = client.get(ENDPOINTS, meta.get("namespace"), str(meta.get("name")))
         except StatusError as exc:
             if exc.code != 404:
                 raise

@@ -34,7 +34,7 @@ def _endpoints(client: Any, key: str) -> dict[str, Any] | None:
 
     namespace, _, name = key.partition("/")
     try:
-        return dict(client.get(ENDPOINTS, name, namespace))
+        return dict(client.get(ENDPOINTS, namespace, name))
     except StatusError as exc:
         if exc.code != 404:
             raise

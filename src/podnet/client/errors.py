@@ -23,6 +23,8 @@ failure is worth retrying is explicit: each class says ``transient``, and
         └── Conflict            409 Conflict: a stale resourceVersion precondition
 
 Every class not marked TRANSIENT is permanent: retrying the same request will not help.
+Every constructor (and ``error_from_status``) takes the message first, then the HTTP
+code, then the reason, as ``podnet.model.errors.ApiError`` does on the server side.
 ``Expired`` is permanent for the request that got it; the cure is a new listing.
 """
 
@@ -97,7 +99,7 @@ class StatusError(ClientError):
     """The API answered with an error ``Status`` (or a non-2xx code without one)."""
 
     def __init__(
-        self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+        self, message: str, code: int, reason: str, details: Mapping[str, Any] | None = None
     ) -> None:
         super().__init__(message, code, reason)
         self.details = dict(details or {})
@@ -115,8 +117,8 @@ class ServerError(StatusError):
 class InvalidResponse(ServerError):
     """The server's answer could not be read (not JSON, not an object)."""
 
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(code, "InvalidResponse", message)
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message, code, "InvalidResponse")
 
 
 class Expired(StatusError):
@@ -145,9 +147,10 @@ _BY_REASON: dict[str, type[StatusError]] = {
 
 
 def error_from_status(
-    code: int, reason: str = "", message: str = "", details: Mapping[str, Any] | None = None
+    message: str, code: int, reason: str = "", details: Mapping[str, Any] | None = None
 ) -> StatusError:
-    """The error for an HTTP ``code`` and a Status ``reason``/``message``.
+    """The error for a Status ``message`` (empty: the reason), HTTP ``code`` and
+    ``reason`` (empty: the code's).
 
     The in-process object API calls it with the fields of a ``podnet.model.errors.ApiError``
     so that callers see one tree whichever way they reach the API.
@@ -155,18 +158,18 @@ def error_from_status(
     reason = reason or REASONS.get(code, "Unknown")
     message = message or reason
     if code >= 500 or code == 429:
-        return ServerError(code, reason, message, details)
+        return ServerError(message, code, reason, details)
     cls = _BY_REASON.get(reason) or (Expired if code == 410 else StatusError)
-    return cls(code, reason, message, details)
+    return cls(message, code, reason, details)
 
 
 def error_from_status_object(status: Mapping[str, Any], fallback_code: int = 500) -> StatusError:
     """The error a ``Status`` object describes (an error answer's body, a watch ERROR)."""
     code = int(status.get("code") or fallback_code)
     return error_from_status(
+        str(status.get("message") or ""),
         code,
         str(status.get("reason") or ""),
-        str(status.get("message") or ""),
         status.get("details"),
     )
 
@@ -180,7 +183,7 @@ def error_from_body(code: int, body: bytes | str, phrase: str = "") -> StatusErr
     if isinstance(status, dict) and status.get("kind") == "Status":
         return error_from_status_object(status, code)
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    return error_from_status(code, "", " ".join(text.split())[:200] or phrase)
+    return error_from_status(" ".join(text.split())[:200] or phrase, code)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -1,7 +1,10 @@
 """The synchronous client for the podnet API (Kubernetes-style REST), built on httpx: the
-CLI's. Failures are the ``podnet.client.errors`` tree: ``StatusError`` (and its
-subclasses) for an error answer or a watch ``ERROR`` event, ``Unreachable``/``TLSFailure``
-when no answer came, ``UnknownKind`` for a kind name the kind table does not know.
+CLI's. Its calls take their arguments in the order of the asyncio client's
+(``podnet.client.aio``) and of ``resource_path``: kind, then namespace (None for a
+cluster-scoped kind, or for all namespaces in ``list``), then name. Failures are the
+``podnet.client.errors`` tree: ``StatusError`` (and its subclasses) for an error answer or
+a watch ``ERROR`` event, ``Unreachable``/``TLSFailure`` when no answer came,
+``UnknownKind`` for a kind name the kind table does not know.
 
 Pass ``transport=httpx.MockTransport(handler)`` to run the client against a fake API.
 """
@@ -65,8 +68,8 @@ class ApiClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def get(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:
-        """One object."""
+    def get(self, kind: KindRef, namespace: str | None, name: str) -> dict[str, Any]:
+        """One object (``namespace`` None for a cluster-scoped kind)."""
         return self._send(Call("GET", resource_path(kind, namespace, name)))
 
     def list(self, kind: KindRef, namespace: str | None = None, **selector: str | None) -> Obj:
@@ -78,19 +81,20 @@ class ApiClient:
     def watch(
         self,
         kind: KindRef,
+        since: str | None = None,
         namespace: str | None = None,
-        resource_version: str | None = None,
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int | None = None,
     ) -> Iterator[WatchEvent]:
-        """Stream events until the server ends the watch.
+        """Stream the events after resourceVersion ``since`` (None: from now) until the
+        server ends the watch.
 
         An ``ERROR`` event raises its error (``Expired`` for 410: relist).
         """
         params = {
-            **watch_params(resource_version, timeout_seconds),
+            **watch_params(since, timeout_seconds),
             **selectors(label_selector, field_selector),
         }
         path = resource_path(kind, namespace)
@@ -127,16 +131,17 @@ class ApiClient:
     def patch(
         self,
         kind: KindRef,
+        namespace: str | None,
         name: str,
         patch: Mapping[str, Any],
-        namespace: str | None = None,
+        *,
         subresource: str = "",
     ) -> dict[str, Any]:
         """Apply a JSON merge patch (RFC 7386) to one object (or its ``subresource``)."""
         path = resource_path(kind, namespace, name, subresource)
         return self._send(Call("PATCH", path, patch, content_type=MERGE_PATCH))
 
-    def delete(self, kind: KindRef, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def delete(self, kind: KindRef, namespace: str | None, name: str) -> dict[str, Any]:
         """Delete one object; returns what the server answers (a Status or the object)."""
         return self._send(Call("DELETE", resource_path(kind, namespace, name)))
 

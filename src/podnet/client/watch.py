@@ -97,13 +97,13 @@ def decode_event(line: bytes | str) -> WatchEvent:
         kind, obj = event["type"], event["object"]
         known = _TYPES.get(kind)
     except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidResponse(200, f"bad watch event: {str(line)[:120]}") from exc
+        raise InvalidResponse(f"bad watch event: {str(line)[:120]}", 200) from exc
     if type(obj) is not dict:
-        raise InvalidResponse(200, f"bad watch event: {str(line)[:120]}")
+        raise InvalidResponse(f"bad watch event: {str(line)[:120]}", 200)
     if known is None:
         if kind == "ERROR":
             raise error_from_status_object(obj)
-        raise InvalidResponse(200, f"unknown watch event type {kind!r}")
+        raise InvalidResponse(f"unknown watch event type {kind!r}", 200)
     return WatchEvent(known, obj)
 
 

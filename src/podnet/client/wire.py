@@ -79,7 +79,7 @@ def json_object(payload: bytes, code: int, what: str) -> Obj:
     try:
         obj = json.loads(payload)
     except ValueError as exc:
-        raise InvalidResponse(code, f"{what}: the server did not answer with JSON") from exc
+        raise InvalidResponse(f"{what}: the server did not answer with JSON", code) from exc
     if not isinstance(obj, dict):
-        raise InvalidResponse(code, f"{what}: the answer is not a JSON object")
+        raise InvalidResponse(f"{what}: the answer is not a JSON object", code)
     return obj

@@ -98,7 +98,7 @@ def reconcile_report(api: Any, names: Iterable[str]) -> dict[str, list[str]]:
     found = {}
     for name in names:
         try:
-            found[name] = reconcile_problems(api.get(NODE, name))
+            found[name] = reconcile_problems(api.get(NODE, None, name))
         except ClientError:
             found[name] = []
     return found

@@ -219,7 +219,7 @@ def node_ready(api: Any, name: str) -> bool | None:
     from podnet.model.kinds import NODE
 
     try:
-        node = api.get(NODE, name)
+        node = api.get(NODE, None, name)
     except StatusError:
         return None
     for condition in (node.get("status") or {}).get("conditions") or []:
@@ -234,7 +234,7 @@ def host_subnet(api: Any, name: str) -> str | None:
     from podnet.model.kinds import HOST_SUBNET
 
     try:
-        return str(api.get(HOST_SUBNET, name)["subnet"])
+        return str(api.get(HOST_SUBNET, None, name)["subnet"])
     except StatusError:
         return None
 

@@ -66,9 +66,9 @@ def mark_running_ready(api: Any, pod: PodRecord) -> None:
     """Write Ready (and ContainersReady) True on a pod without a readiness check."""
     from podnet.model.kinds import POD
 
-    old = api.get(POD, pod.name, pod.namespace).get("status")
+    old = api.get(POD, pod.namespace, pod.name).get("status")
     patch = {"status": readiness_status(True, True, rfc3339(datetime.now(UTC)), old)}
-    api.patch(POD, pod.name, patch, pod.namespace, subresource="status")
+    api.patch(POD, pod.namespace, pod.name, patch, subresource="status")
 
 
 def podwatch_needle(paths: NodePaths) -> str:

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podnet import netns
 from podnet.cluster.podcni import PodError as PodError
@@ -62,6 +62,9 @@ from podnet.cluster.underlay import tcp_listens
 from podnet.cni.dnsconfig import DnsConfigError, resolv_conf
 from podnet.model.schemas_names import iana_service_name_problem
 
+if TYPE_CHECKING:
+    from podnet.client.sync import ApiClient
+
 Say = Callable[[str], None]
 ECHO_COMMAND = (sys.executable, "-m", "podnet.cluster.echo")
 ECHO_PORT = 8080
@@ -86,7 +89,7 @@ def choose_node(state: ClusterState) -> str:
     return min(state.nodes.values(), key=lambda n: (counts[n.name], n.index)).name
 
 
-def admin_api(state_dir: Path) -> Any:
+def admin_api(state_dir: Path) -> ApiClient:
     """An API client with the cluster's admin kubeconfig."""
     from podnet.client.sync import ApiClient
     from podnet.kubeconfig import load_client_config
@@ -169,7 +172,7 @@ def ensure_namespace(api: Any, namespace: str) -> None:
     from podnet.model.kinds import NAMESPACE
 
     try:
-        api.get(NAMESPACE, namespace)
+        api.get(NAMESPACE, None, namespace)
     except StatusError as exc:
         if exc.code != 404:
             raise
@@ -340,7 +343,7 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
     pod_env_file(state_dir, pod).unlink(missing_ok=True)
     try:
         with admin_api(state_dir) as api:
-            api.delete(POD, pod.name, namespace=pod.namespace)
+            api.delete(POD, pod.namespace, pod.name)
     except ClientError as exc:
         if getattr(exc, "code", 0) != 404:
             say(f"warning: deleting Pod {pod.key}: {exc}")

@@ -216,11 +216,11 @@ class PodWatcher:
 
         now = rfc3339(datetime.now(UTC))
         try:
-            pod = self.api.get(POD, watched.name, watched.namespace)
+            pod = self.api.get(POD, watched.namespace, watched.name)
             started = _started_at(pod) or watched.started_at
             status = terminated_status(ended, started, now, pod.get("status"))
             self.api.patch(
-                POD, watched.name, {"status": status}, watched.namespace, subresource="status"
+                POD, watched.namespace, watched.name, {"status": status}, subresource="status"
             )
         except NotFound:
             return True

@@ -91,12 +91,12 @@ class PodStatusReporter:
         from podnet.model.kinds import POD
 
         try:
-            pod = self.api.get(POD, self.name, self.namespace)
+            pod = self.api.get(POD, self.namespace, self.name)
             status = readiness_status(ready, running, rfc3339(datetime.now(UTC)), pod.get("status"))
             if not running:  # how the container ended is the node's exit watcher's to write
                 status = {"conditions": status["conditions"]}
             patch = {"status": status}
-            self.api.patch(POD, self.name, patch, self.namespace, subresource="status")
+            self.api.patch(POD, self.namespace, self.name, patch, subresource="status")
         except NotFound:
             log.info("pod %s/%s: the Pod object is gone; stopping", self.namespace, self.name)
             self.gone = True

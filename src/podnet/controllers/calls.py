@@ -50,7 +50,7 @@ async def call(request: Callable[[], Awaitable[T]], what: str, timeout: float = 
 
 
 async def get_or_none(
-    api: ControllerApi, kind: Kind, name: str, namespace: str | None = None
+    api: ControllerApi, kind: Kind, namespace: str | None, name: str
 ) -> Obj | None:
     """A fresh read of one object, or None when it does not exist."""
     try:

@@ -36,7 +36,7 @@ class ClusterNetworkError(Exception):
 async def ensure_cluster_network(api: ControllerApi, config: NetworkConfig) -> Obj:
     """Create or update ClusterNetwork ``default`` from ``config``; return the effective one."""
     for _ in range(MAX_ATTEMPTS):
-        current = await get_or_none(api, CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
+        current = await get_or_none(api, CLUSTER_NETWORK, None, CLUSTER_NETWORK_NAME)
         if current is None:
             result = await _create(api, config)
         else:

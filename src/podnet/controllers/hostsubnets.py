@@ -186,7 +186,7 @@ class HostSubnetController(Controller):
         """Delete a HostSubnet whose Node is gone or is a different one; True once deleted."""
         name = hostsubnet["metadata"]["name"]
         # The cache may lag behind: confirm with a fresh read before deleting.
-        node = await get_or_none(self.api, NODE, name)
+        node = await get_or_none(self.api, NODE, None, name)
         owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
         if node is not None:
             self.nodes.put(node)
@@ -227,7 +227,7 @@ class HostSubnetController(Controller):
 
     async def _lost_race(self, name: str, subnet: IPv4Network) -> bool:
         """After a 409: True if ``name`` has a HostSubnet now; False if ``subnet`` was taken."""
-        existing = await get_or_none(self.api, HOST_SUBNET, name)
+        existing = await get_or_none(self.api, HOST_SUBNET, None, name)
         if existing is None:
             # Another master's HostSubnet holds the subnet; it stays marked, try the next.
             self.log.info("subnet %s is already claimed; trying the next one for %s", subnet, name)
@@ -289,7 +289,7 @@ class HostSubnetController(Controller):
             self.allocator.release(subnet)
             if not has_reason(exc, "Conflict"):
                 raise
-            current = await get_or_none(self.api, HOST_SUBNET, name)
+            current = await get_or_none(self.api, HOST_SUBNET, None, name)
             if current is None or revision_of(current) != revision_of(hostsubnet):
                 if current is not None:
                     self._remember(current)

@@ -43,9 +43,9 @@ async def _translated(work: Awaitable[T]) -> T:
     try:
         return await work
     except errors.ApiError as exc:
-        raise error_from_status(exc.code, exc.reason, exc.message) from exc
+        raise error_from_status(exc.message, exc.code, exc.reason) from exc
     except StoreUnavailable as exc:
-        raise error_from_status(503, "ServiceUnavailable", f"storage unavailable: {exc}") from exc
+        raise error_from_status(f"storage unavailable: {exc}", 503, "ServiceUnavailable") from exc
 
 
 class InProcessApi:
@@ -129,7 +129,7 @@ class InProcessApi:
         current = await self.get(NAMESPACE, None, name)
         if not current["metadata"].get("deletionTimestamp"):
             message = f'Operation cannot be fulfilled on namespaces "{name}": it is not terminating'
-            raise error_from_status(409, "Conflict", message)
+            raise error_from_status(message, 409, "Conflict")
         await _translated(self.registry.finalize_namespace(name))
 
 

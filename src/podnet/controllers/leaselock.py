@@ -86,7 +86,7 @@ class ApiLeaseElector:
             return
         self._leading = False
         try:
-            lease = await get_or_none(self.api, LEASE, self.name, self.namespace)
+            lease = await get_or_none(self.api, LEASE, self.namespace, self.name)
             if lease is not None and _holder(lease) == self.identity:
                 body = {**lease, "spec": {**lease["spec"], "holderIdentity": ""}}
                 await call(lambda: self.api.update(LEASE, body), f"release Lease {self.name}")

@@ -123,7 +123,7 @@ class NamespaceCleanupController(Controller):
         return list(listing.items)
 
     async def reconcile(self, name: str) -> None:
-        namespace = await get_or_none(self.api, NAMESPACE, name)
+        namespace = await get_or_none(self.api, NAMESPACE, None, name)
         if namespace is not None and not terminating(namespace):
             self.namespaces.put(namespace)  # alive (or recreated meanwhile): keep its objects
             return

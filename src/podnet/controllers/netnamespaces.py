@@ -166,7 +166,7 @@ class NetNamespaceController(Controller):
             raise
         if created is None:
             self.vnids.release(netid)
-            existing = await get_or_none(self.api, NET_NAMESPACE, name)
+            existing = await get_or_none(self.api, NET_NAMESPACE, None, name)
             if existing is not None:
                 self._remember(existing)
             return
@@ -181,7 +181,7 @@ class NetNamespaceController(Controller):
 
     async def _delete(self, netnamespace: Obj) -> None:
         name = netnamespace["metadata"]["name"]
-        namespace = await get_or_none(self.api, NAMESPACE, name)  # the cache may lag: confirm
+        namespace = await get_or_none(self.api, NAMESPACE, None, name)  # the cache may lag: confirm
         if namespace is not None:
             self.namespaces.put(namespace)
             self.queue.add(name)
@@ -248,7 +248,8 @@ class NetNamespaceController(Controller):
         )
 
     async def _netid_of_namespace(self, other: str) -> int:
-        target = await get_or_none(self.api, NET_NAMESPACE, other)  # fresh: a change may be due
+        # fresh: a change may be due
+        target = await get_or_none(self.api, NET_NAMESPACE, None, other)
         if target is None:
             raise ChangeRefused(f"cannot join namespace {other!r}: it has no NetNamespace")
         return netid_of(target)

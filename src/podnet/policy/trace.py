@@ -48,7 +48,7 @@ class TraceError(ValueError):
 class ObjectReader(Protocol):
     """The part of ``podnet.client.sync.ApiClient`` a trace uses."""
 
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> dict[str, Any]: ...
+    def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any]: ...
 
     def list(self, kind: Kind, namespace: str | None = None) -> dict[str, Any]: ...
 
@@ -110,7 +110,7 @@ def cluster_plugin(api: ObjectReader) -> str:
     from podnet.client import StatusError
 
     try:
-        network = api.get(CLUSTER_NETWORK, CLUSTER_NETWORK_NAME)
+        network = api.get(CLUSTER_NETWORK, None, CLUSTER_NETWORK_NAME)
     except StatusError as exc:
         if exc.code != 404:
             raise

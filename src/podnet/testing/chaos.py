@@ -33,12 +33,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podnet import netns
 from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api, ensure_namespace
 from podnet.testing.e2e import load_state
+
+if TYPE_CHECKING:
+    from podnet.client.sync import ApiClient
 
 ECHO_PORT = 8080
 IFNAME = "eth0"
@@ -292,7 +295,7 @@ class Runtime:
             names = sorted(self.pending_pod_deletes)
         for name in names:
             try:
-                api.delete(POD, name, namespace=self.pod_namespace)
+                api.delete(POD, self.pod_namespace, name)
             except StatusError as exc:
                 if exc.code != 404:
                     continue
@@ -320,7 +323,7 @@ class Runtime:
             self.stats[what] += 1
 
 
-def quick_api(state_dir: Path) -> Any:
+def quick_api(state_dir: Path) -> ApiClient:
     """An admin API client that gives up within seconds (the master may be down)."""
     import httpx
 

@@ -75,7 +75,7 @@ def cluster_ips(state_dir: Path, keys: Sequence[str]) -> dict[str, str]:
         found = {}
         for key in keys:
             ns = key.split("/")[0]
-            found[key] = str(api.get(SERVICE, service_name(key), ns)["spec"]["clusterIP"])
+            found[key] = str(api.get(SERVICE, ns, service_name(key))["spec"]["clusterIP"])
         return found
 
 
