@@ -125,7 +125,9 @@ class _Direction:
     @property
     def allows(self) -> str:
         """Actions of an allowed packet: commit with this table's mark, then pass."""
-        commit = f"ct(commit,exec(set_field:{self.mark:#x}/{self.mark:#x}->ct_mark))"
+        # the one-bit load, as the switch shows it (a masked set_field reads back as this
+        # and ovs-ofctl would take it for another flow on every comparison)
+        commit = f"ct(commit,exec(load:0x1->NXM_NX_CT_MARK[{self.mark.bit_length() - 1}]))"
         return f"{commit},{self.passes}"
 
 
