@@ -75,17 +75,23 @@ class EndpointGroup:
     """The endpoints one cluster IP's port picks from: the ``endpoints`` map's elements
     ``<prefix> . <pick> : <target>``, pick 0 to count - 1, and a digest of them, kept in
     the ``endpoint_digests`` set as ``marker``. Read back from the kernel, a group knows
-    only its count and digest (``targets`` None): listing 50,000 map elements takes
+    only its count and digest (``joined`` None): listing 50,000 map elements takes
     seconds, the digests a fraction of one."""
 
     count: int
     digest: str
-    targets: tuple[str, ...] | None = None
+    joined: str | None = None  # the targets, comma-separated: one string a group, not ten
 
     @classmethod
     def of(cls, prefix: str, targets: tuple[str, ...]) -> EndpointGroup:
-        text = "\n".join((prefix, *targets)).encode()
-        return cls(len(targets), hashlib.blake2b(text, digest_size=4).hexdigest(), targets)
+        joined = ",".join(targets)
+        found = hashlib.blake2b(f"{prefix}\n{joined}".encode(), digest_size=4).hexdigest()
+        return cls(len(targets), found, joined)
+
+    @property
+    def targets(self) -> tuple[str, ...] | None:
+        """``address . port`` by pick (None: read back, not known)."""
+        return None if self.joined is None else tuple(self.joined.split(","))
 
     @classmethod
     def from_marker(cls, marker: str) -> tuple[str, EndpointGroup]:

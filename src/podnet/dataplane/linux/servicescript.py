@@ -125,7 +125,8 @@ def _known_targets(group: EndpointGroup | None) -> tuple[str | None, ...]:
     """A group's targets by pick; a read-back group's picks are all unknown (None)."""
     if group is None:
         return ()
-    return group.targets if group.targets is not None else (None,) * group.count
+    targets = group.targets
+    return targets if targets is not None else (None,) * group.count
 
 
 def _add_set(s: NftSet) -> str:
@@ -176,11 +177,11 @@ def parse_listing(text: str) -> ServiceNft | None:
     kind, name, attrs, rules, elements = "", "", {}, [], ""  # type: ignore[var-annotated]
     collecting = False
     for raw in text.splitlines():
-        line = " ".join(raw.split())
-        if collecting:
-            elements += " " + line
-            collecting = "}" not in line
+        if collecting:  # an element line: normalized element by element at the end
+            elements += " " + raw
+            collecting = "}" not in raw
             continue
+        line = " ".join(raw.split())
         if not line or line.startswith("table "):
             continue
         if line.startswith(("set ", "map ", "chain ")) and line.endswith("{"):
