@@ -160,7 +160,9 @@ def test_forged_vxlan_to_the_own_node_is_dropped(cluster: Cluster) -> None:
     gateway1 = gateway(cluster, "node1")
     inject(attacker, frame(cluster, "node1", gateway1, "target1", "pod-to-own-gateway"))
     time.sleep(LATE)
-    inject(cluster.state.nodes["node2"].netns, frame(cluster, "node1", node1, "target1", "control"))
+    # The control comes from the victim's own node, as the victim's real traffic would:
+    # ovs also checks that a peer sends only its own pods' addresses (tun_src vs nw_src).
+    inject(cluster.state.nodes["node3"].netns, frame(cluster, "node1", node1, "target1", "control"))
     assert tokens(receiver) == ["control"]
 
 
