@@ -63,26 +63,10 @@ from collections import Counter
 from collections.abc import Mapping
 
 from podnet.dataplane.interface import NodeNetwork
+from podnet.dataplane.linux import servicenft as nft
 from podnet.dataplane.linux.nftrules import collapse
 from podnet.dataplane.linux.policytable import HAIRPIN_MARK
 from podnet.dataplane.linux.servicenft import (
-    ADDRESS_KEY,
-    CHECK_CHAIN,
-    CLUSTER_NETWORKS,
-    ENDPOINT_DIGESTS,
-    ENDPOINTS,
-    HAIRPIN,
-    MASQUERADE_MARK,
-    NO_ENDPOINT_IPS,
-    NO_ENDPOINT_NODE_PORTS,
-    NODE_IPS,
-    NODE_PORTS,
-    PICK_KEY,
-    PORT_KEY,
-    REJECT_CHAIN,
-    SERVICE_IPS,
-    SERVICES_CHAIN,
-    TARGET,
     Chain,
     EndpointGroup,
     NftSet,
@@ -94,7 +78,7 @@ from podnet.dataplane.linux.servicenft import (
 from podnet.dataplane.linux.serviceports import port_parts
 from podnet.services.model import ServicePort, ServiceTable
 
-NEW_ONLY = f"ct state new jump {CHECK_CHAIN}"
+NEW_ONLY = f"ct state new jump {nft.CHECK_CHAIN}"
 SERIALS = itertools.count(1)  # renders are numbered across renderers: a serial is unique
 
 
@@ -130,9 +114,9 @@ class ServiceRenderer:
         for name in sets & self._elements.keys():
             self._frozen[name] = frozenset(self._elements[name])  # the counter's keys
         nodes = frozenset(str(ip) for ip in table.node_ips)
-        if nodes != self._frozen.get(NODE_IPS):
-            self._frozen[NODE_IPS] = nodes
-            sets.add(NODE_IPS)
+        if nodes != self._frozen.get(nft.NODE_IPS):
+            self._frozen[nft.NODE_IPS] = nodes
+            sets.add(nft.NODE_IPS)
         since, self._serial = self._serial, next(SERIALS)
         touched = None if since is None else Touched(since, *map(frozenset, self._touched))
         self._touched = (set(), set(), set())
@@ -205,17 +189,21 @@ def fixed_sets(node: NodeNetwork, elements: Mapping[str, frozenset[str]]) -> lis
         return elements.get(name, frozenset())
 
     return [
-        NftSet(CLUSTER_NETWORKS, "ipv4_addr", "interval", elements=cluster),
-        NftSet(HAIRPIN, "ipv4_addr . ipv4_addr", elements=of(HAIRPIN)),
-        NftSet(NODE_IPS, "ipv4_addr", elements=of(NODE_IPS)),
-        NftSet(SERVICE_IPS, f"{ADDRESS_KEY} : verdict", elements=of(SERVICE_IPS)),
-        NftSet(NODE_PORTS, f"{PORT_KEY} : verdict", elements=of(NODE_PORTS)),
-        NftSet(NO_ENDPOINT_IPS, f"{ADDRESS_KEY} : verdict", elements=of(NO_ENDPOINT_IPS)),
+        NftSet(nft.CLUSTER_NETWORKS, "ipv4_addr", "interval", elements=cluster),
+        NftSet(nft.HAIRPIN, "ipv4_addr . ipv4_addr", elements=of(nft.HAIRPIN)),
+        NftSet(nft.NODE_IPS, "ipv4_addr", elements=of(nft.NODE_IPS)),
+        NftSet(nft.SERVICE_IPS, f"{nft.ADDRESS_KEY} : verdict", elements=of(nft.SERVICE_IPS)),
+        NftSet(nft.NODE_PORTS, f"{nft.PORT_KEY} : verdict", elements=of(nft.NODE_PORTS)),
         NftSet(
-            NO_ENDPOINT_NODE_PORTS, f"{PORT_KEY} : verdict", elements=of(NO_ENDPOINT_NODE_PORTS)
+            nft.NO_ENDPOINT_IPS, f"{nft.ADDRESS_KEY} : verdict", elements=of(nft.NO_ENDPOINT_IPS)
         ),
-        NftSet(ENDPOINTS, f"{PICK_KEY} : {TARGET}", elements=None),  # by group
-        NftSet(ENDPOINT_DIGESTS, f"{PICK_KEY} . mark", elements=of(ENDPOINT_DIGESTS)),
+        NftSet(
+            nft.NO_ENDPOINT_NODE_PORTS,
+            f"{nft.PORT_KEY} : verdict",
+            elements=of(nft.NO_ENDPOINT_NODE_PORTS),
+        ),
+        NftSet(nft.ENDPOINTS, f"{nft.PICK_KEY} : {nft.TARGET}", elements=None),  # by group
+        NftSet(nft.ENDPOINT_DIGESTS, f"{nft.PICK_KEY} . mark", elements=of(nft.ENDPOINT_DIGESTS)),
     ]
 
 
@@ -224,37 +212,37 @@ def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
     nat = "type nat hook {} priority {}; policy accept;"
     filt = "type filter hook {} priority filter - 1; policy accept;"
     local = f"ip saddr {node.subnet} ip daddr {node.subnet} ct status dnat masquerade"
-    hairpin = f"ct status dnat ip saddr . ip daddr @{HAIRPIN}"
+    hairpin = f"ct status dnat ip saddr . ip daddr @{nft.HAIRPIN}"
     mark_hairpin = f"{hairpin} meta mark set meta mark | {HAIRPIN_MARK}"
     postrouting = [
-        f"meta mark & {MASQUERADE_MARK} == {MASQUERADE_MARK} masquerade",
+        f"meta mark & {nft.MASQUERADE_MARK} == {nft.MASQUERADE_MARK} masquerade",
         f"{hairpin} masquerade",
         *([] if node.isolation else [local]),
     ]
     chains = [
-        Chain("prerouting", nat.format("prerouting", "dstnat"), (f"jump {SERVICES_CHAIN}",)),
-        Chain("output", nat.format("output", "-100"), (f"jump {SERVICES_CHAIN}",)),
+        Chain("prerouting", nat.format("prerouting", "dstnat"), (f"jump {nft.SERVICES_CHAIN}",)),
+        Chain("output", nat.format("output", "-100"), (f"jump {nft.SERVICES_CHAIN}",)),
         Chain("postrouting", nat.format("postrouting", "srcnat"), tuple(postrouting)),
         Chain("filter_input", filt.format("input"), (NEW_ONLY,)),
         Chain("filter_forward", filt.format("forward"), (mark_hairpin, NEW_ONLY)),
         Chain("filter_output", filt.format("output"), (NEW_ONLY,)),
         Chain(
-            SERVICES_CHAIN,
+            nft.SERVICES_CHAIN,
             None,
             (
-                f"ip daddr . meta l4proto . th dport vmap @{SERVICE_IPS}",
-                f"fib daddr type local meta l4proto . th dport vmap @{NODE_PORTS}",
-                f"ip daddr @{NODE_IPS} meta l4proto . th dport vmap @{NODE_PORTS}",
+                f"ip daddr . meta l4proto . th dport vmap @{nft.SERVICE_IPS}",
+                f"fib daddr type local meta l4proto . th dport vmap @{nft.NODE_PORTS}",
+                f"ip daddr @{nft.NODE_IPS} meta l4proto . th dport vmap @{nft.NODE_PORTS}",
             ),
         ),
         Chain(
-            CHECK_CHAIN,
+            nft.CHECK_CHAIN,
             None,
             (
-                f"ip daddr . meta l4proto . th dport vmap @{NO_ENDPOINT_IPS}",
-                f"fib daddr type local meta l4proto . th dport vmap @{NO_ENDPOINT_NODE_PORTS}",
+                f"ip daddr . meta l4proto . th dport vmap @{nft.NO_ENDPOINT_IPS}",
+                f"fib daddr type local meta l4proto . th dport vmap @{nft.NO_ENDPOINT_NODE_PORTS}",
             ),
         ),
-        Chain(REJECT_CHAIN, None, ("reject with tcp reset", "reject")),
+        Chain(nft.REJECT_CHAIN, None, ("reject with tcp reset", "reject")),
     ]
     return [(c.name, dataclasses.replace(c, comment=digest(c.rules))) for c in chains]
