@@ -39,7 +39,7 @@ pods, peers, ports and conjunctions its rules name, nothing else.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
@@ -174,11 +174,22 @@ class _Texts:
         """``ip,<fieldname>=<address>`` for each member, sorted by address."""
         found = self._done.get((id(members), fieldname))
         if found is None or found[0] is not members:
-            texts = [f"ip,{fieldname}={ip}" for ip in sorted(members, key=int)]
+            texts = [f"ip,{fieldname}={_text(ip)}" for ip in sorted(members, key=int)]
             found = self._done[(id(members), fieldname)] = (members, texts)
         return found[1]
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _text(ip: IPv4Address) -> str:
+    """``str(ip)``, remembered (ipaddress builds the text anew each time)."""
+    return str(ip)
+
+
+def _named_order(entry: tuple[IPv4Address, str, int]) -> tuple[int, str, int]:
+    return int(entry[0]), entry[1], entry[2]
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def _pod_cookie_of(match: str) -> int:
     """The cookie of a target's match ``ip,nw_src=<pod>``: that pod's group."""
     return pod_cookie(IPv4Address(match.rsplit("=", 1)[1]))
@@ -200,8 +211,8 @@ class NetworkPolicyFlows:
             isolated = (
                 self.rules.egress_isolated if egress else self.rules.ingress_isolated
             ) & local
-            for ip in sorted(isolated):
-                match = f"ip,{side.subject}={ip}"
+            for ip in sorted(isolated, key=int):
+                match = f"ip,{side.subject}={_text(ip)}"
                 self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
             found: dict[_Grouping, _Conjunction] = {}
             for rule in self.rules.rules:
@@ -246,7 +257,7 @@ class NetworkPolicyFlows:
             # the destination is known after the host's DNAT: judged when it comes back
             specs.append((P_ALWAYS, f"ip,nw_dst={self.view.service_network}", TO_ROUTE))
         self._flows += [Flow(table, prio, match, actions, fixed) for prio, match, actions in specs]
-        for ip in sorted(local):
+        for ip in sorted(local, key=int):
             group = pod_cookie(ip)
             self._flows.append(Flow(table, P_ALWAYS, f"ip,nw_src={ip},nw_dst={ip}", side.passes,
                                     group))  # fmt: skip
@@ -265,8 +276,8 @@ class NetworkPolicyFlows:
         """One conjunction's flows (plain flows for one of a single dimension); False
         when it allows nothing (no peer or no port left)."""
         table = side.table
-        targets = [f"ip,{side.subject}={ip}" for ip in sorted(conj.targets, key=int)]
-        dimensions = [(targets, _pod_cookie_of)]
+        targets = [f"ip,{side.subject}={_text(ip)}" for ip in sorted(conj.targets, key=int)]
+        dimensions: list[tuple[list[str], Callable[[str], int]]] = [(targets, _pod_cookie_of)]
         shared = functools.partial(match_cookie, table)
         if not conj.peers.every_address:
             peers = self._texts.peers(side.peer, conj.peers.pods)
@@ -276,8 +287,8 @@ class NetworkPolicyFlows:
         if not conj.every_packet:
             ports = [m for span in conj.ranges for m in port_matches(span)]
             ports += [
-                f"{proto.lower()},nw_dst={ip},tp_dst={port}"
-                for ip, proto, port in sorted(conj.named)
+                f"{proto.lower()},nw_dst={_text(ip)},tp_dst={port}"
+                for ip, proto, port in sorted(conj.named, key=_named_order)
                 if side is EGRESS_SIDE or ip in conj.targets
             ]
             dimensions.append((ports, shared))
