@@ -286,10 +286,12 @@ class NetworkPolicyFlows:
             dimensions.append((peers, shared))
         if not conj.every_packet:
             ports = [m for span in conj.ranges for m in port_matches(span)]
+            named = conj.named
+            if side is INGRESS_SIDE:  # pinned to a target: only this node's count here
+                named = {entry for entry in named if entry[0] in conj.targets}
             ports += [
                 f"{proto.lower()},nw_dst={_text(ip)},tp_dst={port}"
-                for ip, proto, port in sorted(conj.named, key=_named_order)
-                if side is EGRESS_SIDE or ip in conj.targets
+                for ip, proto, port in sorted(named, key=_named_order)
             ]
             dimensions.append((ports, shared))
         if not all(matches for matches, _ in dimensions):
