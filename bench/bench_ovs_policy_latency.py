@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,6 +74,7 @@ async def bench(args: argparse.Namespace) -> None:
         finally:
             await plane.close()
             stop_instance(base / "ovs", remove=True)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 async def run(args: argparse.Namespace, lab: Any, node: Any, plane: OvsDataPlane) -> None:
