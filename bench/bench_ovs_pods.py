@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def clusters() -> Iterator[dict[str, Path]]:
     finally:
         for state_dir in dirs.values():
             lifecycle.cluster_down(state_dir, say=lambda _: None)
+            shutil.rmtree(state_dir, ignore_errors=True)  # also after a failed cluster up
 
 
 def node1(state_dir: Path) -> str:
