@@ -124,11 +124,11 @@ def test_counts_are_linear_in_pods_nodes_and_vnids() -> None:
         return len(every_flow(pipeline.desired(NODE, nodes, local, rules)))
 
     base = count(0, 0, 0)
-    assert count(10, 0, 0) - base == 10 * 4
-    assert count(100, 0, 0) - base == 100 * 4
+    assert count(10, 0, 0) - base == 10 * 5
+    assert count(100, 0, 0) - base == 100 * 5
     assert count(0, 10, 0) - base == 10 * 4
     assert count(0, 0, 100) - base == 100 * 3
-    assert count(100, 10, 100) - base == 100 * 4 + 10 * 4 + 100 * 3
+    assert count(100, 10, 100) - base == 100 * 5 + 10 * 4 + 100 * 3
 
 
 def test_pod_flows_check_the_source_and_load_the_vnid() -> None:
@@ -149,6 +149,10 @@ def test_pod_flows_check_the_source_and_load_the_vnid() -> None:
     assert [f for f in in_table(groups, t.POD_IN) if f.priority == 0] == [
         Flow(t.POD_IN, 0, "", "drop", pipeline.node_cookie())
     ], "anything else from a pod (another MAC or IP) is dropped"
+    back = {f.match: f.actions for f in in_table(groups, t.HOST_IN) if f.priority == 150}
+    assert (
+        back["ip,nw_src=10.128.0.5"] == f"load:0x2a->NXM_NX_REG0[],resubmit(,{t.EGRESS_POLICY})"
+    ), "a local pod's packet back from a service's DNAT meets its egress policy again"
     local = {f.match: f.actions for f in in_table(groups, t.LOCAL) if f.priority}
     assert local["ip,nw_dst=10.128.0.5"] == (
         f"load:0x2a->NXM_NX_REG1[],load:0x5->NXM_NX_REG2[],set_field:{mac5}->eth_dst,"

@@ -118,6 +118,7 @@ class OvsDataPlane:
         await self._node("sync_remote_nodes", lambda nl: hostnet.sync_remotes(nl, node, chosen))
         self.state.remotes = chosen
         await self._sync_flows(whole=True)
+        await self._within("priming", self.ports.prime(node, [r.node_ip for r in chosen]))
         hostnet.refuse(refused)
 
     # --- pods ----------------------------------------------------------------------------
@@ -239,6 +240,8 @@ class OvsDataPlane:
             await self.ports.ensure(node)
             await self._node("reprogram", lambda nl: hostnet.ensure(nl, node, self.state.remotes))
             await self._sync_flows(whole=True)
+            remotes = [r.node_ip for r in self.state.remotes or []]
+            await self._within("priming", self.ports.prime(node, remotes))
         except DataPlaneError as err:
             log.error("reprogramming after the %s restart failed: %s", VSWITCHD, err)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from ipaddress import IPv4Address
 
 from podnet.dataplane.interface import (
     DataPlaneError,
@@ -90,6 +91,13 @@ class NodePorts:
             await db.delete_port(t.BRIDGE, t.VXLAN)
             if await db.port(UNDERLAY_BRIDGE) is not None:
                 await underlay.remove()
+
+    async def prime(self, node: NodeNetwork, remotes: list[IPv4Address]) -> None:
+        """VXLAN on the userspace datapath: have OVS resolve the remote nodes' MACs now,
+        so the first packet to a new node is not lost (``UnderlaySetup.prime``)."""
+        if node.tunnel == "vxlan" and remotes:
+            setup = UnderlaySetup(await self.connect(), self.switch, self.kernel)
+            await setup.prime(await self._underlay(setup, node), remotes)
 
     async def _underlay(self, setup: UnderlaySetup, node: NodeNetwork) -> Underlay:
         return await setup.discover(node, self.daemons.datapath)

@@ -168,7 +168,9 @@ def remote_node_flows(node: NodeNetwork, remote: RemoteNode) -> list[Flow]:
 def pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
     """One local pod: its frames must carry its MAC and IP (ARP: sender MAC and IP too);
     its VNID goes into reg0; ARP for it and IP to it are delivered to its port, IP by
-    way of ISOLATION with its VNID in reg1 and its port in reg2. ARP skips the policy."""
+    way of ISOLATION with its VNID in reg1 and its port in reg2. ARP skips the policy.
+    Its packets that come back from tun0 (a service, DNATed by the host) pass its egress
+    policy again: the first time, their destination was the service's address."""
     port, ip, mac = pod.ofport, pod.ip, pod.mac
     load = f"load:{vnid:#x}->NXM_NX_{t.REG_SRC_VNID.upper()}[]"
     deliver = (
@@ -181,6 +183,9 @@ def pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
         pod_cookie(pod.key),
         (t.POD_IN, 100, f"ip,{sender},nw_src={ip}", f"{load},goto_table:{t.EGRESS_POLICY}"),
         (t.POD_IN, 100, f"arp,{sender},arp_spa={ip},arp_sha={mac}", f"{load},goto_table:{t.ROUTE}"),
+        # back from the host after a service's DNAT: egress judged again, to the endpoint
+        # (resubmit: OpenFlow's goto_table only goes forward)
+        (t.HOST_IN, 150, f"ip,nw_src={ip}", f"{load},resubmit(,{t.EGRESS_POLICY})"),
         (t.ARP_LOCAL, 100, f"arp,arp_tpa={ip}", f"output:{port}"),
         (t.LOCAL, 100, f"ip,nw_dst={ip}", deliver),
     )
@@ -203,7 +208,8 @@ def policy_flows(node: NodeNetwork, rules: RuleSet | None, pods: Iterable[LocalP
     """Tables 21 (egress policy) and 80 (isolation), from ``policyflows``: this node's
     view is its name, its pods' ports and its own addresses (node IP, gateway)."""
     ports = {pod.ip: pod.ofport for pod in pods}
-    view = LocalView(node.node_name, ports, frozenset({node.node_ip, node.gateway.ip}))
+    addresses = frozenset({node.node_ip, node.gateway.ip})
+    view = LocalView(node.node_name, ports, addresses, node.service_network)
     return policy_groups(view, rules)
 
 
