@@ -2,16 +2,16 @@
 
 A packet enters at ``CLASSIFY`` and is sorted by where it came from: the tunnel
 (``VXLAN_IN``: the sender must be a known node; its VNID comes from ``tun_id``), a pod
-(``POD_IN``: per-pod anti-spoofing of MAC and IP, the pod's VNID loaded into ``REG_SRC_VNID``)
-or the host through ``tun0`` (``HOST_IN``: a local pod's packet back from a service's
-DNAT on the host passes ``EGRESS_POLICY`` again, its destination now the endpoint).
-``EGRESS_POLICY`` judges pods isolated for egress (NetworkPolicy, with conntrack). ``ROUTE`` then sorts by destination: ARP
-(``ARP_LOCAL``/``ARP_REMOTE``), the service network (``SERVICE``: to ``tun0``, where the
-host's nftables service proxy applies), a local pod (``LOCAL``: its VNID into
-``REG_DST_VNID`` and its port into ``REG_OUT_PORT``, then ``ISOLATION``), another node's
-subnet (``REMOTE``: ``vxlan0`` with the VNID in ``tun_id``), or anything else
-(``EGRESS``: ``tun0``, where the host masquerades). ``NOTE`` holds the version note,
-written last.
+(``POD_IN``: per-pod anti-spoofing of MAC and IP, the pod's VNID loaded into
+``REG_SRC_VNID``) or the host through ``tun0`` (``HOST_IN``: a local pod's packet back from
+a service's DNAT on the host passes ``EGRESS_POLICY`` again, its destination now the
+endpoint). ``EGRESS_POLICY`` judges pods isolated for egress (NetworkPolicy, with
+conntrack). ``ROUTE`` then sorts by destination: ARP (``ARP_LOCAL``/``ARP_REMOTE``), the
+service network (``SERVICE``: to ``tun0``, where the host's nftables service proxy applies),
+a local pod (``LOCAL``: its VNID into ``REG_DST_VNID`` and its port into ``REG_OUT_PORT``,
+then ``ISOLATION``), another node's subnet (``REMOTE``: ``vxlan0`` with the VNID in
+``tun_id``), or anything else (``EGRESS``: ``tun0``, where the host masquerades). ``NOTE``
+holds the version note, written last.
 """
 
 from __future__ import annotations
