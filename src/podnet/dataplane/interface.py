@@ -1,7 +1,7 @@
 """The data plane contract: what the node agent asks of a backend, in domain terms.
 
 The agent computes the desired state (this node, the remote nodes, the pods) as plain
-values; a data plane implementation (``linux`` now, ``ovs`` later, ``fake`` for tests;
+values; a data plane implementation (``linux``, ``ovs``, and ``fake`` for tests;
 chosen by name from ``podnet.dataplane.registry``) makes the kernel match it. Every
 method is idempotent: calling it again with the same input changes nothing, so the agent
 can resync at any time, and after a restart. ``tests/integration/test_dataplane_contract.py``
@@ -136,7 +136,8 @@ class DataPlaneStatus:
 
 class DataPlane(Protocol):
     """A data plane implementation, registered by name in ``podnet.dataplane.registry``:
-    ``linux`` (``podnet.dataplane.linux``) and ``fake`` (``podnet.dataplane.fake``)."""
+    ``linux`` (``podnet.dataplane.linux``), ``ovs`` (``podnet.dataplane.ovs``) and ``fake``
+    (``podnet.dataplane.fake``)."""
 
     async def check_node(self, node: NodeNetwork) -> DataPlaneStatus:
         """Compare the kernel with ``node``'s set-up (bridge, address, MTU, vxlan, NAT,
