@@ -1,14 +1,16 @@
 """Applies the rendered service table (``servicetable``) to the kernel, and flushes UDP
 conntrack entries of endpoints that went away.
 
-Runs on the backend's node thread (libnftables, ``nft`` and the conntrack socket take
-the thread's namespace; transactions run in-process through ``libnft``). The table last
-applied is kept, so a change is one ``nft -f`` transaction with only the difference, and
-no transaction at all when nothing differs. At start, or after a failed transaction, the
-table is read back from the kernel first, so a restarted agent that finds the table
-right changes nothing, and established connections through it are not disturbed. The
-same table given again (the reconcile loop's periodic resync) is compared with the
-kernel's too, so drift (a rule deleted by hand) is repaired.
+Runs on the backend's node thread (libnftables, ``nft``, the netlink and conntrack
+sockets take the thread's namespace; transactions run in-process through ``libnft``).
+The table last applied is kept, so a change is one transaction with only the difference,
+and no transaction at all when nothing differs. A change of elements of plain sets only
+(an endpoint change: the ``endpoints`` map and its digests) goes as one netlink batch
+(``nftbatch``): libnftables would first fetch all 5,000 chains. At start, or after a
+failed transaction, the table is read back from the kernel first, so a restarted agent
+that finds the table right changes nothing, and established connections through it are
+not disturbed. The same table given again (the reconcile loop's periodic resync) is
+compared with the kernel's too, so drift (a map element deleted by hand) is repaired.
 
 UDP has no connection to end: a client that keeps sending to a cluster IP keeps its
 conntrack entry, which still points to the endpoint chosen first. When a UDP endpoint

@@ -19,10 +19,11 @@
   chains are named by their content, so a new number of endpoints adds a chain and
   repoints one map element, and the table is read back from its chain names, map
   elements and digests alone (``services.read_table``). ``ext/...`` (node port,
-  external IPs) does the same under externalTrafficPolicy Cluster with one rule per
-  endpoint (``choose``), masqueraded (the reply must come back through this node);
-  under Local it keeps the source, uses local endpoints only and drops when there are
-  none (the node does not answer). This node's own pods, and with isolation other
+  external IPs: the map is keyed by the cluster IP, so these pick by one rule per
+  endpoint, ``choose``) DNATs to any endpoint under externalTrafficPolicy Cluster,
+  masqueraded (the reply must come back through this node); under Local it keeps the
+  source, uses local endpoints only and drops when there are none (the node does not
+  answer). This node's own pods, and with isolation other
   nodes' pods, are treated apart so that isolation holds (``external_rules``).
 - Session affinity (ClientIP): one endpoint chain per endpoint that records the client
   in a set with the service's timeout (``update @aff/...``) and DNATs; the service chain
