@@ -68,8 +68,6 @@ class OvsDataPlane:
         self.services = ServiceTableSync()
         self._adopted = False  # whether state.adopted was read from the switch
         self._supervisor: asyncio.Task[None] | None = None
-        self._ofports = asyncio.Lock()
-        self._reserved: set[int] = set()
         self._closed = False
 
     @classmethod
@@ -124,21 +122,20 @@ class OvsDataPlane:
     # --- pods ----------------------------------------------------------------------------
 
     async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
-        """veth, pod side, OVS port with the pod's identity, then its flows."""
+        """veth and pod side; then, at once, the OVS port (its ofport chosen here, the
+        pod's identity in external_ids) and its flows (which match nothing until the port
+        is there). Undone on failure."""
         self._require(None)
         host = host_veth_name(pod.container_id, pod.ifname)
         await self._pod("attach_pod", lambda: ovspods.wire(pod, host))
+        key = f"{pod.container_id}/{pod.ifname}"
+        known = self.state.pods.get(key)  # wired again: it keeps its port number
+        ofport = known.ofport if known is not None else self._free_ofport()
+        self.state.pods[key] = LocalPod(key, ofport, pod.address.ip, pod.mac)
         try:
-            async with self._ofports:
-                ofport = self._free_ofport()
-                self._reserved.add(ofport)
-            try:
-                ofport = await self.ports.add_pod(host, ofport, ovspods.identity(pod))
-            finally:
-                self._reserved.discard(ofport)
-            key = f"{pod.container_id}/{pod.ifname}"
-            self.state.pods[key] = LocalPod(key, ofport, pod.address.ip, pod.mac)
-            await self._sync_flows()
+            await _together(
+                self.ports.add_pod(host, ofport, ovspods.identity(pod)), self._sync_flows()
+            )
         except BaseException:
             await self._forget_pod(pod.container_id, pod.ifname, host)
             raise
@@ -212,13 +209,14 @@ class OvsDataPlane:
             self.state.node = known
 
     async def _forget_pod(self, container_id: str, ifname: str, host: str) -> None:
+        """Its flows first (one bundle), then its OVS port and its veth at once."""
         self.state.pods.pop(f"{container_id}/{ifname}", None)
         await self._sync_flows()
-        await self.ports.delete(host)
-        await self._pod("detach_pod", lambda: ovspods.unwire(host))
+        await _together(self.ports.delete(host), self._pod("detach", lambda: ovspods.unwire(host)))
 
     def _free_ofport(self) -> int:
-        used = {pod.ofport for pod in self.state.pods.values()} | self._reserved
+        """The lowest pod ofport no pod holds (chosen and taken without an await)."""
+        used = {pod.ofport for pod in self.state.pods.values()}
         return next(
             n for n in range(t.FIRST_POD_PORT, t.FIRST_POD_PORT + len(used) + 1) if n not in used
         )
@@ -277,6 +275,13 @@ class OvsDataPlane:
                 return await step
         except TimeoutError as err:
             raise DataPlaneError(f"{what} timed out after {limit:.0f} s") from err
+
+
+async def _together(*steps: Awaitable[object]) -> None:
+    """Run ``steps`` at once and let each finish; then raise the first one's error."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _never(host: str) -> PodAttachment:
