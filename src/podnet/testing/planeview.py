@@ -22,20 +22,25 @@ import tempfile
 from collections.abc import Mapping
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from podnet import netns
+from podnet.agent.config import AgentConfig, node_network
+from podnet.cluster import pods
 from podnet.cluster.ovsnodes import node_ovs_base, running
 from podnet.cluster.state import ClusterState, NodeRecord
+from podnet.dataplane.interface import NodeNetwork, Tunnel
 from podnet.dataplane.linux.desired import vtep_mac
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
 from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
+from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, flows_text
 from podnet.dataplane.ovs.instance import OvsPaths
 from podnet.dataplane.ovs.ovsdb import Ovsdb
 from podnet.dataplane.ovs.ovspods import attachment_of
-from podnet.dataplane.ovs.policyflows import LocalView, policy_groups
+from podnet.dataplane.ovs.pipeline import LocalPod
+from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET
 from podnet.policy.model import RuleSet
 from podnet.testing.lab import policy_table
 
@@ -170,11 +175,13 @@ def remote_node_state(state_dir: Path, state: ClusterState, node: NodeRecord) ->
 def policy_behind(state_dir: Path, state: ClusterState, rules: RuleSet) -> list[str]:
     """The nodes whose data plane does not hold ``rules`` rendered for them yet: linux,
     the nftables table (compared as a transaction: none needed); ovs, br0's tables 21 and
-    80 (compared by ``ovs-ofctl diff-flows``: no difference)."""
+    80 as the pipeline renders them for the node's network and pods (compared by
+    ``ovs-ofctl diff-flows``: no difference)."""
+    networks = _node_networks(state_dir, state) if state.dataplane == "ovs" else {}
     late = []
     for name, node in state.nodes.items():
         if state.dataplane == "ovs":
-            held = _ovs_policy_held(state_dir, state, name, rules)
+            held = name in networks and _ovs_policy_held(state_dir, networks[name], rules)
         else:
             done = netns.run(node.netns, ["nft", "-t", "list", "table", *TABLE_KEY.split()], 30)
             have = parse_listing(done.stdout) if done.returncode == 0 else None
@@ -184,11 +191,33 @@ def policy_behind(state_dir: Path, state: ClusterState, rules: RuleSet) -> list[
     return late
 
 
-def _ovs_policy_held(state_dir: Path, state: ClusterState, name: str, rules: RuleSet) -> bool:
-    node = state.nodes[name]
-    addresses = frozenset({IPv4Address(node.ip), gateway(state, name)})
-    view = LocalView(name, ovs_port_numbers(state_dir, name), addresses)
-    want = [flow for flows in policy_groups(view, rules).values() for flow in flows]
+def _node_networks(state_dir: Path, state: ClusterState) -> dict[str, NodeNetwork]:
+    """Each node's ``NodeNetwork`` as its agent builds it (HostSubnet, ClusterNetwork)."""
+    with pods.admin_api(state_dir) as api:
+        subnets = {item["metadata"]["name"]: item for item in api.list(HOST_SUBNET)["items"]}
+        cluster = next(
+            item
+            for item in api.list(CLUSTER_NETWORK)["items"]
+            if item["metadata"]["name"] == "default"
+        )
+    return {
+        name: node_network(
+            AgentConfig(node_name=name, tunnel=cast("Tunnel", state.tunnel)),
+            IPv4Address(node.ip),
+            subnets[name],
+            cluster,
+        )
+        for name, node in state.nodes.items()
+        if name in subnets
+    }
+
+
+def _ovs_policy_held(state_dir: Path, network: NodeNetwork, rules: RuleSet) -> bool:
+    name = network.node_name
+    ports = ovs_port_numbers(state_dir, name)
+    local = [LocalPod(str(ip), ofport, ip, "") for ip, ofport in ports.items()]
+    groups = pipeline.policy_flows(network, rules, local)
+    want = [flow for flows in groups.values() for flow in flows]
     return not _differences(state_dir, name, "\n".join(_policy_dump(state_dir, name)), want)
 
 
