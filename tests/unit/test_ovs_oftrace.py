@@ -4,6 +4,7 @@ OVS 3.1 gave here and on a fake switch; on real OVS: tests/integration/test_ovs_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from ipaddress import IPv4Address
 
 import pytest
@@ -17,7 +18,7 @@ from podnet.dataplane.ovs.oftrace import TracedNode, TracePacket, ovs_verdict, p
 RULE = "=" * 79
 
 
-def bridge(steps: str, datapath: str, resumed: str = "") -> str:
+def bridge(steps: str, datapath: str, resumed: str = "", name: str = "br0") -> str:
     """One pass of a trace as OVS 3.1 prints it: after a ``ct`` recirculation, resumed
     with a conntrack state (and from a table), then the flows matched and the actions."""
     head = ""
@@ -25,7 +26,7 @@ def bridge(steps: str, datapath: str, resumed: str = "") -> str:
         state, table = resumed.split("@")
         head = f"{RULE}\nrecirc(0x1) - resume conntrack with {state}\n{RULE}\n\n"
         steps = f"    thaw\n        Resuming from table {table}\n{steps}"
-    return f'{head}bridge("br0")\n-------------\n{steps}\nDatapath actions: {datapath}\n\n'
+    return f'{head}bridge("{name}")\n-------------\n{steps}\nDatapath actions: {datapath}\n\n'
 
 
 # a real reply of OVS 3.1 (netdev), the long Flow/Megaflow lines left out: a pod's packet
@@ -141,3 +142,39 @@ async def test_ovs_verdict_traces_on_both_nodes() -> None:
     assert two.asked[-1][2].startswith(f"in_port={t.TUN_PORT},")
     with pytest.raises(ValueError, match="neither"):
         await ovs_verdict(nodes, outside, outside)
+
+
+# a pod's packet to another node, as OVS 3.1 printed it here: out vxlan0 by native
+# tunnelling, then the underlay bridge's own flow (its uplink made port 2 here)
+TUNNELLED = bridge(
+    "90. ip,nw_dst=10.128.2.0/23, priority 100, cookie 0x2612fd28905f327\n"
+    "    move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31]\n"
+    "     -> NXM_NX_TUN_ID[0..31] is now 0xb\n"
+    "    set_field:198.51.100.12->tun_dst\n    output:1\n"
+    "     -> output to native tunnel\n     -> tunneling to 198.51.100.12 via br-phy\n\n"
+    'bridge("br-phy")\n----------------\n'
+    " 0. in_port=LOCAL, priority 100, cookie 0x13f3ba051cf028e\n    output:2\n\n"
+    "Final flow: recirc_id=0x1,eth,tcp,reg0=0xb,tun_src=0.0.0.0,tun_dst=198.51.100.12,"
+    "tun_ipv6_src=::,in_port=3,nw_src=10.128.0.10,nw_dst=10.128.2.10\n",
+    "tnl_push(tnl_port(5),header(size=50,type=4)),out_port(2)),2",
+)
+
+
+def test_the_underlay_bridge_after_a_tunnel_is_not_the_traced_one() -> None:
+    found = parse_trace(TUNNELLED)
+    assert found.bridge == "br0" and found.output_ports == (1,)  # not br-phy's port 2
+    assert [s.bridge for s in found.steps] == ["br0", "br-phy"]
+    assert found.tunnel() == (0xB, IPv4Address("198.51.100.12"))
+    assert parse_trace(LOCAL_ALLOWED).tunnel() is None
+
+
+async def test_ovs_verdict_takes_the_tunnel_the_source_set() -> None:
+    a, b = IPv4Address("10.128.0.10"), IPv4Address("10.128.2.10")
+    one, two = FakeSwitch(TUNNELLED), FakeSwitch(LOCAL_ALLOWED)
+    here = TracedNode("n1", one, IPv4Address("198.51.100.11"), {a: (3, "0a:58:0a:80:00:0a")})
+    there = TracedNode("n2", two, IPv4Address("198.51.100.12"), {b: (3, "0a:58:0a:80:02:0a")})
+    verdict = await ovs_verdict([here, there], a, b, "TCP", 80, tun_id=7)
+    assert verdict.allowed  # with the VNID on the wire (0xb), not the one expected (7)
+    assert two.asked[0][2].startswith("in_port=1,tcp,tun_id=0xb,tun_src=198.51.100.11,")
+    elsewhere = replace(there, node_ip=IPv4Address("198.51.100.13"))
+    assert not (await ovs_verdict([here, elsewhere], a, b, "TCP", 80)).allowed

@@ -37,6 +37,9 @@ _STEP = re.compile(
     r"^\s*(?P<table>\d+)\. (?:(?P<match>.*?), )?priority (?P<priority>\d+)"
     r"(?:, cookie (?P<cookie>0x[0-9a-f]+))?$"
 )
+_BRIDGE = re.compile(r'^bridge\("([^"]+)"\)$')
+_TUNNEL_SET = re.compile(r"^set_field:(\S+)->(tun_dst|tun_id)$")
+_TUN_ID_NOTE = re.compile(r"NXM_NX_TUN_ID\[[0-9.]*\] is now (0x[0-9a-f]+|\d+)")
 _NO_MATCH = re.compile(r"^\s*(?P<table>\d+)\. No match\.?")
 _RESUME = re.compile(r"^recirc\(0x[0-9a-f]+\) - resume conntrack with (?:default )?ct_state=(\S+)")
 _OUTPUT_ACTION = re.compile(r"^output:(\d+)$")
@@ -105,6 +108,7 @@ class TraceStep:
     cookie: int
     actions: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # OVS's comments: "-> output port is 3", ">> ..."
+    bridge: str = ""  # the bridge it is in: the traced one, or the underlay's after a tunnel
 
     def __str__(self) -> str:
         if self.priority is None:
@@ -119,6 +123,7 @@ class TracePass:
     ct_state: str  # the conntrack state it resumed with ("" for the first pass)
     steps: tuple[TraceStep, ...]
     datapath_actions: str
+    final_flow: str = ""  # OVS's "Final flow:" ("unchanged", or the rewritten fields)
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,26 @@ class OfTrace:
     passes: tuple[TracePass, ...]
     output_ports: tuple[int, ...] = ()
     to_controller: bool = False
+    bridge: str = ""  # the bridge traced
     text: str = field(default="", repr=False)
+
+    def tunnel(self) -> tuple[int, IPv4Address] | None:
+        """(tun_id, tun_dst) the traced bridge's flows gave the packet, read from their
+        actions and OVS's notes (``set_field:..->tun_dst``, ``NXM_NX_TUN_ID[..] is now
+        0xb``; the final flow omits tun_id); None when they set no tunnel destination."""
+        tun_id, tun_dst = 0, None
+        for step in self.steps:
+            if step.bridge != self.bridge:
+                continue
+            for line in (*step.actions, *step.notes):
+                found = _TUNNEL_SET.search(line)
+                if found and found.group(2) == "tun_dst":
+                    tun_dst = IPv4Address(found.group(1))
+                elif found:
+                    tun_id = int(found.group(1), 0)
+                elif noted := _TUN_ID_NOTE.search(line):
+                    tun_id = int(noted.group(1), 0)
+        return None if tun_dst is None else (tun_id, tun_dst)
 
     @property
     def verdict(self) -> str:
@@ -161,12 +185,12 @@ def parse_trace(text: str) -> OfTrace:
     """Read ``ofproto/trace``'s reply (see the module docstring)."""
     passes: list[TracePass] = []
     steps: list[TraceStep] = []
-    ct_state, datapath, seen_bridge = "", "", False
+    ct_state, final, bridge, traced = "", "", "", ""
     actions: list[str] = []
     notes: list[str] = []
 
-    def close_step() -> None:
-        if steps:
+    def close_step() -> None:  # the lines read since the last step are its own
+        if steps and (actions or notes):
             steps[-1] = replace(steps[-1], actions=tuple(actions), notes=tuple(notes))
         actions.clear()
         notes.clear()
@@ -177,14 +201,21 @@ def parse_trace(text: str) -> OfTrace:
         if resumed:
             ct_state = resumed.group(1)
             continue
-        if line.startswith("bridge("):
-            seen_bridge = True
+        named = _BRIDGE.match(line)
+        if named:
+            close_step()
+            bridge = named.group(1)
+            traced = traced or bridge  # the first one is the bridge traced
+            continue
+        if line.startswith("Final flow:"):
+            close_step()
+            final = line.split(":", 1)[1].strip()
             continue
         if line.startswith("Datapath actions:"):
             close_step()
             datapath = line.split(":", 1)[1].strip()
-            passes.append(TracePass(ct_state, tuple(steps), datapath))
-            steps = []
+            passes.append(TracePass(ct_state, tuple(steps), datapath, final))
+            steps, final = [], ""
             continue
         step = _STEP.match(line) or _NO_MATCH.match(line)
         if step:
@@ -197,21 +228,24 @@ def parse_trace(text: str) -> OfTrace:
                     found.get("match") or "",
                     int(priority) if priority is not None else None,
                     int(found.get("cookie") or "0", 16),
+                    bridge=bridge,
                 )
             )
             continue
         body = line.strip()
         if steps and body and raw.startswith("    "):
             (notes if body.startswith(("->", ">>")) else actions).append(body)
-    if not seen_bridge or not passes:
+    if not traced or not passes:
         raise TraceError(f"not an ofproto/trace reply: {text[:200]!r}")
-    return _with_verdict(tuple(passes), text)
+    return _with_verdict(tuple(passes), traced, text)
 
 
-def _with_verdict(passes: tuple[TracePass, ...], text: str) -> OfTrace:
+def _with_verdict(passes: tuple[TracePass, ...], traced: str, text: str) -> OfTrace:
+    """The outputs of the traced bridge's flows (an underlay bridge that carries a
+    tunnelled packet on has ports of its own)."""
     ports: list[int] = []
     controller = False
-    for step in (s for one in passes for s in one.steps):
+    for step in (s for one in passes for s in one.steps if s.bridge == traced):
         for action in step.actions:
             direct = _OUTPUT_ACTION.match(action)
             if direct:
@@ -221,7 +255,7 @@ def _with_verdict(passes: tuple[TracePass, ...], text: str) -> OfTrace:
             noted = _OUTPUT_NOTE.search(note)
             if noted:
                 ports.append(int(noted.group(1)))
-    return OfTrace(passes, tuple(dict.fromkeys(ports)), controller, text)
+    return OfTrace(passes, tuple(dict.fromkeys(ports)), controller, traced, text)
 
 
 async def trace(
@@ -269,8 +303,9 @@ async def ovs_verdict(
 ) -> OvsVerdict:
     """The verdict of OVS on every node the packet crosses. A source pod's packet is
     traced from its port on its node; one for a pod of another node must leave on
-    vxlan0 and is traced again on that node from vxlan0 (``tun_id``: the VNID it carries,
-    the source's register value); a packet from outside the cluster's pods enters the
+    vxlan0 for that node's address and is traced again there from vxlan0, with the
+    ``tun_id`` the source trace set (``tun_id`` here: the VNID podnet expects, used when
+    the trace does not show it); a packet from outside the cluster's pods enters the
     destination pod's node on tun0. It is allowed when it reaches the destination pod's
     port, or tun0 for a destination that is not a pod."""
     by_ip = {ip: node for node in nodes for ip in node.pods}
@@ -285,10 +320,13 @@ async def ovs_verdict(
             return OvsVerdict(first.output_ports == (t.TUN_PORT,), tuple(traces))
         if dst_node is src_node:
             return OvsVerdict(first.output_ports == (dst_node.pods[dst][0],), tuple(traces))
-        if first.output_ports != (t.VXLAN_PORT,):
-            return OvsVerdict(False, tuple(traces))
+        # what the source node put on the wire (its final flow); ``tun_id`` when the
+        # trace does not say (a recorded one may leave the final flow out)
+        tunnel = first.tunnel() or (tun_id, dst_node.node_ip)
+        if first.output_ports != (t.VXLAN_PORT,) or tunnel[1] != dst_node.node_ip:
+            return OvsVerdict(False, tuple(traces))  # dropped, or sent to another node
         packet = TracePacket(
-            t.VXLAN_PORT, src, dst, protocol, port, tun_id=tun_id, tun_src=src_node.node_ip
+            t.VXLAN_PORT, src, dst, protocol, port, tun_id=tunnel[0], tun_src=src_node.node_ip
         )
     elif dst_node is not None:
         packet = TracePacket(t.TUN_PORT, src, dst, protocol, port)
