@@ -125,9 +125,10 @@ def table(pod_objs: list[dict[str, Any]], counts: list[int], port_of: Callable[[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pods", type=int, default=5000)
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--policies", type=int, nargs="+", default=[250, 500, 750, 1000])
+    for option, default in (("--pods", 5000), ("--nodes", 50)):
+        parser.add_argument(option, type=int, default=default)
+    counts = [250, 500, 750, 1000]
+    parser.add_argument("--policies", type=int, nargs="+", default=counts)
     args = parser.parse_args()
     pod_objs = pods(args.pods, args.nodes)
     print(f"{args.pods} pods on {args.nodes} nodes, {NAMESPACES} namespaces, {APPS} apps; "
