@@ -25,8 +25,9 @@ from podnet import netns
 from podnet.cluster import lifecycle, nodes
 from podnet.cluster.state import ClusterState
 from podnet.ipam.reservations import well_formed
+from podnet.testing import planeview
 from podnet.testing.chaos import quick_api
-from podnet.testing.chaoscheck import ipam_files, pod_port_elements, pod_veths
+from podnet.testing.chaoscheck import ipam_files, pod_veths
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -92,7 +93,7 @@ def test_sigkill_with_twenty_adds_in_flight_and_damaged_files(cluster: Path) -> 
         assert empty not in held and garbage not in held
         assert held[torn] == live[0]  # rewritten for the pod that has the address
         assert set(live) <= set(held.values())
-        ports = {ip for _, _, ip in pod_port_elements(node_ns)}
+        ports = {ip for _, _, ip in planeview.anti_spoofing(cluster, state, "node1")}
         assert ports == set(held)  # every held address is wired once, nothing else is
         assert len(pod_veths(node_ns)) == len(held)
         fresh = f"{node_ns[:9]}-n{tag}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -37,11 +38,12 @@ from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, flows_text
 from podnet.dataplane.ovs.instance import OvsPaths
-from podnet.dataplane.ovs.ovsdb import Ovsdb
+from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
 from podnet.dataplane.ovs.ovspods import attachment_of
 from podnet.dataplane.ovs.pipeline import LocalPod
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET
 from podnet.policy.model import RuleSet
+from podnet.testing.chaoscheck import pod_port_elements
 from podnet.testing.lab import policy_table
 
 POLICY_TABLES = (t.EGRESS_POLICY, t.ISOLATION)  # tables 21 and 80: what policyflows owns
@@ -78,22 +80,44 @@ def _policy_dump(state_dir: Path, node: str) -> list[str]:
     return sorted(line.strip() for line in lines if "actions=" in line)
 
 
-def ovs_port_numbers(state_dir: Path, node: str) -> dict[IPv4Address, int]:
-    """The node's pods (by IP) and their OpenFlow port numbers, from its OVSDB."""
+def _ovs_ports(state_dir: Path, node: str) -> list[Port]:
+    """br0's ports on ``node``, from its OVSDB."""
 
-    async def read() -> dict[IPv4Address, int]:
+    async def read() -> list[Port]:
         db = await Ovsdb.connect(_ovs(state_dir, node).db_socket)
         try:
-            found = {}
-            for port in await db.ports(t.BRIDGE):
-                pod = attachment_of(port.name, port.external_ids)
-                if pod is not None and port.ofport > 0:
-                    found[pod.address.ip] = port.ofport
-            return found
+            return await db.ports(t.BRIDGE)
         finally:
             await db.close()
 
     return asyncio.run(read())
+
+
+def ovs_port_numbers(state_dir: Path, node: str) -> dict[IPv4Address, int]:
+    """The node's pods (by IP) and their OpenFlow port numbers, from its OVSDB."""
+    found = {}
+    for port in _ovs_ports(state_dir, node):
+        pod = attachment_of(port.name, port.external_ids)
+        if pod is not None and port.ofport > 0:
+            found[pod.address.ip] = port.ofport
+    return found
+
+
+_POD_IN = re.compile(r"\bip,in_port=(\d+),dl_src=([0-9a-f:]+),nw_src=([0-9.]+) ")
+
+
+def anti_spoofing(state_dir: Path, state: ClusterState, node: str) -> set[tuple[str, str, str]]:
+    """(host veth, MAC, IP) that ``node`` lets each pod send with: linux, the elements of
+    the ``pod_ports`` set; ovs, table 20's per-pod IP flows (in_port named by OVSDB)."""
+    if state.dataplane != "ovs":
+        return pod_port_elements(state.nodes[node].netns)
+    names = {port.ofport: port.name for port in _ovs_ports(state_dir, node)}
+    found = set()
+    for line in br0_flows(state_dir, node, f"table={t.POD_IN}").splitlines():
+        match = _POD_IN.search(line)
+        if match:
+            found.add((names.get(int(match[1]), match[1]), match[2].lower(), match[3]))
+    return found
 
 
 def gateway(state: ClusterState, node: str) -> IPv4Address:
