@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from podnet.dataplane.ovs import conjunction
 from podnet.dataplane.ovs import tables as t
-from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids
+from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids, members
 from podnet.dataplane.ovs.flow import Flow, Kind, flows_text, kind_of
+from podnet.dataplane.ovs.networkpolicy import NetworkPolicyFlows
 from podnet.dataplane.ovs.policyflows import (
     Groups,
     LocalView,
@@ -85,17 +86,29 @@ def test_conjunction_ids_probe_past_collisions(monkeypatch: pytest.MonkeyPatch) 
     assert conjunction_ids(["b", "a", "c"]) == {"a": 7, "b": 8, "c": 9}
 
 
-def test_conjunctions_merge_shared_members() -> None:
+def test_conjunctions_merge_shared_members_and_keep_them() -> None:
     conj = Conjunctions(21, 200)
-    cookies = {"ip,nw_src=10.0.0.1": 5, "tcp": 6}
-    conj.add(["ip,nw_src=10.0.0.1"], cookies.__getitem__, 2, 1, 2)
-    conj.add(["ip,nw_src=10.0.0.1"], cookies.__getitem__, 1, 1, 3)
-    conj.add(["tcp", "tcp"], cookies.__getitem__, 1, 3, 3)
-    assert [f.text() for f in conj.flows()] == [
+    cookies = {"ip,nw_src=10.0.0.1": 5, "tcp": 6}.__getitem__
+    one = members(["ip,nw_src=10.0.0.1"], cookies, 2, 1, 2)
+    two = members(["ip,nw_src=10.0.0.1"], cookies, 1, 1, 3) + members(["tcp"], cookies, 1, 3, 3)
+    both = conj.render({"a": lambda: one, "b": lambda: two})
+    assert [f.text() for f in both] == [
         "cookie=0x5,table=21,priority=200,ip,nw_src=10.0.0.1 "
         "actions=conjunction(1,1/3),conjunction(2,1/2)",
         "cookie=0x6,table=21,priority=200,tcp actions=conjunction(1,3/3)",
     ]
+    asked: list[str] = []
+
+    def rebuilt() -> list[tuple[str, int, str]]:
+        asked.append("a")
+        return one
+
+    again = conj.render({"a": rebuilt})  # b gone, a kept
+    assert not asked  # a kept conjunction is not rebuilt
+    assert [f.text() for f in again] == [
+        "cookie=0x5,table=21,priority=200,ip,nw_src=10.0.0.1 actions=conjunction(2,1/2)"
+    ]
+    assert conj.render({}) == []
 
 
 # --- rule sets ------------------------------------------------------------------------------
@@ -139,6 +152,26 @@ def world(pods: int, policies: int, local: int | None = None) -> tuple[LocalView
 def view_of(rules: RuleSet, node: str = "node-1") -> LocalView:
     ports = {e.ip: 3 + i for i, e in enumerate(e for e in rules.endpoints if e.node == node)}
     return LocalView(node, ports, rules.resident(node))
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 6), st.integers(0, 3),
+                          st.integers(0, 30)), min_size=2, max_size=6))  # fmt: skip
+def test_a_kept_render_equals_a_fresh_one(steps: list[tuple[int, int, int, int]]) -> None:
+    """Renders through one node's kept state, world after world (pods, policies, their
+    ports and local pods changing), give exactly what a render from scratch gives."""
+    kept: dict[int, Conjunctions] = {}
+    for pods, policies, port_shift, local in steps:
+        objs = [pod(i, "node-1" if i < local else "node-2", app="abc"[i % 3]) for i in range(pods)]
+        peer = "abc"[port_shift % 3]
+        pols = [allow_from(f"p{j}", "abc"[j % 3], peer, 80 + j % 3 + port_shift)
+                for j in range(policies)]  # fmt: skip
+        rules = compile_rules(NETWORKPOLICY, objs, NAMESPACES, [], pols)
+        view = view_of(rules)
+        again = NetworkPolicyFlows(view, rules, kept).flows()
+        fresh = NetworkPolicyFlows(view, rules).flows()
+        assert flows_text(again) == flows_text(fresh)
+    assert flows_text(policy_flows(view, rules)) == flows_text(fresh)  # policy_groups keeps too
 
 
 def test_subnet_passes_everything() -> None:

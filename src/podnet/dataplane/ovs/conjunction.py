@@ -5,7 +5,7 @@ A compiled rule becomes one OpenFlow conjunction: a flow per member of each dime
 Two rules with a member in common (the same target pod, peer or port block) must share
 that member's flow, since a table holds one flow per (priority, match): its actions then
 list every conjunction it belongs to. ``Conjunctions`` collects the members and renders
-each distinct match once.
+each distinct match once, keeping them between renders.
 
 Ids come from a digest of the rule id, so they do not depend on which other rules exist:
 adding or removing a policy never renumbers another's conjunctions. Two rule ids whose
@@ -16,7 +16,7 @@ next free id in (digest, rule id) order; only the colliding rules are involved.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from podnet.dataplane.ovs.flow import Flow
@@ -42,31 +42,55 @@ def conjunction_ids(rule_ids: Iterable[str]) -> dict[str, int]:
     return found
 
 
+Member = tuple[str, int, str]  # (match, its flow's cookie, "conjunction(id,k/n)")
+
+
 @dataclass
 class Conjunctions:
-    """The dimension flows of one table's conjunctions, all at ``priority``."""
+    """The dimension flows of one table's conjunctions, all at ``priority``, kept from one
+    render to the next: a render names the conjunctions it wants by a key that changes
+    whenever their members would, and only the ones added or gone touch member flows
+    (a policy change costs its own conjunctions, not every rule's)."""
 
     table: int
     priority: int
-    _members: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    _held: dict[Hashable, list[Member]] = field(default_factory=dict)
+    _members: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
+    _flows: dict[str, Flow] = field(default_factory=dict)
 
-    def add(
-        self, matches: Iterable[str], cookie_of: Callable[[str], int], conj_id: int, k: int, n: int
-    ) -> None:
-        """``matches`` are dimension ``k`` of ``n`` of conjunction ``conj_id``; a match
-        seen first here gets the cookie ``cookie_of(match)`` (every conjunction sharing
-        it must name the same: the callers' matches of different kinds never collide)."""
-        clause = f"conjunction({conj_id},{k}/{n})"
-        members = self._members
-        for match in matches:
-            found = members.get(match)
-            if found is None:
-                found = members[match] = (cookie_of(match), [])
-            found[1].append(clause)
+    def render(self, wanted: Mapping[Hashable, Callable[[], list[Member]]]) -> list[Flow]:
+        """One flow per distinct member match of the ``wanted`` conjunctions (key ->
+        a function listing its members), its conjunction actions sorted."""
+        dirty: set[str] = set()
+        for key in [k for k in self._held if k not in wanted]:
+            for match, _, clause in self._held.pop(key):
+                counts = self._members[match][1]
+                counts[clause] -= 1
+                if not counts[clause]:
+                    del counts[clause]
+                dirty.add(match)
+        for key, members in wanted.items():
+            if key in self._held:
+                continue
+            entries = self._held[key] = members()
+            for match, group, clause in entries:
+                counts = self._members.setdefault(match, (group, {}))[1]
+                counts[clause] = counts.get(clause, 0) + 1
+                dirty.add(match)
+        for match in dirty:
+            group, counts = self._members[match]
+            if counts:
+                actions = ",".join(sorted(counts))
+                self._flows[match] = Flow(self.table, self.priority, match, actions, group)
+            else:
+                del self._members[match]
+                del self._flows[match]
+        return [self._flows[match] for match in sorted(self._flows)]
 
-    def flows(self) -> list[Flow]:
-        """One flow per distinct match, its conjunction actions sorted."""
-        return [
-            Flow(self.table, self.priority, match, ",".join(sorted(set(clauses))), group)
-            for match, (group, clauses) in sorted(self._members.items())
-        ]
+
+def members(
+    matches: Iterable[str], cookie_of: Callable[[str], int], conj_id: int, k: int, n: int
+) -> list[Member]:
+    """``matches`` as dimension ``k`` of ``n`` of conjunction ``conj_id``."""
+    clause = f"conjunction({conj_id},{k}/{n})"
+    return [(match, cookie_of(match), clause) for match in matches]

@@ -39,12 +39,12 @@ pods, peers, ports and conjunctions its rules name, nothing else.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
 from podnet.dataplane.ovs import tables as t
-from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids
+from podnet.dataplane.ovs.conjunction import Conjunctions, Member, conjunction_ids, members
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
 from podnet.dataplane.ovs.portmasks import port_matches
 from podnet.model.network import NETWORKPOLICY
@@ -195,10 +195,18 @@ def _pod_cookie_of(match: str) -> int:
     return pod_cookie(IPv4Address(match.rsplit("=", 1)[1]))
 
 
+Kept = dict[int, Conjunctions]  # table -> its conjunctions' member flows, between renders
+
+
 @dataclass
 class NetworkPolicyFlows:
+    """One render of tables 21 and 80. ``kept``: the member flows of the last render for
+    this node, updated in place (only conjunctions added or gone since cost anything);
+    a fresh dict renders from scratch, with the same result."""
+
     view: LocalView
     rules: RuleSet
+    kept: Kept = field(default_factory=dict)
     _flows: list[Flow] = field(default_factory=list)
     conjunction_of: dict[str, tuple[int, int]] = field(default_factory=dict)  # rule id ->
     _texts: _Texts = field(default_factory=_Texts)
@@ -223,16 +231,20 @@ class NetworkPolicyFlows:
                     if conj is None:
                         conj = found[grouping] = _Conjunction(*grouping)
                     conj.targets |= targets
-                    conj.named |= rule.ports.named_keys
+                    if not egress:  # pinned to a target: only this node's count here
+                        conj.named.update(
+                            (n.ip, n.protocol, n.port) for n in rule.ports.named if n.ip in targets
+                        )
                     conj.rule_ids.append(rule.id)
             named = {min(conj.rule_ids): conj for conj in found.values()}
             ids = conjunction_ids(named)
-            members = Conjunctions(side.table, P_CONJUNCTION)
+            wanted: dict[Hashable, Callable[[], list[Member]]] = {}
             plain: set[Flow] = set()
             for first, conj in sorted(named.items()):
-                if self._conjunction(side, conj, ids[first], members, plain):
+                if self._conjunction(side, conj, ids[first], wanted, plain):
                     self.conjunction_of.update((r, (side.table, ids[first])) for r in conj.rule_ids)
-            self._flows += members.flows()
+            kept = self.kept.setdefault(side.table, Conjunctions(side.table, P_CONJUNCTION))
+            self._flows += kept.render(wanted)
             self._flows += plain
         return self._flows
 
@@ -270,44 +282,72 @@ class NetworkPolicyFlows:
         side: _Direction,
         conj: _Conjunction,
         conj_id: int,
-        members: Conjunctions,
+        wanted: dict[Hashable, Callable[[], list[Member]]],
         plain: set[Flow],
     ) -> bool:
-        """One conjunction's flows (plain flows for one of a single dimension); False
-        when it allows nothing (no peer or no port left)."""
-        table = side.table
-        targets = [f"ip,{side.subject}={_text(ip)}" for ip in sorted(conj.targets, key=int)]
-        dimensions: list[tuple[list[str], Callable[[str], int]]] = [(targets, _pod_cookie_of)]
-        shared = functools.partial(match_cookie, table)
-        if not conj.peers.every_address:
-            peers = self._texts.peers(side.peer, conj.peers.pods)
-            if conj.peers.blocks:
-                peers = peers + [_address_match(side.peer, net) for net in conj.peers.blocks]
-            dimensions.append((peers, shared))
-        if not conj.every_packet:
-            ports = [m for span in conj.ranges for m in port_matches(span)]
-            named = conj.named
-            if side is INGRESS_SIDE:  # pinned to a target: only this node's count here
-                named = {entry for entry in named if entry[0] in conj.targets}
-            ports += [
-                f"{proto.lower()},nw_dst={_text(ip)},tp_dst={port}"
-                for ip, proto, port in sorted(named, key=_named_order)
-            ]
-            dimensions.append((ports, shared))
-        if not all(matches for matches, _ in dimensions):
+        """One conjunction, wanted by a key that says all its members depend on (plain
+        flows for one of a single dimension); False when it allows nothing (no peer or no
+        port left)."""
+        table, peers = side.table, conj.peers
+        named = frozenset(conj.named)
+        if conj.egress_named is not None:  # egress: the grouping's own, whole
+            named = frozenset((n.ip, n.protocol, n.port) for n in conj.egress_named)
+        if not peers.every_address and not (peers.pods or peers.blocks):
             return False
-        if len(dimensions) == 1:
+        if not conj.every_packet and not (conj.ranges or named):
+            return False
+        dimensions = 1 + (not peers.every_address) + (not conj.every_packet)
+        if dimensions == 1:
             plain.update(
-                Flow(table, P_PLAIN_RULE, m, side.allows, _pod_cookie_of(m)) for m in targets
+                Flow(table, P_PLAIN_RULE, m, side.allows, _pod_cookie_of(m))
+                for m in self._targets(side, conj)
             )
             return False
-        for k, (matches, cookie_of) in enumerate(dimensions, start=1):
-            members.add(matches, cookie_of, conj_id, k, len(dimensions))
+        key = (
+            table,
+            conj_id,
+            frozenset(conj.targets),
+            peers,
+            conj.every_packet,
+            conj.ranges,
+            named,
+        )
+        wanted[key] = functools.partial(self._members, side, conj, named, conj_id, dimensions)
         self._flows.append(
             Flow(table, P_CONJUNCTION, f"conj_id={conj_id},ip", side.allows,
                  conjunction_cookie(table, conj_id))
         )  # fmt: skip
         return True
+
+    def _members(
+        self,
+        side: _Direction,
+        conj: _Conjunction,
+        named: frozenset[tuple[IPv4Address, str, int]],
+        conj_id: int,
+        dimensions: int,
+    ) -> list[Member]:
+        """The members of one conjunction's dimensions: targets, peers, ports."""
+        shared = functools.partial(match_cookie, side.table)
+        found = members(self._targets(side, conj), _pod_cookie_of, conj_id, 1, dimensions)
+        k = 1
+        if not conj.peers.every_address:
+            peers = self._texts.peers(side.peer, conj.peers.pods)
+            peers = peers + [_address_match(side.peer, net) for net in conj.peers.blocks]
+            k += 1
+            found += members(peers, shared, conj_id, k, dimensions)
+        if not conj.every_packet:
+            ports = [m for span in conj.ranges for m in port_matches(span)]
+            ports += [
+                f"{proto.lower()},nw_dst={_text(ip)},tp_dst={port}"
+                for ip, proto, port in sorted(named, key=_named_order)
+            ]
+            found += members(ports, shared, conj_id, k + 1, dimensions)
+        return found
+
+    @staticmethod
+    def _targets(side: _Direction, conj: _Conjunction) -> list[str]:
+        return [f"ip,{side.subject}={_text(ip)}" for ip in sorted(conj.targets, key=int)]
 
 
 def _address_match(fieldname: str, address: IPv4Address | IPv4Network) -> str:
