@@ -24,6 +24,7 @@ only the conjunctions that changed; the result is the same as a fresh render (te
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -60,6 +61,7 @@ __all__ = [
 Groups = dict[int, list[Flow]]  # cookie -> the flows of one object
 KEPT_NODES = 8
 _KEPT: OrderedDict[str, Kept] = OrderedDict()
+_KEPT_LOCK = threading.Lock()
 
 
 def vnid_cookie(vnid: int) -> int:
@@ -81,12 +83,13 @@ def policy_groups(view: LocalView, rules: RuleSet | None) -> Groups:
     if plugin == MULTITENANT:
         return _group(_multitenant(view, rules))
     if plugin == NETWORKPOLICY:
-        kept = _kept(view.node)
-        try:
-            return _group(NetworkPolicyFlows(view, rules, kept).flows())
-        except BaseException:
-            _KEPT.pop(view.node, None)  # maybe half updated: the next render starts afresh
-            raise
+        with _KEPT_LOCK:  # one render at a time updates a node's kept state
+            kept = _kept(view.node)
+            try:
+                return _group(NetworkPolicyFlows(view, rules, kept).flows())
+            except BaseException:
+                _KEPT.pop(view.node, None)  # maybe half updated: the next one starts afresh
+                raise
     raise ValueError(f"unknown network plugin {plugin!r}")
 
 
