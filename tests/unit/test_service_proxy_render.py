@@ -68,3 +68,15 @@ def test_incremental_render_equals_a_fresh_render(steps: list[list[Any]]) -> Non
         before = rendered
         udp = {(str(e.ip), e.port) for p in table.ports if p.protocol == "udp" for e in p.endpoints}
         assert renderer.udp_endpoints() == udp
+
+
+def test_a_port_replaced_by_another_on_the_same_cluster_ip_keeps_its_endpoint_group() -> None:
+    """Endpoint groups are keyed by address, protocol and port: a Service deleted and
+    another made with its cluster IP, in one render, must leave the new one's group."""
+    renderer = ServiceRenderer(NODE)
+    old, new = port("b", "tcp", [2]), dataclasses.replace(port("b", "tcp", [2]), name="c")
+    before = renderer.render(ServiceTable((old,)))
+    after = renderer.render(ServiceTable((new,)))
+    assert after == ServiceRenderer(NODE).render(ServiceTable((new,)))
+    assert after.groups.keys() == before.groups.keys() == {"172.30.0.98 . tcp . 53"}
+    assert " endpoints {" not in transaction(before, after)  # the same picks stay

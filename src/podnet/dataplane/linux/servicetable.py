@@ -105,9 +105,10 @@ class ServiceRenderer:
     def render(self, table: ServiceTable) -> ServiceNft:
         """The nftables table for ``table`` (empty value: no table at all)."""
         changes, self._last = self._changes(table.ports), ()  # () until all are in
+        for key, _ in changes:  # every port out first: an endpoint group is keyed by
+            if key in self._ports:  # address, protocol and port, which a port coming in
+                self._take_out(key)  # may share with one going out (same cluster IP)
         for key, port in changes:
-            if key in self._ports:
-                self._take_out(key)
             if port is not None:
                 self._put_in(key, port)
         self._last = table.ports
