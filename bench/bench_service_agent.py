@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -124,10 +125,9 @@ def agent_rss(state_dir: Path, node: str) -> tuple[float, float]:
 def applied_at(
     log: Path, ports: int, endpoints: int, offset: int = 0
 ) -> tuple[float, float, float] | None:
-    """The first log line (after byte ``offset``) saying the agent applied a table of
-    ``ports`` service ports and ``endpoints`` endpoints, or more (the cluster's own
-    Services, such as ``default/kubernetes``, come on top): its epoch time, and the
-    agent's compile and apply seconds for it."""
+    """The first log line (after byte ``offset``) saying the agent applied a table of at
+    least ``ports`` service ports and ``endpoints`` endpoints (``default/kubernetes`` comes
+    on top): its epoch time, and the agent's compile and apply seconds for it."""
     text = log.read_bytes()[offset:].decode(errors="replace")
     for match in APPLIED.finditer(text):
         if int(match.group(2)) >= ports and int(match.group(3)) >= endpoints:
@@ -171,8 +171,7 @@ def wait_quiet(state_dir: Path, quiet: float = 3.0) -> None:
 
 class Monitor:
     """``nft monitor`` in a node's namespace: when each address appeared in the services
-    table, as an element of the ``endpoints`` map (``<key> : <address> . <port>``) or in
-    a rule that DNATs to it (``dnat to <address>:<port>``, the earlier table's way)."""
+    table (``endpoints`` map element ``… : <ip> . <port>``, or rule ``dnat to <ip>:<port>``)."""
 
     def __init__(self, node_ns: str) -> None:
         argv = netns.command(node_ns, ["stdbuf", "-oL", "nft", "monitor"])
@@ -266,13 +265,11 @@ def restart(state_dir: Path, args: argparse.Namespace) -> tuple[float, float, fl
     wait_quiet(state_dir)
     if args.timeline:  # the restarted agent's log up to the apply, seconds from its start
         for line in log.read_bytes()[offset:].decode(errors="replace").splitlines():
-            try:
+            with contextlib.suppress(ValueError):  # a traceback's line has no time
                 stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            except ValueError:
-                continue  # a traceback's line
-            print(f"    +{stamp - started:6.2f} s {line[24:160]}")
-            if stamp >= done:
-                break
+                print(f"    +{stamp - started:6.2f} s {line[24:160]}")
+                if stamp >= done:
+                    break
     return done - started, compiled, applied, agent_rss(state_dir, "node1")[0]
 
 
@@ -387,9 +384,7 @@ def main() -> None:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--changes", type=int, default=40)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument(
-        "--timeline", action="store_true", help="print the restarted agent's log up to the apply"
-    )
+    parser.add_argument("--timeline", action="store_true", help="the restarted agent's log")
     parser.add_argument(
         "--trim", action="store_true", help="also the RSS after malloc_trim in each agent (gdb)"
     )
