@@ -194,3 +194,64 @@ async def test_the_fake_dumps_one_table(switch: FakeFlowRunner) -> None:
     await switch.replace_flows("br0", "".join(f.text() + "\n" for f in desired()))
     assert same_flows(await switch.dump_flows("br0", "table=253"), [NOTE])
     assert len((await switch.dump_flows("br0")).splitlines()) == 6
+
+
+def by_cookie(flows: list[Flow]) -> dict[int, list[Flow]]:
+    found: dict[int, list[Flow]] = {}
+    for flow in flows:
+        found.setdefault(flow.cookie, []).append(flow)
+    return found
+
+
+async def test_groups_given_directly_send_only_what_changed(switch: FakeFlowRunner) -> None:
+    """``sync_groups``: the same group objects again send nothing; an equal group in a
+    new object (or in another order) is no change; one changed group is one bundle."""
+    sync = FlowSync(switch)
+    groups = by_cookie(desired())
+    await sync.sync_groups(groups)
+    switch.calls.clear()
+    assert (await sync.sync_groups(dict(groups))).mode == "none"
+    again = {c: list(reversed(fs)) for c, fs in groups.items()}
+    assert (await sync.sync_groups(again)).mode == "none"
+    changed = {**groups, POD_A: pod(POD_A, 3, 7)}
+    result = await sync.sync_groups(changed)
+    assert result.mode == "bundle" and result.groups == 1
+    assert switch.calls == [
+        ("bundle", "br0", bundle_text(groups, {POD_A: sorted(pod(POD_A, 3, 7))}, [POD_A]))
+    ]
+    assert sorted(switch.tables["br0"].values()) == sorted(f for fs in changed.values() for f in fs)
+
+
+async def test_a_group_clashing_with_an_applied_one_is_refused_and_nothing_moves(
+    switch: FakeFlowRunner,
+) -> None:
+    """Two flows matching alike across groups, where only one group changed: refused
+    before anything is sent, and the known state stays (a later good sync is a bundle)."""
+    sync = FlowSync(switch)
+    groups = by_cookie(desired())
+    await sync.sync_groups(groups)
+    switch.calls.clear()
+    clash = Flow(tables.CLASSIFY, 0, "", "drop", POD_B)  # NODE's match, in B's group
+    with pytest.raises(DataPlaneRejected, match="match alike"):
+        await sync.sync_groups({**groups, POD_B: [*groups[POD_B], clash]})
+    with pytest.raises(DataPlaneRejected, match="without a cookie"):
+        await sync.sync_groups({**groups, 0: [Flow(0, 0, "ip", "drop")]})
+    assert switch.calls == []
+    # the clash is fine once the group that held the match gives it up in the same sync
+    moved = {**groups, NODE: [], POD_B: [*groups[POD_B], clash]}
+    assert (await sync.sync_groups(moved)).mode == "bundle"
+    assert [op for op, _, _ in switch.calls] == ["bundle"]
+    back = await sync.sync_groups(groups)
+    assert back.mode == "bundle" and back.groups == 2
+
+
+async def test_after_forget_the_whole_table_is_checked_afresh(switch: FakeFlowRunner) -> None:
+    """A match that moved to another group while the switch was forgotten is no clash
+    with what was applied before."""
+    sync = FlowSync(switch)
+    await sync.sync_groups(by_cookie(desired()))
+    sync.forget()
+    moved = Flow(tables.CLASSIFY, 0, "", "drop", POD_B)
+    flows = [f for f in desired() if f.cookie != NODE] + [moved]
+    assert (await sync.sync_groups(by_cookie(flows))).mode == "replace"
+    assert moved in switch.tables["br0"].values()

@@ -199,7 +199,7 @@ class OvsDataPlane:
             return
         if whole:
             self.flows.forget()
-        await self._within("flow sync", self.flows.sync(self.state.flows()), SETUP_TIMEOUT)
+        await self._within("flow sync", self.flows.sync_groups(self.state.groups()), SETUP_TIMEOUT)
 
     async def _flow_problems(self, node: NodeNetwork) -> list[str]:
         known, self.state.node = self.state.node, node

@@ -89,6 +89,7 @@ class FlowState:
     rules_known: bool = False
     adopted: Groups = field(default_factory=dict)
     _memos: dict[str, tuple[tuple[object, ...], Groups]] = field(default_factory=dict)
+    _policy_last: tuple[Groups, Groups] = field(default_factory=lambda: ({}, {}))  # rendered, given
 
     def groups(self) -> Groups:
         """Every group br0 should hold (the node must be known), the note included."""
@@ -120,7 +121,7 @@ class FlowState:
             ports = tuple((pod.ip, pod.ofport) for pod in pods)
             rules = self.rules
             groups.update(
-                self._memo("policy", (node, rules, ports), lambda: _policy(node, rules, pods))
+                self._memo("policy", (node, rules, ports), lambda: self._policy(node, rules, pods))
             )
         return groups
 
@@ -133,6 +134,24 @@ class FlowState:
 
     def _adopted(self, wanted: Callable[[Kind], bool]) -> Groups:
         return {c: flows for c, flows in self.adopted.items() if wanted(kind_of(c))}
+
+    def _policy(self, node: NodeNetwork, rules: RuleSet | None, pods: list[LocalPod]) -> Groups:
+        """Tables 21/80 (``policyflows``), as the switch reads them back. A group equal
+        to the last render's is given as the same object again, so ``FlowSync`` passes
+        over it without a look inside (the render keeps unchanged member flows, so the
+        comparison mostly meets the very same flows)."""
+        rendered = pipeline.policy_flows(node, rules, pods)
+        last, given = self._policy_last
+        groups: Groups = {}
+        for value, flows in rendered.items():
+            known = last.get(value)
+            if known is not None and known == flows:
+                rendered[value] = known
+                groups[value] = given[value]
+            else:
+                groups[value] = [as_read_back(f) for f in flows]
+        self._policy_last = (rendered, groups)
+        return groups
 
     def _memo(self, name: str, inputs: tuple[object, ...], make: Callable[[], Groups]) -> Groups:
         """``make()``, unless the inputs are the ones of the last call (each the same
@@ -166,9 +185,3 @@ def _pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
 
 def _vnid_groups(vnids: dict[IPv4Address, int | None]) -> Groups:
     return {pipeline.vnid_cookie(ip): pipeline.source_vnid_flows(ip, v) for ip, v in vnids.items()}
-
-
-def _policy(node: NodeNetwork, rules: RuleSet | None, pods: list[LocalPod]) -> Groups:
-    """Tables 21/80 (``policyflows``), as the switch reads them back."""
-    groups = pipeline.policy_flows(node, rules, pods)
-    return {c: [as_read_back(f) for f in flows] for c, flows in groups.items()}

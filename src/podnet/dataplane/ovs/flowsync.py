@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from podnet.dataplane.interface import DataPlaneRejected
@@ -89,11 +89,17 @@ class SyncResult:
 
 
 class FlowSync:
-    """Keeps ``bridge``'s flows equal to the last list given to ``sync``."""
+    """Keeps ``bridge``'s flows equal to the last groups given to ``sync_groups`` (or the
+    last list given to ``sync``). A sync costs what changed: a group given as the very
+    object of the last sync is taken as unchanged without a look inside, any other is
+    sorted and compared; the check that no two flows match alike is kept by an index of
+    the applied flows, updated for the changed groups only."""
 
     def __init__(self, runner: FlowRunner, bridge: str = tables.BRIDGE) -> None:
         self.runner, self.bridge = runner, bridge
         self._applied: Groups | None = None  # None: what the switch holds is unknown
+        self._given: dict[int, Sequence[Flow]] = {}  # cookie -> the object last given
+        self._keys: dict[_Key, int] = {}  # (table, priority, match) -> cookie, applied
         self._lock = asyncio.Lock()
 
     def forget(self) -> None:
@@ -107,19 +113,84 @@ class FlowSync:
         return same_flows(await self._dump_note(), note)
 
     async def sync(self, flows: Iterable[Flow]) -> SyncResult:
-        """Make the bridge's flows ``flows``: a replace the first time (see the module),
-        else one bundle of the changed groups, then the note if it changed."""
-        new = group(flows)
+        """``sync_groups`` of ``flows`` grouped by cookie."""
+        return await self.sync_groups(group(flows))
+
+    async def sync_groups(self, groups: Mapping[int, Sequence[Flow]]) -> SyncResult:
+        """Make the bridge's flows those of ``groups`` (cookie -> flows): a replace the
+        first time (see the module), else one bundle of the changed groups, then the note
+        if it changed. DataPlaneRejected, changing nothing, for a flow without a cookie
+        or two flows matching alike."""
         async with self._lock:
             old = self._applied
+            known = {} if old is None else old
+            changed = self._changed(known, groups, everything=old is None)
+            self._check(known, changed, {} if old is None else self._keys)
             self._applied = None  # unknown until this sync succeeds
             try:
-                result = await (self._replace(new) if old is None else self._bundle(old, new))
+                if old is None:
+                    result = await self._replace(changed)
+                else:
+                    result = await self._bundle(old, changed)
             except DataPlaneRejected:
                 self._applied = old  # a refused bundle is rolled back whole
                 raise
-            self._applied = new
+            self._applied = self._applied_after(known, changed, everything=old is None)
+            self._given = {c: fs for c, fs in groups.items() if c in self._applied}
             return result
+
+    def _changed(
+        self, old: Groups, groups: Mapping[int, Sequence[Flow]], everything: bool
+    ) -> Groups:
+        """Cookie -> sorted flows of each group that differs from ``old`` (empty: gone);
+        every group when ``everything``."""
+        given, changed = self._given, {}
+        for value, flows in groups.items():
+            if not everything and given.get(value) is flows:
+                continue
+            sorted_flows = tuple(sorted(flows))
+            if everything or old.get(value, ()) != sorted_flows:
+                changed[value] = sorted_flows
+        if not everything:
+            changed.update((value, ()) for value in old.keys() - groups.keys())
+        return {c: fs for c, fs in changed.items() if fs or c in old}
+
+    @staticmethod
+    def _check(old: Groups, changed: Groups, keys: Mapping[_Key, int]) -> None:
+        """DataPlaneRejected for cookie 0 or two flows matching alike in what the table
+        would hold after ``changed`` (``keys``: the index of ``old``)."""
+        claimed: dict[_Key, Flow] = {}
+        for value, flows in changed.items():
+            for flow in flows:
+                if value == 0:
+                    raise DataPlaneRejected(f"flow without a cookie: {flow.text()}")
+                key = (flow.table, flow.priority, flow.match)
+                holder = keys.get(key)
+                other = claimed.get(key)
+                if other is None and holder is not None and holder not in changed:
+                    other = next(f for f in old[holder] if _key(f) == key)
+                if other is not None:
+                    raise DataPlaneRejected(
+                        f"two flows match alike: {other.text()} / {flow.text()}"
+                    )
+                claimed[key] = flow
+
+    def _applied_after(self, old: Groups, changed: Groups, everything: bool) -> Groups:
+        """The applied groups once ``changed`` is on the switch; the index follows."""
+        if everything:
+            self._keys = {}
+            applied: Groups = {}
+        else:
+            applied = old
+            for value in changed:
+                for flow in applied.pop(value, ()):
+                    if self._keys.get(_key(flow)) == value:
+                        del self._keys[_key(flow)]
+        for value, flows in changed.items():
+            if flows:
+                applied[value] = flows
+                self._keys.update((_key(flow), value) for flow in flows)
+        return applied
 
     async def _dump_note(self) -> str:
         return await self.runner.dump_flows(self.bridge, f"table={tables.NOTE}")
@@ -141,15 +212,21 @@ class FlowSync:
         log.info("%s: flows replaced, note written", self.bridge)
         return SyncResult("replace", len(new))
 
-    async def _bundle(self, old: Groups, new: Groups) -> SyncResult:
-        changed = {c for c in old.keys() | new.keys() if old.get(c) != new.get(c)}
+    async def _bundle(self, old: Groups, changed: Groups) -> SyncResult:
         rest = sorted(c for c in changed if not is_note(c))
         notes = sorted(c for c in changed if is_note(c))
         if rest:
-            await self.runner.bundle(self.bridge, bundle_text(old, new, rest))
+            await self.runner.bundle(self.bridge, bundle_text(old, changed, rest))
         if notes:
-            await self.runner.bundle(self.bridge, bundle_text(old, new, notes))
+            await self.runner.bundle(self.bridge, bundle_text(old, changed, notes))
         return SyncResult("bundle" if changed else "none", len(changed))
+
+
+_Key = tuple[int, int, str]
+
+
+def _key(flow: Flow) -> _Key:
+    return flow.table, flow.priority, flow.match
 
 
 def _flat(groups: Groups) -> list[Flow]:

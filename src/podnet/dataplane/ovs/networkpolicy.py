@@ -195,7 +195,20 @@ def _pod_cookie_of(match: str) -> int:
     return pod_cookie(IPv4Address(match.rsplit("=", 1)[1]))
 
 
-Kept = dict[int, Conjunctions]  # table -> its conjunctions' member flows, between renders
+@dataclass
+class Kept:
+    """What one node's render keeps for the next: per table, its conjunctions' member
+    flows, and, per rule of that table's direction (by identity: the compiler keeps an
+    unchanged rule as the same object), its local targets and ingress named entries,
+    valid while the isolated pods (``isolated``) stay the same."""
+
+    conjunctions: dict[int, Conjunctions] = field(default_factory=dict)
+    isolated: dict[int, frozenset[IPv4Address]] = field(default_factory=dict)
+    rules: dict[int, dict[int, _LocalRule]] = field(default_factory=dict)
+
+
+_Named = tuple[tuple[IPv4Address, str, int], ...]
+_LocalRule = tuple[PolicyRule, frozenset[IPv4Address], _Named]  # rule, targets, named
 
 
 @dataclass
@@ -206,7 +219,7 @@ class NetworkPolicyFlows:
 
     view: LocalView
     rules: RuleSet
-    kept: Kept = field(default_factory=dict)
+    kept: Kept = field(default_factory=Kept)
     _flows: list[Flow] = field(default_factory=list)
     conjunction_of: dict[str, tuple[int, int]] = field(default_factory=dict)  # rule id ->
     _texts: _Texts = field(default_factory=_Texts)
@@ -223,19 +236,14 @@ class NetworkPolicyFlows:
                 match = f"ip,{side.subject}={_text(ip)}"
                 self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
             found: dict[_Grouping, _Conjunction] = {}
-            for rule in self.rules.rules:
-                targets = rule.targets & isolated
-                if rule.direction == (EGRESS if egress else INGRESS) and targets:
-                    grouping = _Conjunction.grouping(rule)
-                    conj = found.get(grouping)
-                    if conj is None:
-                        conj = found[grouping] = _Conjunction(*grouping)
-                    conj.targets |= targets
-                    if not egress:  # pinned to a target: only this node's count here
-                        conj.named.update(
-                            (n.ip, n.protocol, n.port) for n in rule.ports.named if n.ip in targets
-                        )
-                    conj.rule_ids.append(rule.id)
+            for rule, targets, entries in self._local_rules(side, isolated):
+                grouping = _Conjunction.grouping(rule)
+                conj = found.get(grouping)
+                if conj is None:
+                    conj = found[grouping] = _Conjunction(*grouping)
+                conj.targets |= targets
+                conj.named.update(entries)  # ingress: pinned to a target, this node's only
+                conj.rule_ids.append(rule.id)
             named = {min(conj.rule_ids): conj for conj in found.values()}
             ids = conjunction_ids(named)
             wanted: dict[Hashable, Callable[[], list[Member]]] = {}
@@ -243,10 +251,39 @@ class NetworkPolicyFlows:
             for first, conj in sorted(named.items()):
                 if self._conjunction(side, conj, ids[first], wanted, plain):
                     self.conjunction_of.update((r, (side.table, ids[first])) for r in conj.rule_ids)
-            kept = self.kept.setdefault(side.table, Conjunctions(side.table, P_CONJUNCTION))
+            kept = self.kept.conjunctions.setdefault(
+                side.table, Conjunctions(side.table, P_CONJUNCTION)
+            )
             self._flows += kept.render(wanted)
             self._flows += plain
         return self._flows
+
+    def _local_rules(self, side: _Direction, isolated: frozenset[IPv4Address]) -> list[_LocalRule]:
+        """The rules of ``side``'s direction with a target among ``isolated``: each with
+        those targets and (ingress) its named entries on them; taken from the last render
+        for a rule that is the same object, when ``isolated`` is the same too."""
+        table, egress = side.table, side is EGRESS_SIDE
+        direction = EGRESS if egress else INGRESS
+        last = self.kept.rules.get(table) if self.kept.isolated.get(table) == isolated else None
+        known: dict[int, _LocalRule] = {}
+        found = []
+        for rule in self.rules.rules:
+            if rule.direction != direction:
+                continue
+            entry = None if last is None else last.get(id(rule))
+            if entry is None or entry[0] is not rule:
+                targets = rule.targets & isolated
+                named: _Named = ()
+                if targets and not egress:
+                    named = tuple(
+                        (n.ip, n.protocol, n.port) for n in rule.ports.named if n.ip in targets
+                    )
+                entry = (rule, targets, named)
+            known[id(rule)] = entry
+            if entry[1]:
+                found.append(entry)
+        self.kept.rules[table], self.kept.isolated[table] = known, isolated
+        return found
 
     def _fixed(self, side: _Direction, local: frozenset[IPv4Address]) -> None:
         """The mode's fixed flows of one table, the node's addresses and pod hairpins."""

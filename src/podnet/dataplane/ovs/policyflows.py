@@ -97,7 +97,7 @@ def _kept(node: str) -> Kept:
     """The member flows of ``node``'s last render (a few nodes' worth are kept: an agent
     renders one node; tests and tools may render several)."""
     found = _KEPT.pop(node, None)
-    _KEPT[node] = found = {} if found is None else found
+    _KEPT[node] = found = Kept() if found is None else found
     while len(_KEPT) > KEPT_NODES:
         _KEPT.popitem(last=False)
     return found
