@@ -36,8 +36,10 @@ NOTE: Final = 253
 REG_SRC_VNID: Final = "reg0"  # the sender's VNID (0: global, the host, the outside)
 REG_DST_VNID: Final = "reg1"  # the local destination pod's VNID
 REG_OUT_PORT: Final = "reg2"  # the local destination pod's ofport
-UNASSIGNED_VNID: Final = 0xFFFFFFFF  # reg0/reg1 of a pod whose project has no VNID yet:
-# it meets only VNID 0 (two unassigned pods do not meet each other)
+UNASSIGNED_VNID: Final = 1  # reg0/reg1 of a pod whose project has no VNID yet: it meets
+# only VNID 0 (two unassigned pods do not meet each other). One of the reserved 1-9 that
+# the master never allocates (projects get 10 to 2^24-1), and within VXLAN's 24-bit VNI,
+# so it crosses to another node as itself, never as some project's VNID.
 
 # Conntrack (zone 0, shared with the policy tables): CLASSIFY tracks every IP packet
 # first (``ct(table=0)``), so tables 21 and 80 see ``+trk`` already. A connection a pod
