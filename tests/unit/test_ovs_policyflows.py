@@ -11,15 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podnet.controllers import vnids
-from podnet.dataplane.ovs import conjunction, pipeline
+from podnet.dataplane.ovs import conjunction
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.conjunction import Conjunctions, conjunction_ids, members
 from podnet.dataplane.ovs.flow import Flow, Kind, flows_text, kind_of
@@ -337,58 +336,6 @@ def test_multitenant_flows_per_vnid_of_local_pods() -> None:
     assert "table=80,priority=0 actions=drop" in text
     assert vnid_cookie(12) not in groups  # no local pod has it
     assert f"{t.UNASSIGNED_VNID:#x}" not in text  # unassigned meets only VNID 0
-
-
-def test_an_unassigned_pod_meets_only_vnid_0_on_its_node_and_across_nodes() -> None:
-    """z (node-1) and w (node-2) have no VNID; y has the highest VNID a project can get
-    (0xffffff, where 0xffffffff used to land in a 24-bit VNI), x is global. Table 80 on
-    node-1, reached from its own pods or from VXLAN_IN after the tunnel (the sender puts
-    reg0 into tun_id, of which VXLAN carries 24 bits), delivers an unassigned pod's
-    packets only to or from VNID 0."""
-    assert 0 < t.UNASSIGNED_VNID < vnids.MIN_VNID, "one the master never allocates"
-    rules = multitenant({"x": 0, "y": vnids.MAX_VNID})  # z and w: unassigned
-    flows = policy_flows(view_of(rules), rules)
-    found = pipeline.vnids_of(rules)
-    vxlan_in = [f for ip, v in found.items() for f in pipeline.source_vnid_flows(ip, v)]
-    x, y, z, w = (IPv4Address(f"10.128.0.{10 + i}") for i in range(4))
-    reg = {ip: pipeline.register_vnid(found, ip) for ip in (x, y, z, w)}
-    assert reg[z] == reg[w] == t.UNASSIGNED_VNID
-    # across: w's node sends tun_id = reg0 (24 bits on the wire); node-1 loads reg0
-    wire = reg[w] & 0xFFFFFF
-    assert wire == t.UNASSIGNED_VNID
-    arrived = first_flow(vxlan_in, t.VXLAN_IN, {"tun_id": wire, "nw_src": str(w)})
-    assert arrived is not None
-    load = re.search(r"load:(\w+)->NXM_NX_REG0\[\]", arrived.actions)
-    assert load is not None and int(load.group(1), 0) == t.UNASSIGNED_VNID
-
-    def delivers(src: IPv4Address, dst: IPv4Address) -> bool:
-        flow = first_flow(flows, t.ISOLATION, {"reg0": reg[src], "reg1": reg[dst]})
-        return flow is not None and flow.actions.startswith("output:")
-
-    for unassigned in (z, w):
-        for dst in (x, y, z):
-            assert delivers(unassigned, dst) == (dst == x), (unassigned, dst)
-    for src in (x, y):
-        assert delivers(src, z) == (src == x), src
-    assert delivers(y, y) and delivers(x, y)  # the checks above can be true
-
-
-def first_flow(flows: list[Flow], table: int, fields: dict[str, int | str]) -> Flow | None:
-    """The highest-priority flow of ``table`` whose match holds for ``fields`` (each
-    part ``name=value`` of a field given; ``ip`` taken as true), None if none does."""
-
-    def holds(match: str) -> bool:
-        for part in filter(None, match.split(",")):
-            name, _, value = part.partition("=")
-            if name == "ip":
-                continue
-            want = fields.get(name)
-            if want is None or (int(value, 0) if isinstance(want, int) else value) != want:
-                return False
-        return True
-
-    found = [f for f in flows if f.table == table and holds(f.match)]
-    return max(found, key=lambda f: f.priority, default=None)
 
 
 def test_multitenant_join_and_isolate_change_only_vnid_groups() -> None:
