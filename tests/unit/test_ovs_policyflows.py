@@ -359,3 +359,15 @@ def test_unknown_plugin_is_refused() -> None:
     rules = replace(multitenant({}), plugin="bogus")
     with pytest.raises(ValueError, match="unknown network plugin"):
         policy_groups(view_of(rules), rules)
+
+
+def test_a_hashed_key_is_its_value_as_a_key() -> None:
+    """Equal values made apart are one key (rules of two policies with equal peers and
+    ports share one conjunction); unequal ones are two."""
+    one, same = (
+        conjunction.HashedKey((frozenset({1, 2}), (3,))),
+        conjunction.HashedKey((frozenset({2, 1}), (3,))),
+    )
+    other = conjunction.HashedKey((frozenset({1, 2}), (4,)))
+    assert {one: "a"}.get(same) == "a" and one == same
+    assert len({one, same, other}) == 2 and one != other

@@ -18,10 +18,33 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from podnet.dataplane.ovs.flow import Flow
 
 ID_SPACE = (1 << 32) - 1  # conj ids 1..2^32-1 (0 left out: it reads as "no conjunction")
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class HashedKey(Generic[K]):
+    """A dict key whose hash is worked out once: rules that may share a conjunction are
+    told apart by their peers and ports, whose networks are costly to hash again on
+    every render."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: K) -> None:
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HashedKey):
+            return NotImplemented
+        return self.value is other.value or self.value == other.value
 
 
 def _digest(rule_id: str) -> int:

@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
 from podnet.dataplane.ovs import tables as t
-from podnet.dataplane.ovs.conjunction import Conjunctions, Member, conjunction_ids, members
+from podnet.dataplane.ovs.conjunction import (
+    Conjunctions,
+    HashedKey,
+    Member,
+    conjunction_ids,
+    members,
+)
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
 from podnet.dataplane.ovs.portmasks import port_matches
 from podnet.model.network import NETWORKPOLICY
@@ -197,10 +203,8 @@ def _pod_cookie_of(match: str) -> int:
 
 @dataclass
 class Kept:
-    """What one node's render keeps for the next: per table, its conjunctions' member
-    flows, and, per rule of that table's direction (by identity: the compiler keeps an
-    unchanged rule as the same object), its local targets and ingress named entries,
-    valid while the isolated pods (``isolated``) stay the same."""
+    """A node's render kept for the next: per table, its conjunctions' member flows and,
+    per rule by identity (valid while ``isolated`` stays), its ``_LocalRule``."""
 
     conjunctions: dict[int, Conjunctions] = field(default_factory=dict)
     isolated: dict[int, frozenset[IPv4Address]] = field(default_factory=dict)
@@ -208,7 +212,7 @@ class Kept:
 
 
 _Named = tuple[tuple[IPv4Address, str, int], ...]
-_LocalRule = tuple[PolicyRule, frozenset[IPv4Address], _Named]  # rule, targets, named
+_LocalRule = tuple[PolicyRule, frozenset[IPv4Address], _Named, HashedKey[_Grouping]]
 
 
 @dataclass
@@ -235,12 +239,11 @@ class NetworkPolicyFlows:
             for ip in sorted(isolated, key=int):
                 match = f"ip,{side.subject}={_text(ip)}"
                 self._flows.append(Flow(side.table, P_ISOLATED, match, "drop", pod_cookie(ip)))
-            found: dict[_Grouping, _Conjunction] = {}
-            for rule, targets, entries in self._local_rules(side, isolated):
-                grouping = _Conjunction.grouping(rule)
+            found: dict[HashedKey[_Grouping], _Conjunction] = {}
+            for rule, targets, entries, grouping in self._local_rules(side, isolated):
                 conj = found.get(grouping)
                 if conj is None:
-                    conj = found[grouping] = _Conjunction(*grouping)
+                    conj = found[grouping] = _Conjunction(*grouping.value)
                 conj.targets |= targets
                 conj.named.update(entries)  # ingress: pinned to a target, this node's only
                 conj.rule_ids.append(rule.id)
@@ -278,7 +281,7 @@ class NetworkPolicyFlows:
                     named = tuple(
                         (n.ip, n.protocol, n.port) for n in rule.ports.named if n.ip in targets
                     )
-                entry = (rule, targets, named)
+                entry = (rule, targets, named, HashedKey(_Conjunction.grouping(rule)))
             known[id(rule)] = entry
             if entry[1]:
                 found.append(entry)

@@ -119,9 +119,13 @@ def policy_flows(view: LocalView, rules: RuleSet | None) -> list[Flow]:
 
 
 def _group(flows: Iterable[Flow]) -> Groups:
+    """By cookie, each group's flows in a stable order (most groups are one flow)."""
     found: Groups = {}
-    for flow in sorted(flows, key=_order):
+    for flow in flows:
         found.setdefault(flow.cookie, []).append(flow)
+    for group in found.values():
+        if len(group) > 1:
+            group.sort(key=_order)
     return found
 
 
