@@ -173,7 +173,7 @@ def test_named_target_port_is_resolved_per_pod(cluster: Cluster) -> None:
         result = answers_from(cluster, "c3", ip, {"np1", "np2"}, 40)
         assert result.errors == {}
         with cluster.api() as api:
-            subsets = api.get("endpoints", "named", NS)["subsets"]
+            subsets = api.get("endpoints", NS, "named")["subsets"]
         numbers = {(a["ip"], s["ports"][0]["port"]) for s in subsets for a in s["addresses"]}
         assert numbers == {(cluster.pod("np1").ip, 8080), (cluster.pod("np2").ip, 9090)}
 
@@ -224,7 +224,7 @@ def test_no_endpoints_refuses_and_the_service_still_exists(cluster: Cluster) -> 
     wait_for(refused, SETTLE, "connections to an endpointless service refused")
     with cluster.api() as api:
         assert api.get(SERVICE, NS, "nobody")["spec"]["clusterIP"] == ip
-        assert not api.get("endpoints", "nobody", NS).get("subsets")
+        assert not api.get("endpoints", NS, "nobody").get("subsets")
 
 
 def test_hairpin_a_pod_reaches_itself_through_its_service(cluster: Cluster) -> None:
