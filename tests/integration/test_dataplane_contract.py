@@ -2,7 +2,7 @@
 implementation registered in ``podnet.dataplane.registry``.
 
 Each test runs once per registered name, through the registry's own factory, with the
-harness of ``podnet.testing.dataplanes`` (``linux``: in a lab namespace of its own,
+harness of ``podnet.testing.harnesses`` (``linux``: in a lab namespace of its own,
 removed afterwards, root required; ``fake``: in memory). The promises: every method is
 idempotent, so calling it again changes nothing; ``check_node`` reports drift and
 ``setup_node`` repairs it; remote nodes are matched exactly; pods are wired as asked and
@@ -23,7 +23,8 @@ from podnet.model.network import MULTITENANT, NETWORKPOLICY, SUBNET
 from podnet.policy.compile import compile_rules
 from podnet.policy.model import RuleSet
 from podnet.services.model import Endpoint, ServicePort, ServiceTable
-from podnet.testing.dataplanes import Harness, PodView, harness_class, opened
+from podnet.testing.dataplanes import Harness, PodView
+from podnet.testing.harnesses import harness_class, opened
 
 Obj = dict[str, object]
 

@@ -9,7 +9,7 @@ view of what the implementation holds, in neutral terms: where each remote subne
 sent, what a pod sees from inside, whether a policy is in force, and a snapshot that
 changes when anything changes. ``drift_*`` break things the way an operator's hand would.
 
-A new implementation adds its harness to ``HARNESSES``; until it does, the contract
+A new implementation adds its harness to ``podnet.testing.harnesses``; until it does, the contract
 suite fails for it instead of leaving it untested. ``ovs`` runs like ``linux``, in node 1
 of a lab, with its own OVS daemons stopped by PID at the end.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Container
+from collections.abc import Container
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
@@ -30,7 +30,7 @@ from podnet.dataplane import registry
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import DataPlane, NodeNetwork, PodNetwork, RemoteNode
 from podnet.dataplane.linux.desired import BRIDGE, NFT_TABLE, POD_PORTS_SET, VXLAN, host_veth_name
-from podnet.testing.lab import Lab, policy_table, sh, unique_run
+from podnet.testing.lab import Lab, policy_table, sh
 
 NODE = 1  # the node under test; remotes use the lab's addressing of nodes 2, 3...
 DEFAULT_ROUTE = IPv4Network("0.0.0.0/0")
@@ -294,44 +294,6 @@ def _link_identity(link: dict[str, Any]) -> str:
     )
 
 
-def harness_class(name: str) -> type[Harness]:
-    """The harness of registered implementation ``name``."""
-    found = HARNESSES.get(name)
-    if found is None:
-        raise LookupError(
-            f"data plane {name!r} is registered but has no harness in podnet.testing.dataplanes"
-        )
-    return found
-
-
-@contextlib.asynccontextmanager
-async def opened(name: str, state_dir: Path) -> AsyncIterator[Harness]:
-    """Implementation ``name`` with one plane open; planes closed and namespaces removed
-    afterwards, even when the body fails."""
-    kind = harness_class(name)
-    lab = Lab(unique_run("pnc"))
-    harness = kind(lab, state_dir)
-    try:
-        if kind.lab_nodes:
-            lab.build(kind.lab_nodes)
-        await harness.open()
-        yield harness
-    finally:
-        try:
-            await harness.close()
-        finally:
-            await lab.close()
-
-
 def json_output(ns: str, *argv: str) -> list[dict[str, Any]]:
     """``argv`` with ``-j`` (JSON output) in namespace ``ns``."""
     return cast("list[dict[str, Any]]", json.loads(sh(ns, argv[0], "-j", *argv[1:]) or "[]"))
-
-
-def _with_ovs() -> dict[str, type[Harness]]:
-    from podnet.testing.ovsharness import OvsHarness  # it builds on LinuxHarness
-
-    return {h.name: h for h in (FakeHarness, LinuxHarness, OvsHarness)}
-
-
-HARNESSES: dict[str, type[Harness]] = _with_ovs()
