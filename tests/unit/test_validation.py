@@ -288,6 +288,11 @@ def test_net_namespace() -> None:
     assert "metadata.name" in errs["netname"]
     assert "between 0 and 16777215" in errs["netid"]
     assert "boolean" in errors_of(K.NET_NAMESPACE, {**obj, "netid": True})["netid"]
+    assert validate(K.NET_NAMESPACE, {**obj, "netid": 0})["netid"] == 0
+    assert validate(K.NET_NAMESPACE, {**obj, "netid": 10})["netid"] == 10
+    for reserved in range(1, 10):
+        errs = errors_of(K.NET_NAMESPACE, {**obj, "netid": reserved})
+        assert f"{reserved} is reserved: must be 0 or at least 10" in errs["netid"]
 
 
 def test_egress_network_policy() -> None:

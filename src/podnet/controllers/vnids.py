@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import chain
 
-GLOBAL_VNID = 0
-MIN_VNID = 10
-MAX_VNID = (1 << 24) - 1
+from podnet.model.schemas_network import GLOBAL_VNID, MAX_VNID, MIN_VNID
+
+__all__ = ["GLOBAL_VNID", "MAX_VNID", "MIN_VNID", "VnidAllocator", "VnidsExhausted"]
 
 
 class VnidsExhausted(Exception):

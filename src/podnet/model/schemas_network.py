@@ -40,10 +40,20 @@ from podnet.model.schemas_types import (
 # A HostSubnet created with this annotation and no subnet asks the master for one (for a
 # host that is not a node, such as an F5 appliance).
 ASSIGN_SUBNET_ANNOTATION = "pod.network.openshift.io/assign-subnet"
-MAX_VNID = (1 << 24) - 1
+GLOBAL_VNID = 0  # project default and global projects: reaches and is reached by all
+MIN_VNID = 10  # 1 to 9 are reserved (the OVS data plane marks pods without a VNID with 1)
+MAX_VNID = (1 << 24) - 1  # VXLAN's VNI is 24 bits
 MAX_EGRESS_RULES = 1000
 
-NetID = Annotated[int, AfterValidator(in_range(0, MAX_VNID))]
+
+def _not_reserved(netid: int) -> int:
+    """OpenShift's rule: a NetNamespace's netid is 0 (global) or from 10 up."""
+    if GLOBAL_VNID < netid < MIN_VNID:
+        fail(f"{netid} is reserved: must be {GLOBAL_VNID} or at least {MIN_VNID}")
+    return netid
+
+
+NetID = Annotated[int, AfterValidator(in_range(0, MAX_VNID)), AfterValidator(_not_reserved)]
 RuleType = Annotated[str, AfterValidator(one_of("Allow", "Deny"))]
 
 
