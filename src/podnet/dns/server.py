@@ -264,3 +264,20 @@ class DnsServer:
             writer.write(struct.pack("!H", len(answer)) + answer)
             async with asyncio.timeout(limits.tcp_idle):
                 await writer.drain()
+        await _part(reader, writer, limits.tcp_idle)
+
+
+async def _part(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle: float) -> None:
+    """End a connection at its query bound without losing the answers already written.
+
+    Closing a socket whose receive buffer still holds queries (a client pipelining past
+    the bound) sends a reset, and the client's kernel may drop answers it has not read
+    yet. So: FIN after the answers, then read and discard what the client still sends,
+    for at most ``idle`` seconds and 64 KiB, before the caller closes."""
+    if not writer.can_write_eof():
+        return
+    writer.write_eof()
+    left = 65536
+    async with asyncio.timeout(idle):
+        while left > 0 and (chunk := await reader.read(min(left, 4096))):
+            left -= len(chunk)
