@@ -10,6 +10,9 @@ node3, and a policy that lets only the victim reach the targets.
   and, nested, to a remote gateway; the outside host on the underlay does the same. The
   targets' receivers see none of it, while the same frame from a real peer node (the
   control) arrives and real cross-node traffic still flows.
+- Pod anti-spoofing: the attacker sends raw Ethernet frames forging the victim's IP, and
+  its IP and MAC, to a target on its node and to one across the tunnel; none arrives,
+  while the victim's own frame, sent the same way, does.
 - Pod sandbox: from inside a pod, podnet's secrets (tokens, kubeconfigs, keys) cannot be
   read, no node's CNI socket answers, and the pod does not run as root unless asked.
 
@@ -33,8 +36,9 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
+from podnet.dataplane.interface import pod_mac
 from podnet.model.kinds import NETWORK_POLICY
-from podnet.testing import planeview
+from podnet.testing import planeview, spoof
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
@@ -164,6 +168,62 @@ def test_forged_vxlan_to_the_own_node_is_dropped(cluster: Cluster) -> None:
     # ovs also checks that a peer sends only its own pods' addresses (tun_src vs nw_src).
     inject(cluster.state.nodes["node3"].netns, frame(cluster, "node1", node1, "target1", "control"))
     assert tokens(receiver) == ["control"]
+
+
+# --- anti-spoofing of a pod's IP and MAC -----------------------------------------------
+
+
+def gateway_mac(cluster: Cluster, pod: str, node: str) -> str:
+    """The MAC ``pod`` resolves its gateway to (the next hop of its cross-node frames)."""
+    ns, gw = cluster.pod_ns(pod), str(gateway(cluster, node))
+    netns.run(ns, ["ping", "-c", "1", "-W", "2", gw], timeout=10)
+    entries = json.loads(netns.run(ns, ["ip", "-j", "neigh", "show", gw], timeout=10).stdout)
+    mac = next((e.get("lladdr") for e in entries if e.get("lladdr")), None)
+    assert mac, f"{pod} has no neighbour entry for its gateway {gw}: {entries}"
+    return str(mac)
+
+
+def test_a_pod_forging_another_pods_ip_reaches_nobody(cluster: Cluster) -> None:
+    """The victim's IP opens the policy; forged by the attacker (with its own MAC or the
+    victim's too) it must not, on the attacker's node or across the tunnel."""
+    test_policy_denies_the_attacker_and_lets_the_victim_in(cluster)
+    attacker, victim = cluster.pod_ns("attacker"), cluster.pod_ns("victim")
+    victim_ip = cluster.pod_ip("victim")
+    own_mac, victim_mac = pod_mac(cluster.pod_ip("attacker")), pod_mac(victim_ip)
+    for target, node in (("target1", "node1"), ("target2", "node2")):
+        ip = cluster.pod_ip(target)
+        # on its own node the attacker addresses the target's MAC; across, the gateway's
+        to_mac = pod_mac(ip) if node == "node1" else gateway_mac(cluster, "attacker", "node1")
+        receiver = Receiver(cluster.pod_ns(target), TARGET_PORT, stop="control")
+        for src_mac, token in ((own_mac, "forged-ip"), (victim_mac, "forged-ip-and-mac")):
+            frame = spoof.Frame("eth0", to_mac, src_mac, victim_ip, ip, TARGET_PORT, token)
+            spoof.inject(attacker, frame)
+        time.sleep(LATE)
+        # The control: the victim's own frame, sent the same raw way (the policy admits it).
+        via = gateway_mac(cluster, "victim", "node3")
+        real = spoof.Frame("eth0", via, victim_mac, victim_ip, ip, TARGET_PORT, "control")
+        spoof.inject(victim, real)
+        seen = [line.split(" ", 1) for line in receiver.lines()]
+        assert seen == [[str(victim_ip), "control"]], f"{target}: only the victim's frame"
+
+
+def test_a_pod_forging_another_pods_mac_reaches_nobody(cluster: Cluster) -> None:
+    """The attacker's own IP behind another pod's MAC, to the victim (which no policy
+    isolates), is dropped; the same frame with the attacker's own MAC arrives."""
+    attacker, own_ip = cluster.pod_ns("attacker"), cluster.pod_ip("attacker")
+    victim_ip = cluster.pod_ip("victim")
+    via = gateway_mac(cluster, "attacker", "node1")
+    for forged in (pod_mac(cluster.pod_ip("target1")), pod_mac(victim_ip)):
+        receiver = Receiver(cluster.pod_ns("victim"), TARGET_PORT, stop="control")
+        frame = spoof.Frame("eth0", via, forged, own_ip, victim_ip, TARGET_PORT, "forged-mac")
+        spoof.inject(attacker, frame)
+        time.sleep(LATE)
+        own = pod_mac(own_ip)
+        spoof.inject(
+            attacker, spoof.Frame("eth0", via, own, own_ip, victim_ip, TARGET_PORT, "control")
+        )
+        seen = [line.split(" ", 1) for line in receiver.lines()]
+        assert seen == [[str(own_ip), "control"]], f"{forged}: only the genuine frame"
 
 
 def test_cross_node_pod_traffic_still_flows(cluster: Cluster) -> None:
