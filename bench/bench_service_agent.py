@@ -22,7 +22,9 @@ no pod behind them: they cost what they cost in the agent and the kernel). Then:
   node over ``--changes`` (goal p99 < 100 ms at 5,000 services), with the same-run
   floor of the API round trip alone (the PUT's answer);
 - node1's agent restarted with the table in place: start -> whole table applied, and its
-  RSS after that (a fresh process that got everything in one listing).
+  RSS after that (a fresh process that got everything in one listing); ``--restarts``
+  times per run (median), with ``--baseline SRC`` alternated with a restart of another
+  source tree (run through ``PYTHONPATH``) under the same load.
 
 With ``--runs`` > 1 the figures are medians over runs. Everything is removed at the end.
 """
@@ -273,6 +275,37 @@ def restart(state_dir: Path, args: argparse.Namespace) -> tuple[float, float, fl
     return done - started, compiled, applied, agent_rss(state_dir, "node1")[0]
 
 
+def restarts(state_dir: Path, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """``--restarts`` restarts of node1's agent into ``out`` (medians); with ``--baseline``
+    every other one (first, third, ...) runs that source tree instead (``PYTHONPATH``),
+    an A/B under the same load and the same table."""
+    for label in ("", "baseline ") if args.baseline else ("",):
+        for key in ("restart -> applied", "restart compile", "restart apply", "rss restarted"):
+            out[label + key] = []
+    for n in range(args.restarts * (2 if args.baseline else 1)):
+        label = "baseline " if args.baseline and n % 2 == 0 else ""
+        if label:
+            os.environ["PYTHONPATH"] = args.baseline
+        try:
+            found = restart(state_dir, args)
+        finally:
+            os.environ.pop("PYTHONPATH", None)
+        print(
+            f"    restart {n + 1} ({label or 'this tree'}, load {os.getloadavg()[0]:.1f}): "
+            f"{found[0]:.2f} s (compile {found[1]:.2f} s, apply {found[2]:.2f} s)",
+            flush=True,
+        )
+        for key, value in zip(
+            ("restart -> applied", "restart compile", "restart apply", "rss restarted"),
+            found,
+            strict=True,
+        ):
+            out[label + key].append(value)
+    for key in list(out):
+        if "restart" in key and isinstance(out[key], list):
+            out[key] = statistics.median(out[key])
+
+
 def trimmed_rss(state_dir: Path, node: str) -> float:
     """``node``'s agent RSS after glibc's ``malloc_trim(0)``, called in it through gdb:
     what is left once heap pages that are free (but kept by malloc) go back."""
@@ -321,9 +354,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             out["agent compile p50"] = percentile([c for c, _ in inner], 50)
             out["agent apply p50"] = percentile([a for _, a in inner], 50)
             out["agent apply p99"] = percentile([a for _, a in inner], 99)
-            found_restart = restart(state_dir, args)
-            out["restart -> applied"], out["restart compile"] = found_restart[:2]
-            out["restart apply"], out["rss restarted"] = found_restart[2:]
+            restarts(state_dir, args, out)
         except BaseException:
             print(f"measured so far: {out}")
             for n in NODES:
@@ -376,6 +407,13 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"{med(runs, 'restart apply'):.2f} s; goal < 2 s), "
         f"RSS then {med(runs, 'rss restarted'):.0f} MB"
     )
+    if args.baseline:
+        print(
+            f"    baseline {args.baseline} (alternated): start -> applied "
+            f"{med(runs, 'baseline restart -> applied'):.2f} s (compile "
+            f"{med(runs, 'baseline restart compile'):.2f} s + "
+            f"{med(runs, 'baseline restart apply'):.2f} s)"
+        )
 
 
 def main() -> None:
@@ -385,6 +423,10 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=40)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--timeline", action="store_true", help="the restarted agent's log")
+    parser.add_argument("--restarts", type=int, default=1, help="restarts per run (median)")
+    parser.add_argument(
+        "--baseline", help="a src dir: alternate restarts run it (PYTHONPATH) for an A/B"
+    )
     parser.add_argument(
         "--trim", action="store_true", help="also the RSS after malloc_trim in each agent (gdb)"
     )

@@ -162,3 +162,30 @@ async def test_without_verified_pod_records_pods_are_not_watched() -> None:
     await cluster.take(ENDPOINT_SLICE, listed())
     assert cluster.is_ready()
     assert rcode(cluster.handler, "10-128-0-9.team.pod.cluster.local") == RCODE.NOERROR
+
+
+async def test_first_listings_wait_for_after_and_later_events_do_not() -> None:
+    after = asyncio.Event()
+    settings = DnsSettings(port=0, device=None, upstream_resolv_conf=None, retry=0.05)
+    cluster = ClusterDns(Feed(), NODE, settings, after=after)
+    first = asyncio.create_task(cluster.take(SERVICE, listed(service("default", "web"))))
+    for _ in range(20):  # the task runs up to its wait for ``after``, and stays there
+        await asyncio.sleep(0)
+    assert not first.done() and not cluster.index.records(SVC)
+    after.set()
+    await first
+    assert cluster.index.records(SVC)
+    after.clear()  # waited once: a relist and a change are applied at once
+    await cluster.take(SERVICE, listed(service("default", "web", "172.30.0.12")))
+    await cluster.take(SERVICE, WatchEvent(MODIFIED, service("default", "web", "172.30.0.13")))
+    assert [r.data for r in cluster.index.records(SVC)] == [("172.30.0.13",)]
+
+
+async def test_first_listings_wait_for_after_only_so_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sync_module, "AFTER_TIMEOUT", 0.01)
+    settings = DnsSettings(port=0, device=None, upstream_resolv_conf=None, retry=0.05)
+    cluster = ClusterDns(Feed(), NODE, settings, after=asyncio.Event())  # never set
+    await cluster.take(SERVICE, listed(service("default", "web")))
+    assert cluster.index.records(SVC)

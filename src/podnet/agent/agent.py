@@ -335,7 +335,8 @@ class NodeAgent:
                 upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
                 pod_records=self.config.dns_pod_records,
             )
-            self.dns = ClusterDns(self.informers, node, settings)
+            # first listings indexed after the proxy's first apply: they share the GIL
+            self.dns = ClusterDns(self.informers, node, settings, after=services.synced)
             for name, body in self.dns.tasks():
                 self._spawn(name, body)
         watch = ClusterWatch(self.informers, self.config, self.node_ip, node)

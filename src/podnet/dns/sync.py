@@ -15,12 +15,16 @@ fake data plane): the failure is logged and binding retried. When the bridge is 
 again (a repaired node), its index changes and the listeners are bound again.
 
 Until every watch has delivered its first listing, names in the zone answer SERVFAIL
-(names outside it are forwarded already).
+(names outside it are forwarded already). The agent may hold the first listings back
+until the service proxy's first apply (``after``, bounded by ``AFTER_TIMEOUT``): both
+read the same 10,000 objects at start, and indexing them on the event loop while the
+proxy compiles in its thread slowed the proxy's restart by the GIL they share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -47,6 +51,7 @@ log = logging.getLogger("podnet.dns")
 Obj = dict[str, Any]
 CHUNK = 500  # objects of a listing applied between two yields to the event loop
 BRIDGE = "br0"  # where NodeNetwork.gateway lives
+AFTER_TIMEOUT = 5.0  # the longest the first listings wait for ``after``
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,17 @@ class ClusterDns:
 
     name = "dns"
 
-    def __init__(self, api: WatchSource, node: NodeNetwork, settings: DnsSettings) -> None:
+    def __init__(
+        self,
+        api: WatchSource,
+        node: NodeNetwork,
+        settings: DnsSettings,
+        after: asyncio.Event | None = None,
+    ) -> None:
+        """``after``: the first listings are indexed once it is set (or after
+        ``AFTER_TIMEOUT``); later events at once."""
         self.api = api
+        self.after = after
         self.settings = settings
         networks = (*node.cluster_networks, node.service_network)
         self.index = ZoneIndex(
@@ -139,6 +153,8 @@ class ClusterDns:
         """Apply one watch event of ``kind``."""
         target = self.kinds[kind.plural]
         if event.type == LISTED:
+            if kind.plural not in self.listed:
+                await self._wait_after()
             await self._replace(target, event.items)
             if kind.plural not in self.listed:
                 self.listed.add(kind.plural)
@@ -152,6 +168,12 @@ class ClusterDns:
         else:
             target.put(event.object)
         self.changes += 1
+
+    async def _wait_after(self) -> None:
+        if self.after is not None and not self.after.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.after.wait(), AFTER_TIMEOUT)
+            self.after = None  # waited once: a late listing (a relist) does not wait again
 
     async def _replace(self, target: _Kind, items: tuple[Obj, ...]) -> None:
         current = {object_key(obj) for obj in items}
