@@ -118,3 +118,23 @@ async def test_a_refused_service_is_left_out_and_the_rest_applied(plane: FakeDat
     assert sync.loop.left_out == frozenset({"default/bad"})
     assert plane.state.services is not None
     assert plane.state.services.services() == ["default/good"]
+
+
+async def test_first_listings_reach_the_compiler_as_they_arrive_in_event_order(
+    plane: FakeDataPlane,
+) -> None:
+    sync = ServiceSync(ScriptedWatches(), plane, NODE, pacing(3600))
+    services = [service("a", 1), service("b", 2)]
+    sync.queue(ENDPOINT_SLICE, WatchEvent(LISTED, items=(endpoint_slice("a", 5),)))
+    sync.queue(SERVICE, WatchEvent("ADDED", service("c", 3)))  # then replaced by the listing
+    sync.queue(SERVICE, WatchEvent(LISTED, items=tuple(services)))
+    sync.queue(ENDPOINT_SLICE, WatchEvent("MODIFIED", endpoint_slice("a", 6)))  # after it
+    for job in sync._early:  # the worker's jobs: both listings, before any pass
+        job.result(timeout=10)
+    early = compile_services(services, [endpoint_slice("a", 5)], "node-1")
+    assert sync.compiler.table().ports == early.ports  # the compiler had them already
+    sync.queue(HOST_SUBNET, WatchEvent(LISTED, items=(hostsubnet("node-1", 11),)))
+    assert await sync.loop.reconcile_once()
+    want = with_nodes(compile_services(services, [endpoint_slice("a", 6)], "node-1"), 11)
+    assert plane.state.services == want
+    assert sync._executor is None  # the worker is let go after the first pass

@@ -11,6 +11,11 @@ which changes only what differs. A failed apply is retried with backoff; a perio
 resync applies the same table again (a no-op in the kernel unless something drifted). A
 table the data plane refuses is bisected by service: the services at fault are left out,
 named in the log and the node's ``podnet.io/reconcile`` note, and the rest is forwarded.
+
+At start (a restart with 5,000 services), each kind's first listing goes to the compiler
+as soon as it arrives, in a worker thread of its own, while the other listings are still
+in flight; the first pass then waits for that work and compiles the rest. The changes
+queued before a listing go with it, so the compiler sees every event in order.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from ipaddress import IPv4Address
 from typing import Any
 
@@ -59,6 +65,9 @@ class ServiceSync:
         self.applied = 0  # tables applied that differ from the one before
         self.applied_at: float | None = None  # time.monotonic() of the last of them
         self._pending: list[Change] = []
+        self._early: list[Future[None]] = []  # first listings taken before the first pass
+        self._early_kinds: set[str] = set()
+        self._executor: ThreadPoolExecutor | None = None
         self._node_ips: dict[str, IPv4Address] = {}  # HostSubnet name -> hostIP
         self.loop = ReconcileLoop(self, pacing, inputs=[kind.plural for kind in KINDS], **loop)
         self.synced = self.loop.synced
@@ -88,9 +97,21 @@ class ServiceSync:
         payload = event.items if event.type == LISTED else event.object
         self._pending.append((kind.plural, event.type, payload))
         if event.type == LISTED:
+            self._take_early(kind.plural)
             self.loop.listed(kind.plural)
         else:
             self.loop.changed()
+
+    def _take_early(self, plural: str) -> None:
+        """Before the first pass, a kind's first listing (and what was queued before it)
+        goes to the compiler now, in one worker thread (jobs in order, one at a time)."""
+        if self.loop.ready() or plural in self._early_kinds or plural == HOST_SUBNET.plural:
+            return
+        self._early_kinds.add(plural)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="services-listing")
+        pending, self._pending = self._pending, []
+        self._early.append(self._executor.submit(self._take_changes, pending))
 
     def _take_hostsubnet(self, event: WatchEvent) -> None:
         """Keep every node's address (pods' packets to any node's port are DNATed here)."""
@@ -143,9 +164,20 @@ class ServiceSync:
         self.last_table = desired
 
     def _compile(self, changes: list[Change], node_ips: list[IPv4Address]) -> ServiceTable:
-        """Runs in a worker thread, one at a time: the compiler is not shared."""
+        """Runs in a worker thread, one at a time: the compiler is not shared (the first
+        listings' work, ``_take_early``, is waited for before anything else)."""
+        early, self._early = self._early, []
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)  # after the first pass, no more early work
+            self._executor = None
+        for job in early:
+            job.result()
+        self.compiler.set_node_ips(node_ips)
+        self._take_changes(changes)
+        return self.compiler.table()
+
+    def _take_changes(self, changes: list[Change]) -> None:
         compiler = self.compiler
-        compiler.set_node_ips(node_ips)
         handlers = {
             SERVICE.plural: (
                 compiler.replace_services,
@@ -165,4 +197,3 @@ class ServiceSync:
                     replace(payload)
                 else:
                     (remove if verb == DELETED else put)(payload)
-        return compiler.table()
