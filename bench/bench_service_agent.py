@@ -265,13 +265,12 @@ def restart(state_dir: Path, args: argparse.Namespace) -> tuple[float, float, fl
     total = args.services * args.endpoints
     done, compiled, applied = wait_applied(state_dir, "node1", args.services, total, offset)
     wait_quiet(state_dir)
-    if args.timeline:  # the restarted agent's log up to the apply, seconds from its start
+    if args.timeline:  # the restarted agent's log up to the apply (and DNS's), from its start
         for line in log.read_bytes()[offset:].decode(errors="replace").splitlines():
             with contextlib.suppress(ValueError):  # a traceback's line has no time
                 stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                print(f"    +{stamp - started:6.2f} s {line[24:160]}")
-                if stamp >= done:
-                    break
+                if stamp <= done or " podnet.dns: " in line:  # and when DNS got its listings
+                    print(f"    +{stamp - started:6.2f} s {line[24:160]}")
     return done - started, compiled, applied, agent_rss(state_dir, "node1")[0]
 
 
