@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from podnet.cli.master_cmd import PLUGIN_ALIASES
+from podnet.cli.options import choice_option
 from podnet.cluster.controlplane import DEFAULT_STATE_DIR, ControlPlane
 from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState
 from podnet.dataplane.interface import TUNNELS
@@ -41,22 +42,15 @@ def cluster() -> None:
 @cluster.command("up")
 @STATE_DIR
 @click.option("--nodes", "node_count", type=click.IntRange(0, 200), default=3, show_default=True)
-@click.option(
-    "--tunnel",
-    type=click.Choice(TUNNELS),
-    default="vxlan",
-    show_default=True,
-    help="How pod traffic crosses between nodes",
-)
+@choice_option("--tunnel", TUNNELS, "vxlan", "How pod traffic crosses between nodes")
 @click.option(
     "--plugin", type=click.Choice(sorted(PLUGIN_ALIASES)), default="subnet", show_default=True
 )
-@click.option(
+@choice_option(
     "--dataplane",
-    type=click.Choice(CLUSTER_DATAPLANES),
-    default="linux",
-    show_default=True,
-    help="The agents' data plane: Linux bridge + nftables, or Open vSwitch (OpenFlow)",
+    CLUSTER_DATAPLANES,
+    "linux",
+    "The agents' data plane: Linux bridge + nftables, or Open vSwitch (OpenFlow)",
 )
 @click.option(
     "--cluster-network",

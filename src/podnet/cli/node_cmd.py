@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from podnet.agent import config as defaults
+from podnet.cli.options import choice_option
 from podnet.dataplane import registry
 from podnet.dataplane.interface import TUNNELS
 from podnet.dns.podrecords import POD_RECORD_MODES
@@ -68,12 +69,11 @@ def dns_options(command: Callable[..., None]) -> Callable[..., None]:
     default=None,
     help="This node's IPv4 address [default: of the default-route interface]",
 )
-@click.option(
+@choice_option(
     "--tunnel",
-    type=click.Choice(TUNNELS),
-    default="vxlan",
-    show_default=True,
-    help="How pod traffic reaches other nodes (every node of a cluster uses the same)",
+    TUNNELS,
+    "vxlan",
+    "How pod traffic reaches other nodes (every node of a cluster uses the same)",
 )
 @click.option(
     "--cni-bin-dir", type=PathOption, default=defaults.DEFAULT_CNI_BIN_DIR, show_default=True
@@ -122,12 +122,11 @@ def dns_options(command: Callable[..., None]) -> Callable[..., None]:
     help="Serve Prometheus /metrics on HOST:PORT (e.g. 127.0.0.1:9101); off by default",
 )
 @dns_options
-@click.option(
+@choice_option(
     "--dataplane",
-    type=click.Choice(registry.names()),
-    default="linux",
-    show_default=True,
-    help="Data plane implementation, from podnet.dataplane.registry (fake: tests only)",
+    registry.names(),
+    "linux",
+    "Data plane implementation, from podnet.dataplane.registry (fake: tests only)",
 )
 @click.option(
     "--log-level",
