@@ -229,3 +229,19 @@ def policy_table(ns: str) -> dict[str, str] | None:
         elif head:
             lines.append(text)
     return blocks
+
+
+def assert_spoofing_dropped(a_ns: str, a: PodNetwork, b: PodNetwork) -> None:
+    """Pod ``a`` (in ``a_ns``, reaching ``b`` with its real identity) forges a source IP
+    (to ``b`` and to the gateway) and then a source MAC: nothing gets through; its real
+    identity still works afterwards."""
+    sh(a_ns, "ip", "addr", "add", "10.128.0.77/23", "dev", "eth0")
+    assert not ping(a_ns, b.address.ip, "-I", "10.128.0.77", count=2), "spoofed source IP"
+    assert not ping(a_ns, "10.128.0.1", "-I", "10.128.0.77", count=2), "spoofed IP to gateway"
+    sh(a_ns, "ip", "addr", "del", "10.128.0.77/23", "dev", "eth0")
+
+    sh(a_ns, "ip", "link", "set", "eth0", "address", "0a:58:0a:80:00:63")
+    sh(a_ns, "ip", "neigh", "flush", "all")
+    assert not ping(a_ns, b.address.ip, count=2), "spoofed source MAC"
+    sh(a_ns, "ip", "link", "set", "eth0", "address", a.mac)
+    assert ping(a_ns, b.address.ip), "the real identity still works"
