@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from podnet.router.desired import (
     EndpointPort,
     ServiceEndpoints,
-    endpoints_from_slices,
+    merge_endpoints,
     route_backend,
     router_table,
     scaled_weight,
@@ -127,7 +127,7 @@ def test_only_ready_tcp_endpoints_of_ip_slices() -> None:
     fqdn = {**endpoint_slice(NS, "web-4", "web", [("10.0.0.5", None, True)]), "addressType": "FQDN"}
     assert slice_endpoints(one) == [EndpointPort("10.0.0.1", 8080, "http")]
     assert slice_endpoints(udp) == [] and slice_endpoints(fqdn) == []
-    merged = endpoints_from_slices([one, unknown, one, udp, fqdn])
+    merged = merge_endpoints(slice_endpoints(s) for s in [one, unknown, one, udp, fqdn])
     assert merged == eps("10.0.0.1", "10.0.0.3")
 
 

@@ -15,7 +15,7 @@
   into one PEM (what HAProxy loads), passthrough has no path and no certificate.
 
 ``ServiceEndpoints`` is the ready (IP, port, port name) list of one Service, gathered
-from its EndpointSlices (``endpoints_from_slices``).
+from its EndpointSlices (``slice_endpoints``, ``merge_endpoints``).
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ def slice_endpoints(endpoint_slice: Obj) -> list[EndpointPort]:
     return found
 
 
-def endpoints_from_slices(slices: Iterable[Obj]) -> ServiceEndpoints:
-    """One Service's ready endpoint ports over all its slices, without repeats, sorted."""
-    return tuple(sorted({e for one in slices for e in slice_endpoints(one)}))
+def merge_endpoints(groups: Iterable[Iterable[EndpointPort]]) -> ServiceEndpoints:
+    """One Service's endpoint ports over all its slices, without repeats, sorted."""
+    return tuple(sorted({e for group in groups for e in group}))
 
 
 def router_table(
