@@ -9,6 +9,7 @@ objects left out of the data plane.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -28,8 +29,15 @@ def split_address(address: str) -> tuple[str, int]:
 class MetricsServer:
     """``GET /metrics`` over HTTP; ``start``, then ``stop`` at shutdown."""
 
-    def __init__(self, metrics: ReconcileMetrics, address: str) -> None:
+    def __init__(
+        self,
+        metrics: ReconcileMetrics,
+        address: str,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``refresh``: awaited before each answer (figures read at scrape time)."""
         self.metrics = metrics
+        self.refresh = refresh
         self.host, self.port = split_address(address)
         self._runner: web.AppRunner | None = None
 
@@ -51,4 +59,6 @@ class MetricsServer:
             self._runner = None
 
     async def _serve(self, request: web.Request) -> web.Response:
+        if self.refresh is not None:
+            await self.refresh()
         return web.Response(body=self.metrics.render(), content_type="text/plain")

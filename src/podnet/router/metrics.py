@@ -1,0 +1,143 @@
+"""The router's Prometheus metrics, and the ``/metrics`` listener that serves them.
+
+- ``podnet_router_route_requests_total{namespace,route}`` and
+  ``podnet_router_route_errors_total{namespace,route}``: read from HAProxy's ``show stat``
+  at scrape time (``RouteStats``, from the HAProxy layer); HAProxy's own counters start
+  again at 0 in each new worker, so ``MonotonicCounts`` carries them across reloads;
+- ``podnet_router_reloads_total`` and ``podnet_router_last_reload_seconds`` (how long the
+  last reload took): from the HAProxy driver, at scrape time;
+- ``podnet_router_routes{state}``: routes ``admitted`` and ``rejected`` by this router;
+- ``podnet_router_render_errors_total``: tables HAProxy refused (the route at fault is
+  then left out and marked not admitted);
+- and the router loop's ``podnet_reconcile_*`` (``podnet.reconcile.metrics``).
+
+The listener is the agent's (``podnet.agent.metrics.MetricsServer``) with a refresh of
+the HAProxy figures before each answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from podnet.reconcile import ReconcileMetrics
+
+log = logging.getLogger("podnet.router.metrics")
+
+RouteKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class RouteCounts:
+    """What HAProxy counted for one route's backend since its worker started."""
+
+    requests: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class ReloadFigures:
+    """The driver's reload count and the duration of its last reload (seconds)."""
+
+    reloads: int = 0
+    last_reload_seconds: float = 0.0
+
+
+@dataclass
+class MonotonicCounts:
+    """Per-route counters that never go down: a count lower than the last one read means
+    a new HAProxy worker (a reload) started from 0, so the last one is kept as a base."""
+
+    base: dict[RouteKey, RouteCounts] = field(default_factory=dict)
+    last: dict[RouteKey, RouteCounts] = field(default_factory=dict)
+
+    def update(self, read: Mapping[RouteKey, RouteCounts]) -> dict[RouteKey, RouteCounts]:
+        """Totals after reading ``read``; routes no longer read are forgotten."""
+        totals = {}
+        for key, now in read.items():
+            before, base = self.last.get(key), self.base.get(key, RouteCounts())
+            if before is not None and (
+                now.requests < before.requests or now.errors < before.errors
+            ):
+                base = RouteCounts(base.requests + before.requests, base.errors + before.errors)
+            self.base[key], self.last[key] = base, now
+            totals[key] = RouteCounts(base.requests + now.requests, base.errors + now.errors)
+        for gone in set(self.last) - set(read):
+            self.last.pop(gone)
+            self.base.pop(gone, None)
+        return totals
+
+
+class HAProxyCollector(Collector):
+    """Yields the last figures read from HAProxy (``RouterMetrics.refresh`` reads them)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[RouteKey, RouteCounts] = {}
+        self.reload = ReloadFigures()
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "route"]
+        requests = CounterMetricFamily(
+            "podnet_router_route_requests", "Requests (TCP sessions for passthrough) per route",
+            labels=labels,
+        )  # fmt: skip
+        errors = CounterMetricFamily(
+            "podnet_router_route_errors",
+            "Failed requests per route: 5xx answers, connection and response errors",
+            labels=labels,
+        )
+        for (namespace, name), counts in sorted(self.routes.items()):
+            requests.add_metric([namespace, name], counts.requests)
+            errors.add_metric([namespace, name], counts.errors)
+        yield requests
+        yield errors
+        yield CounterMetricFamily(
+            "podnet_router_reloads", "HAProxy reloads", value=self.reload.reloads
+        )
+        yield GaugeMetricFamily(
+            "podnet_router_last_reload_seconds",
+            "How long the last HAProxy reload took",
+            value=self.reload.last_reload_seconds,
+        )
+
+
+class RouterMetrics:
+    """The router's registry: the loop's counters, route states, HAProxy's figures."""
+
+    def __init__(
+        self,
+        read_routes: Callable[[], Awaitable[Mapping[RouteKey, RouteCounts]]],
+        read_reloads: Callable[[], ReloadFigures],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.reconcile = ReconcileMetrics(self.registry)
+        self.routes = Gauge(
+            "podnet_router_routes", "Routes by admission state", ["state"], registry=self.registry
+        )
+        self.render_errors = Counter(
+            "podnet_router_render_errors", "Tables HAProxy refused", registry=self.registry
+        )
+        self.haproxy = HAProxyCollector()
+        self.registry.register(self.haproxy)
+        self._read_routes, self._read_reloads = read_routes, read_reloads
+        self._counts = MonotonicCounts()
+
+    def route_states(self, admitted: int, rejected: int) -> None:
+        """Set how many routes this router admitted and rejected."""
+        self.routes.labels("admitted").set(admitted)
+        self.routes.labels("rejected").set(rejected)
+
+    async def refresh(self) -> None:
+        """Read HAProxy's figures now (before an answer); a failed read keeps the last."""
+        self.haproxy.reload = self._read_reloads()
+        try:
+            read = await self._read_routes()
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.warning("reading HAProxy's statistics failed: %s", exc)
+            return
+        self.haproxy.routes = self._counts.update(read)
