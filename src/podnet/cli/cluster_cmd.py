@@ -87,6 +87,13 @@ def cluster() -> None:
     default=None,
     help="masters with leader election [default: as recorded, or 1]",
 )
+@click.option(
+    "--router",
+    is_flag=True,
+    help="run the HAProxy router (pod default/router on node1, ports 80/443 of node1's "
+    "underlay address; *.apps.podnet.test resolves to it from the external host); "
+    "kept once started",
+)
 def up(
     state_dir: Path,
     node_count: int,
@@ -99,6 +106,7 @@ def up(
     dns_upstreams: tuple[str, ...],
     etcd_members: int | None,
     masters: int | None,
+    router: bool,
 ) -> None:
     """Start (or complete) the cluster: control plane, underlay and N nodes. Idempotent:
     a dead etcd member or master is restarted with its recorded ports and data."""
@@ -120,6 +128,7 @@ def up(
         masters=masters or 0,
         dns_upstreams=dns_upstreams or None,
         dataplane=dataplane,
+        router=router,
     )
     try:
         cluster_up(state_dir, spec, say=say)
@@ -159,7 +168,8 @@ def status(state_dir: Path) -> None:
         click.get_current_context().exit(1)
     nodes_ok = _show_nodes(state, state_dir)
     _show_pods(state)
-    if not (healthy and nodes_ok):
+    router_ok = _show_router(state)
+    if not (healthy and nodes_ok and router_ok):
         click.get_current_context().exit(1)
 
 
@@ -246,6 +256,17 @@ def _show_pods(state: ClusterState) -> None:
     for pod in sorted(state.pods.values(), key=lambda p: (p.node, p.key)):
         running = "running" if pod.process and pod.process.alive() else "STOPPED"
         click.echo(f"  {pod.key:<24} {pod.node:<8} {pod.ip or '-':<16} {running}")
+
+
+def _show_router(state: ClusterState) -> bool:
+    """Print the router's line (none: nothing); False when a part of it is down."""
+    if state.router is None:
+        return True
+    from podnet.cluster.routerprocs import router_health
+
+    health = router_health(state)
+    click.echo(f"router: {health.text()}")
+    return health.ok
 
 
 @cluster.command("matrix")

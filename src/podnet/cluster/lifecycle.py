@@ -28,6 +28,7 @@ from podnet.cluster.nodes import (
 from podnet.cluster.ovsnodes import check_ovs_paths, release_strays, stop_ovs
 from podnet.cluster.podresolv import remove_resolv_conf
 from podnet.cluster.pods import admin_api
+from podnet.cluster.router import ensure_router, stop_router
 from podnet.cluster.state import CLUSTER_DATAPLANES, ClusterState, locked, new_cluster_id
 from podnet.cluster.underlay import DEFAULT_UNDERLAY, ensure_external_host, ensure_underlay
 from podnet.dataplane.interface import TUNNELS, NodeSetupRefused
@@ -55,6 +56,7 @@ class ClusterSpec:
     masters: int = 0  # 0: as recorded, or 1
     dns_upstreams: tuple[str, ...] | None = None  # None: as recorded (none: the host's)
     dataplane: str = "linux"  # a registry name: linux or ovs
+    router: bool = False  # run the router (kept once recorded, also without the flag)
 
 
 def _initial_state(state_dir: Path, spec: ClusterSpec) -> ClusterState:
@@ -132,6 +134,8 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         with admin_api(state_dir) as api:
             for index in range(1, spec.nodes + 1):
                 ensure_node(state, state_dir, index, api, say)
+        if spec.router or state.router is not None:
+            ensure_router(state, state_dir, say)
         return state
 
 
@@ -172,7 +176,9 @@ def write_upstream_resolv_confs(state: ClusterState, state_dir: Path, count: int
 
 
 def stop_processes(state: ClusterState, say: Say) -> None:
-    """Stop every recorded pod process, agent, relay and the external echo server."""
+    """Stop the router, every recorded pod process, agent, relay and the external echo
+    server."""
+    stop_router(state, say)
     for pod in state.pods.values():
         if pod.prober and pod.prober.stop(timeout=5):
             say(f"pod {pod.key} prober stopped (pid {pod.prober.pid})")

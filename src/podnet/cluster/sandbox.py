@@ -4,11 +4,13 @@ podnet's state directories hidden, and an unprivileged user unless asked otherwi
 A pod process is started as::
 
     nsenter --net=<pod netns> -- unshare --mount --propagation private -- \\
-        python -m podnet.cluster.sandbox --uid U --gid G [--etc DIR] --hide DIR... -- COMMAND...
+        python -m podnet.cluster.sandbox --uid U --gid G [--etc DIR] [--volume SRC:DST]... \\
+        --hide DIR... -- COMMAND...
 
 Inside the new mount namespace (private: nothing propagates back to the host) this module
 first bind-mounts each file of the ``--etc`` directory (``/etc/netns/<pod netns>``: the
 pod's ``resolv.conf``) over the file of that name in ``/etc``, as ``ip netns exec`` does,
+binds each ``--volume`` host directory over its existing target (the router's files),
 then mounts an empty read-only tmpfs over each hidden directory (the cluster's state dir with
 the master's tokens, keys and kubeconfigs, the nodes' kubeconfigs and CNI sockets, etcd's
 data; podnet's default directories). Each ``--expose`` directory (the Python interpreter
@@ -63,12 +65,14 @@ class Sandbox:
     gid: int = NOBODY
     expose: tuple[Path, ...] = ()
     etc: Path | None = None  # files bound over /etc's (the pod's resolv.conf)
+    volumes: tuple[tuple[Path, Path], ...] = ()  # (host directory, where the pod sees it)
 
     def wrap(self, netns_path: Path | str, argv: Sequence[str]) -> list[str]:
         """``argv`` as run inside the pod's network namespace and this sandbox."""
         hidden = [arg for path in self.hide for arg in ("--hide", str(path))]
         hidden += [arg for path in self.expose for arg in ("--expose", str(path))]
         hidden += ["--etc", str(self.etc)] if self.etc is not None else []
+        hidden += [arg for src, dst in self.volumes for arg in ("--volume", f"{src}:{dst}")]
         return [
             "nsenter",
             f"--net={netns_path}",
@@ -208,6 +212,8 @@ def enter(sandbox: Sandbox, argv: Sequence[str]) -> None:
     (returns only by raising)."""
     if sandbox.etc is not None:
         _bind_etc(sandbox.etc)
+    for source, target in sandbox.volumes:  # before hiding: a source may lie in a hidden dir
+        _mount(str(source), target, None, MS_BIND | MS_REC, "")
     for path in sandbox.hide:
         _mount_empty(path)
     _expose(sandbox.expose)  # after hiding: a hidden directory inside stays hidden (MS_REC)
@@ -225,10 +231,14 @@ def main(args: Sequence[str] | None = None) -> int:
     parser.add_argument("--hide", type=Path, action="append", default=[])
     parser.add_argument("--expose", type=Path, action="append", default=[])
     parser.add_argument("--etc", type=Path)
+    parser.add_argument("--volume", action="append", default=[], help="SRC:DST, bound first")
     parser.add_argument("command", nargs="+")
     opts = parser.parse_args(args)
     try:
-        sandbox = Sandbox(tuple(opts.hide), opts.uid, opts.gid, tuple(opts.expose), opts.etc)
+        volumes = tuple((Path(v.split(":")[0]), Path(v.split(":")[1])) for v in opts.volume)
+        sandbox = Sandbox(
+            tuple(opts.hide), opts.uid, opts.gid, tuple(opts.expose), opts.etc, volumes
+        )
         enter(sandbox, opts.command)
     except (OSError, SandboxError) as exc:
         print(f"pod sandbox: {exc}", file=sys.stderr)

@@ -215,6 +215,19 @@ class ExternalHost:
 
 
 @dataclass
+class RouterRecord:
+    """The router of ``cluster up --router`` (``podnet.cluster.router``): its pod (a key of
+    ``ClusterState.pods``), the node address its hostPorts publish, the apps domain, and
+    that domain's resolver on the external host."""
+
+    pod: str
+    node: str
+    address: str
+    domain: str
+    dns: ProcessRecord | None = None
+
+
+@dataclass
 class EtcdMemberRecord:
     """One etcd member of the control plane: its ports and data never change."""
 
@@ -258,6 +271,12 @@ def _pod(data: dict[str, Any]) -> PodRecord:
     return PodRecord(**data, process=process, prober=prober)
 
 
+def _router(data: Any) -> RouterRecord | None:
+    if not isinstance(data, dict):
+        return None
+    return RouterRecord(**{**data, "dns": _process(data.get("dns"))})
+
+
 CLUSTER_DATAPLANES = ("linux", "ovs")  # the registry names a real cluster can run
 
 
@@ -287,6 +306,7 @@ class ClusterState:
     api_port: int = 0  # the admin's relay in front of several masters (0: none)
     api_relay: ProcessRecord | None = None
     dns_upstreams: list[str] = field(default_factory=list)  # empty: the host's resolvers
+    router: RouterRecord | None = None  # ``cluster up --router``
 
     @staticmethod
     def load(state_dir: Path) -> ClusterState | None:
@@ -305,6 +325,7 @@ class ClusterState:
         members = [_member(dict(m)) for m in data.pop("etcd_members", [])]
         masters = [_master(dict(m)) for m in data.pop("masters", [])]
         api_relay = _process(data.pop("api_relay", None))
+        router = data.pop("router", None)
         ext = data.pop("external", None)
         external = None
         if isinstance(ext, dict):
@@ -317,6 +338,7 @@ class ClusterState:
             etcd_members=members,
             masters=masters,
             api_relay=api_relay,
+            router=_router(router),
         )
 
     def save(self, state_dir: Path) -> None:
