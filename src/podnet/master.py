@@ -24,14 +24,17 @@ from podnet.api.auth import (
     ensure_admin_token,
     ensure_controllers_token,
     ensure_node_token,
+    ensure_router_token,
     node_user,
 )
+from podnet.api.identity import ROUTER_USER_PREFIX
 from podnet.api.kubernetesservice import MasterServiceReconciler
 from podnet.api.masterleases import EtcdMasterLeases
 from podnet.api.masterservice import SERVICE_NAMES
 from podnet.api.metrics import ApiMetrics
 from podnet.api.pki import Pki, ensure_pki
 from podnet.api.registry import DEFAULT_PREFIX, Registry
+from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 from podnet.api.server import ApiServer
 from podnet.api.servicealloc import ServiceRanges, kubernetes_service_ip
 from podnet.api.serviceallocator import ServiceAllocator
@@ -64,6 +67,7 @@ class MasterOptions:
     leader_elect: bool = True
     run_controllers: bool = True  # False: serve the API only (controllers run elsewhere)
     services: ServiceRanges | None = None  # node ports, external IPs (default: kube's)
+    route_suffix: str = DEFAULT_ROUTE_SUFFIX  # hosts of Routes without one: <name>-<ns>.<suffix>
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     # Where nodes (and pods, through default/kubernetes) reach this master; none: the
     # kubernetes Service has no endpoints from this master. Port 0: listen_port.
@@ -92,7 +96,10 @@ class Master:
         self.store = EtcdStore(options.etcd, tls=options.etcd_tls)
         services = options.services or ServiceRanges(options.network.service_network)
         self.registry_ranges = services
-        self.registry = Registry(self.store, prefix=options.etcd_prefix, services=services)
+        suffix = options.route_suffix
+        self.registry = Registry(
+            self.store, prefix=options.etcd_prefix, services=services, route_suffix=suffix
+        )
         self.metrics = ApiMetrics()
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None
@@ -211,3 +218,26 @@ def controllers_credentials(state_dir: Path, name: str, token_file: Path, ca_fil
     token = ensure_controllers_token(state_dir / "tokens.csv", name)
     write_atomic(token_file, token + "\n")
     write_atomic(ca_file, Pki.at(state_dir / "pki").ca_pem(), 0o644)
+
+
+def router_credentials(
+    state_dir: Path,
+    name: str,
+    *,
+    token_file: Path | None = None,
+    ca_file: Path | None = None,
+    kubeconfig: Path | None = None,
+    server: str = "",
+) -> None:
+    """Issue the token of router ``name`` (user ``system:podnet:router:<name>``, group
+    ``system:podnet:routers``: reads Routes, Services, Endpoints and EndpointSlices, writes
+    ``routes/status`` only) and write it as a token file and the API's CA, and/or as a
+    kubeconfig for ``server`` (0600, like every file holding the token)."""
+    token = ensure_router_token(state_dir / "tokens.csv", name)
+    ca_pem = Pki.at(state_dir / "pki").ca_pem()
+    if token_file is not None:
+        write_atomic(token_file, token + "\n")
+    if ca_file is not None:
+        write_atomic(ca_file, ca_pem, 0o644)
+    if kubeconfig is not None:
+        write_kubeconfig(kubeconfig, server, ca_pem, token, user=f"{ROUTER_USER_PREFIX}{name}")

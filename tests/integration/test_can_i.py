@@ -160,6 +160,7 @@ def test_can_i_list_as_the_controllers_shows_exactly_their_rules(
         "events [] [] [delete list]",
         "egressnetworkpolicies.network.openshift.io [] [] [delete list]",
         "networkpolicies.networking.k8s.io [] [] [delete list]",
+        "routes.route.openshift.io [] [] [delete list]",
         "nodes [] [] [get list watch]",
         "leases.coordination.k8s.io [] [podnet-controllers] [get update]",
         "[*] [] [get]",  # non-resource paths (discovery, version, metrics): reads

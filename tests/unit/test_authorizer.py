@@ -205,7 +205,8 @@ def test_node_events_report_only_itself() -> None:
         (ROUTER, "create", ROUTE, None, False),
         (ROUTER, "delete", ROUTE, None, False),
         (ROUTER, "list", NODE, None, False),
-        (ROUTER, "list", SLICE, None, False),
+        (ROUTER, "list", SLICE, None, True),  # the router may follow EndpointSlices
+        (ROUTER, "create", SLICE, None, False),
     ],
 )
 def test_proxy_and_router_rules(

@@ -27,10 +27,11 @@ from podnet.api.objects import (
     now_rfc3339,
     same_content,
 )
+from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX, Allocator, RouteHosts
 from podnet.api.servicealloc import ServiceRanges
 from podnet.api.serviceallocator import ServiceAllocator
 from podnet.model import errors
-from podnet.model.kinds import NAMESPACE, SERVICE, Kind
+from podnet.model.kinds import NAMESPACE, ROUTE, SERVICE, Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import (
     Absent,
@@ -74,6 +75,7 @@ class Registry(KeySpace):
         validate: Validate | None = None,
         prefix: str = DEFAULT_PREFIX,
         services: ServiceRanges | None = None,
+        route_suffix: str = DEFAULT_ROUTE_SUFFIX,
     ) -> None:
         if validate is None:
             from podnet.model.validation import validate as default_validate
@@ -83,8 +85,9 @@ class Registry(KeySpace):
         self.store = store
         self._validate = validate
         # Kinds whose objects get values chosen from a shared range before they are stored.
-        self._allocators = {
-            (SERVICE.group, SERVICE.plural): ServiceAllocator(self, services or ServiceRanges())
+        self._allocators: dict[tuple[str, str], Allocator] = {
+            (SERVICE.group, SERVICE.plural): ServiceAllocator(self, services or ServiceRanges()),
+            (ROUTE.group, ROUTE.plural): RouteHosts(route_suffix),
         }
 
     # ---- decoding ---------------------------------------------------------------------

@@ -9,14 +9,17 @@ roles (``role_rules``, ``role_index``), whatever the number of users.
 Roles:
 
 - the admin (group ``system:masters``): anything;
-- a node (``system:node:<name>`` in ``system:nodes``): reads every kind but events and
-  leases, creates and deletes mirror pods, updates its pods' status, creates and updates
-  its own Node, creates events, uses its own Lease in ``kube-node-lease`` (its writes are
-  then checked object by object: ``podnet.api.noderestriction``);
+- a node (``system:node:<name>`` in ``system:nodes``): reads every kind but events,
+  leases and routes (a route may hold a TLS key), creates and deletes mirror pods,
+  updates its pods' status, creates and updates its own Node, creates events, uses its
+  own Lease in ``kube-node-lease`` (its writes are then checked object by object:
+  ``podnet.api.noderestriction``);
 - a service proxy (group ``system:podnet:proxies``): reads services, endpoints, endpoint
   slices and nodes;
-- a router (group ``system:podnet:routers``): reads routes, services and endpoints and
-  writes route status;
+- a router (user ``system:podnet:router:<name>`` in group ``system:podnet:routers``,
+  ``podnet router-credentials``): reads routes (their TLS keys included), services,
+  endpoints and endpoint slices in every namespace, and writes ``routes/status`` only:
+  not a route's spec, not secrets, not pods;
 - the controllers run as their own process (group ``system:podnet:controllers``):
   exactly the reads and writes the master's controllers make (``CONTROLLERS_RULES``);
 - everyone authenticated: access reviews (what may I do?).
@@ -147,7 +150,7 @@ def readable(skip: frozenset[tuple[str, str]]) -> tuple[Rule, ...]:
 
 # One set for every node: "own" rules compare the name with the caller's at request time.
 NODE_RULES = (
-    *readable(frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL)})),
+    *readable(frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL), (ROUTE_GROUP, "routes")})),
     grant("create delete", "", "pods"),
     grant("update patch", "", "pods/status"),
     grant("create", "", "nodes"),
@@ -162,6 +165,7 @@ PROXY_RULES = (
 )
 ROUTER_RULES = (
     grant("get list watch", "", "services endpoints"),
+    grant("get list watch", DISCOVERY_GROUP, "endpointslices"),
     grant("get list watch", ROUTE_GROUP, "routes routes/status"),
     grant("update patch", ROUTE_GROUP, "routes/status"),
 )
@@ -188,6 +192,7 @@ CONTROLLERS_RULES = (
     grant("delete", LEASE_GROUP, LEASE_PLURAL),
     grant("list delete", NETWORKING_GROUP, "networkpolicies"),
     grant("list delete", NETWORK_GROUP, "egressnetworkpolicies"),
+    grant("list delete", ROUTE_GROUP, "routes"),
     # Endpoints and EndpointSlices of selector Services
     grant("get list watch create update delete", "", "endpoints"),
     grant("get list watch create update delete", DISCOVERY_GROUP, "endpointslices"),

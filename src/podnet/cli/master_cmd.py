@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import click
 
 from podnet.api.registry import DEFAULT_PREFIX
+from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 
 if TYPE_CHECKING:
     from podnet.api.servicealloc import ServiceRanges
@@ -156,6 +157,12 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option("--leader-elect/--no-leader-elect", default=True, show_default=True)
 @click.option("--advertise-address", default="", help=ADVERTISE_HELP)
 @click.option(
+    "--route-suffix",
+    default=DEFAULT_ROUTE_SUFFIX,
+    show_default=True,
+    help="Routes without a host get <name>-<namespace>.<suffix>",
+)
+@click.option(
     "--advertise-port",
     default=0,
     type=click.IntRange(0, 65535),
@@ -184,6 +191,7 @@ def master(
     external_ip_cidrs: str,
     leader_elect: bool,
     advertise_address: str,
+    route_suffix: str,
     advertise_port: int,
     run_controllers: bool,
 ) -> None:
@@ -208,9 +216,19 @@ def master(
         services=services,
         advertise_address=_advertise_address(advertise_address),
         advertise_port=advertise_port,
+        route_suffix=_route_suffix(route_suffix),
     )
     log_to_stderr()
     asyncio.run(run_until_signalled(Master(options), "podnet.master"))
+
+
+def _route_suffix(value: str) -> str:
+    from podnet.api.routehosts import suffix_problem
+
+    problem = suffix_problem(value)
+    if problem:
+        raise click.BadParameter(f"{value!r}: {problem}", param_hint="--route-suffix")
+    return value
 
 
 def _advertise_address(value: str) -> str:

@@ -1,8 +1,9 @@
 """Namespace finalization: delete what a Terminating Namespace holds, then the Namespace.
 
 Deleting a Namespace through the API only marks it ``Terminating`` (deletionTimestamp
-set; new content is refused). This controller deletes the pods, services, endpoints,
-endpoint slices, policies and events left inside it, then removes the Namespace itself.
+set; new content is refused). This controller deletes the routes, pods, services,
+endpoints, endpoint slices, policies and events left inside it, then removes the
+Namespace itself.
 Once synced, and every resync period, it also finds namespaced objects whose Namespace
 is gone entirely and removes those.
 """
@@ -32,6 +33,7 @@ from podnet.model.kinds import (
     NAMESPACE,
     NETWORK_POLICY,
     POD,
+    ROUTE,
     SERVICE,
     Kind,
 )
@@ -41,8 +43,10 @@ WORKERS = 4
 SWEEP_RETRY_SECONDS = 10.0  # a failed orphan sweep (a list timing out under load) waits
 SWEEP_RETRY_MAX_SECONDS = 300.0  # this long, times its failures in a row, up to this
 
-# Deleted in this order: workloads first, then what describes them.
+# Deleted in this order: what lets traffic in from outside (routes), workloads, then
+# what describes them.
 NAMESPACED_KINDS: tuple[Kind, ...] = (
+    ROUTE,
     POD,
     SERVICE,
     ENDPOINTS,

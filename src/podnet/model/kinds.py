@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.model.endpointcells import endpoints_cell, slice_endpoints_cell, slice_ports_cell
+from podnet.model.routecells import route_admitted, route_port, route_services, route_termination
 
 Obj = Mapping[str, Any]
 
@@ -319,6 +320,25 @@ ENDPOINT_SLICE = Kind(
         Column("ENDPOINTS", slice_endpoints_cell),
     ),
 )
+ROUTE = Kind(
+    "route.openshift.io",
+    "v1",
+    "Route",
+    "routes",
+    True,
+    (),
+    (
+        NAME,
+        Column("HOST/PORT", _meta("spec", "host")),
+        Column("PATH", _meta("spec", "path")),
+        Column("SERVICES", route_services),
+        Column("PORT", route_port),
+        Column("TERMINATION", route_termination),
+        Column("ADMITTED", route_admitted),
+        Column("WILDCARD", _meta("spec", "wildcardPolicy"), wide_only=True),
+    ),
+    subresources=("status",),
+)
 
 ALL_KINDS: tuple[Kind, ...] = (
     NAMESPACE,
@@ -334,6 +354,7 @@ ALL_KINDS: tuple[Kind, ...] = (
     NETWORK_POLICY,
     LEASE,
     ENDPOINT_SLICE,
+    ROUTE,
 )
 
 

@@ -26,6 +26,7 @@ from podnet.model.schemas_meta import validate_metadata
 from podnet.model.schemas_names import quote
 from podnet.model.schemas_network import SCHEMAS as NETWORK_SCHEMAS
 from podnet.model.schemas_policy import SCHEMAS as POLICY_SCHEMAS
+from podnet.model.schemas_route import SCHEMAS as ROUTE_SCHEMAS
 
 __all__ = ["ApiError", "schema_for", "validate"]
 
@@ -36,6 +37,7 @@ _SCHEMAS: dict[str, Schema] = {
     **POLICY_SCHEMAS,
     **COORDINATION_SCHEMAS,
     **DISCOVERY_SCHEMAS,
+    **ROUTE_SCHEMAS,
 }
 # Kinds without a schema of their own are checked like Events: metadata only.
 _OPEN_SCHEMA = Schema(EventBody)
