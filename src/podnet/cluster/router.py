@@ -8,7 +8,7 @@ as a pod of the ``default`` project, published on one node's underlay address.
   HAProxy), run as root in the pod sandbox (a privileged pod, as OpenShift's router is),
   with the cluster's state hidden except its own files: the volume ``<state>/router``,
   seen at ``ROUTER_MOUNT``, holds its kubeconfig (the restricted identity
-  ``system:podnet:router:router``, API at ``default/kubernetes``' cluster IP, reached as
+  ``system:podnet:router:default``, API at ``default/kubernetes``' cluster IP, reached as
   pods reach it) and its working directory.
 - **hostPorts.** The Pod declares ``hostPort`` 80 and 443; the node's CNI chain's
   ``portmap`` plugin publishes them (``podnet.cluster.hostports``): DNAT rules in the node's
@@ -55,6 +55,8 @@ Say = Callable[[str], None]
 ROUTER_NAME = "router"
 ROUTER_NAMESPACE = "default"
 ROUTER_NODE_INDEX = 1
+ROUTER_IDENTITY = "default"  # routerName in status.ingress; user system:podnet:router:default
+METRICS_PORT = 1936  # OpenShift's router stats port; here on the pod's loopback only
 ROUTER_MOUNT = Path("/mnt")  # where the router pod sees its volume
 HOST_PORTS = {"http": HostPort(80, 80), "https": HostPort(443, 443)}
 POD_LABELS = {"app": "router"}
@@ -90,7 +92,8 @@ def router_paths(state_dir: Path) -> RouterPaths:
 
 
 def router_command() -> tuple[str, ...]:
-    """``podnet router`` as the pod runs it, with paths inside the pod."""
+    """``podnet router`` as the pod runs it, with paths inside the pod; its metrics on
+    the pod's loopback only."""
     inside = ROUTER_MOUNT
     return (
         sys.executable,
@@ -99,8 +102,12 @@ def router_command() -> tuple[str, ...]:
         "router",
         "--kubeconfig",
         str(inside / "router.kubeconfig"),
-        "--work-dir",
+        "--name",
+        ROUTER_IDENTITY,
+        "--run-dir",
         str(inside / "haproxy"),
+        "--metrics",
+        f"127.0.0.1:{METRICS_PORT}",
     )
 
 
@@ -160,7 +167,7 @@ def _write_credentials(state_dir: Path, paths: RouterPaths) -> None:
         service_ip = api.get(SERVICE, "default", "kubernetes")["spec"]["clusterIP"]
     server = f"https://{service_ip}:443"
     router_credentials(
-        state_dir / "master", ROUTER_NAME, kubeconfig=paths.kubeconfig, server=server
+        state_dir / "master", ROUTER_IDENTITY, kubeconfig=paths.kubeconfig, server=server
     )
 
 
