@@ -2,13 +2,17 @@
 request, so a client behind the router sees which pod served it and what arrived.
 
 ``python -m podnet.cluster.httpecho --name web-1 [--port 8080]... [--tls-port 8443
---cert FILE --key FILE]`` answers every GET, HEAD or POST with ``200`` and a JSON body::
+(--cert FILE --key FILE | --self-signed NAME,...)]`` answers every GET, HEAD or POST
+with ``200`` and a JSON body::
 
     {"pod": "web-1", "method": "GET", "path": "/a", "tls": false,
      "headers": {"host": "www.apps.podnet.test", "x-forwarded-for": "192.168.100.250", ...}}
 
 HTTP/1.1 keep-alive is served (every answer has a Content-Length). The certificate and
-key files are read once at start. Connections idle for ``IDLE_TIMEOUT`` seconds are
+key files are read once at start. With ``--self-signed`` the server makes its own CA and
+a certificate for the names (the first is its CN), keeps the key in memory only (a
+memfd), and prints the CA certificate, so a re-encrypt route can name it as its
+destination CA. Connections idle for ``IDLE_TIMEOUT`` seconds are
 closed, request bodies are read up to ``MAX_BODY`` bytes, and SIGTERM/SIGINT end it. It
 only answers: it never starts traffic.
 """
@@ -17,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import ssl
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
 
 IDLE_TIMEOUT = 30.0
@@ -78,6 +85,35 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
+def self_signed_context(names: Sequence[str]) -> tuple[ssl.SSLContext, str]:
+    """A server context with a new certificate for ``names`` from a new CA (the
+    certificate's key never touches a file system); and the CA certificate in PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from podnet.api.pki import issue_leaf, key_pem, load_or_create_ca
+
+    with tempfile.TemporaryDirectory() as scratch:  # the CA's key lives for this call only
+        where = Path(scratch)
+        ca_cert, ca_key = load_or_create_ca(where / "ca.crt", where / "ca.key", "httpecho-ca")
+    sans: set[x509.IPAddress | x509.DNSName] = {x509.DNSName(name) for name in names}
+    cert, key = issue_leaf(ca_cert, ca_key, names[0], sans, [ExtendedKeyUsageOID.SERVER_AUTH])
+    pem = serialization.Encoding.PEM
+    chain = cert.public_bytes(pem) + ca_cert.public_bytes(pem)
+    files = []
+    for content in (chain, key_pem(key)):
+        fd = os.memfd_create("httpecho-tls", os.MFD_CLOEXEC)
+        os.write(fd, content)
+        files.append(fd)
+    try:
+        context = tls_context(*(f"/proc/self/fd/{fd}" for fd in files))
+    finally:
+        for fd in files:
+            os.close(fd)
+    return context, ca_cert.public_bytes(pem).decode()
+
+
 def make_servers(
     pod: str, ports: Sequence[int], tls_ports: Sequence[int], context: ssl.SSLContext | None
 ) -> list[ThreadingHTTPServer]:
@@ -107,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-port", type=int, action="append", default=[])
     parser.add_argument("--cert", help="PEM certificate (and chain) for --tls-port")
     parser.add_argument("--key", help="PEM key for --tls-port")
+    parser.add_argument("--self-signed", metavar="NAME,...", help="make a CA and a cert")
     args = parser.parse_args(argv)
-    if args.tls_port and not (args.cert and args.key):
-        parser.error("--tls-port needs --cert and --key")
+    if args.tls_port and not (args.cert and args.key) and not args.self_signed:
+        parser.error("--tls-port needs --cert and --key, or --self-signed")
     if not args.port and not args.tls_port:
         args.port = [8080]
-    context = tls_context(args.cert, args.key) if args.tls_port else None
+    context = None
+    if args.tls_port and args.self_signed:
+        context, ca_pem = self_signed_context(args.self_signed.split(","))
+        print(f"httpecho {args.name}: CA certificate\n{ca_pem}", end="", flush=True)
+    elif args.tls_port:
+        context = tls_context(args.cert, args.key)
     servers = make_servers(args.name, args.port, args.tls_port, context)
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for thread in threads:
