@@ -3,7 +3,10 @@
 # running a real `podnet node`), run 2 pods per node wired by the real CNI plugin, and
 # print the connectivity matrix (every pod to every pod: ping and TCP echo, ✓/✗ and
 # latency), then reach a Service by its name from every node (the node's cluster DNS
-# through the pod's resolv.conf, then the service proxy). The cluster stays up
+# through the pod's resolv.conf, then the service proxy). With the router (default;
+# PODNET_ROUTER=0 leaves it out) it then creates one Route of each kind (http, edge,
+# reencrypt, passthrough) in project "demo" and reaches each from the external host by
+# name (*.apps.podnet.test) with curl and openssl s_client. The cluster stays up
 # afterwards. Safe to run again: what exists is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,9 +17,13 @@ NODES="${PODNET_NODES:-3}"
 TUNNEL="${PODNET_TUNNEL:-${PODNET_BACKEND:-vxlan}}"  # PODNET_BACKEND: its older name
 PLUGIN="${PODNET_PLUGIN:-subnet}"
 DATAPLANE="${PODNET_DATAPLANE:-linux}"  # linux (bridge + nftables) or ovs (Open vSwitch)
+ROUTER="${PODNET_ROUTER:-1}"  # 1: cluster up --router, and show a route of each kind
+ROUTER_FLAG=()
+if [ "$ROUTER" = 1 ]; then ROUTER_FLAG=(--router); fi
 
-echo "== podnet cluster up --nodes $NODES --tunnel $TUNNEL --plugin $PLUGIN --dataplane $DATAPLANE"
-"$PODNET" cluster up --nodes "$NODES" --tunnel "$TUNNEL" --plugin "$PLUGIN" --dataplane "$DATAPLANE"
+echo "== podnet cluster up --nodes $NODES --tunnel $TUNNEL --plugin $PLUGIN --dataplane $DATAPLANE ${ROUTER_FLAG[*]}"
+"$PODNET" cluster up --nodes "$NODES" --tunnel "$TUNNEL" --plugin "$PLUGIN" --dataplane "$DATAPLANE" \
+  "${ROUTER_FLAG[@]}"
 
 echo "== podnet pod run (2 pods per node)"
 for node in $(seq 1 "$NODES"); do
@@ -51,8 +58,12 @@ YAML
 echo "== podnet cluster status"
 "$PODNET" cluster status
 
-echo "== podnet cluster matrix"
-"$PODNET" cluster matrix
+echo "== podnet cluster matrix -n default"
+"$PODNET" cluster matrix -n default
+
+if [ "$ROUTER" = 1 ]; then
+  scripts/routes-demo.sh
+fi
 
 echo
 echo "The cluster is still up. Use it with:"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from podnet import netns
+from podnet.cluster.appsdns import DEFAULT_DOMAIN as APPS_DOMAIN
 from podnet.cluster.controlplane import ControlPlane, ControlPlaneError
 from podnet.cluster.masteraccess import ensure_master_relays
 from podnet.cluster.matrix import Endpoint
@@ -117,7 +118,7 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         )
         try:
             ControlPlane(state_dir).up(
-                spec.plugin, list(spec.master_args), say, spec.etcd_members, spec.masters
+                spec.plugin, master_args(spec), say, spec.etcd_members, spec.masters
             )
         except ControlPlaneError as exc:
             raise ClusterError(str(exc)) from exc
@@ -137,6 +138,15 @@ def cluster_up(state_dir: Path, spec: ClusterSpec, say: Say = print) -> ClusterS
         if spec.router or state.router is not None:
             ensure_router(state, state_dir, say)
         return state
+
+
+def master_args(spec: ClusterSpec) -> list[str]:
+    """The masters' arguments: those asked for, and Routes without a host named under
+    the apps domain, which resolves to the router from the external host."""
+    args = list(spec.master_args)
+    if "--route-suffix" not in args:
+        args += ["--route-suffix", APPS_DOMAIN]
+    return args
 
 
 def checked_upstreams(given: Sequence[str] | None) -> list[str] | None:
@@ -264,9 +274,13 @@ def node_health(state: ClusterState, state_dir: Path, api: Any) -> list[NodeHeal
 
 
 def endpoints(state: ClusterState, namespaces: Sequence[str] = ()) -> list[Endpoint]:
-    """The recorded pods (of ``namespaces``, or all) as matrix endpoints, by node then name."""
+    """The recorded pods (of ``namespaces``, or all) as matrix endpoints, by node then
+    name; not the router, which serves no echo."""
+    router = state.router.pod if state.router else None
     pods = [
-        p for p in state.pods.values() if p.ip and (not namespaces or p.namespace in namespaces)
+        p
+        for p in state.pods.values()
+        if p.ip and (not namespaces or p.namespace in namespaces) and p.key != router
     ]
     pods.sort(key=lambda p: (state.nodes[p.node].index if p.node in state.nodes else 0, p.key))
     one_namespace = len({p.namespace for p in pods}) <= 1
