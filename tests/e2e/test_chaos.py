@@ -1,18 +1,21 @@
 """Chaos: SIGKILL of a node agent, a master or an etcd member at a random point of pod
 ADD/DEL churn, again and again, on a real 2-node cluster (3 etcd members with TLS, 2
 masters, agents in node namespaces, the real CNI shim, the real kernel). Issue 8's
-acceptance point.
+acceptance point. On the ovs data plane (``PODNET_TEST_DATAPLANE=ovs``) a node's
+``ovsdb-server`` and ``ovs-vswitchd`` are victims too: the agent must bring them back.
 
 Each iteration picks a victim with a seeded RNG (the seed is printed; rerun one with
 ``PODNET_CHAOS_SEED``), starts churn on both nodes, kills the victim at a random moment
 of it, restarts it as ``podnet cluster up`` would and waits for its readiness signal,
 stops the churn, retries the DELs that failed (a runtime must), runs a CNI GC on each
 node with the runtime's live attachments, and checks: no leaked or missing IPAM
-reservation, host veth or anti-spoofing element on any node, no address held twice, the
-API's Pod objects agree, and every live pod reaches every other over TCP.
+reservation, host veth, switch port or anti-spoofing entry on any node, on ovs no stale or
+missing flow (br0 against the desired flows), no address held twice, the API's Pod
+objects agree, and every live pod reaches every other over TCP.
 
 ``PODNET_CHAOS_ITERATIONS`` sets the count (default 100), ``PODNET_CHAOS_VICTIMS`` the
-kinds of victim (default ``agent,master,etcd``), ``PODNET_CHAOS_ETCD_MEMBERS`` and
+kinds of victim (default ``agent,master,etcd``, and ``ovsdb-server,ovs-vswitchd`` on
+ovs), ``PODNET_CHAOS_ETCD_MEMBERS`` and
 ``PODNET_CHAOS_MASTERS`` the control plane (default 3 and 2). Everything is removed at the
 end, also on failure: the sandboxes by exact namespace name, the cluster by its state.
 """
@@ -23,6 +26,7 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,10 +34,22 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes
 from podnet.cluster.state import ClusterState
-from podnet.testing.chaos import Churn, Runtime
+from podnet.dataplane.ovs.pipeline import pod_cookie
+from podnet.dataplane.wiring import host_veth_name
+from podnet.testing import planeview
+from podnet.testing.chaos import IFNAME, Churn, Runtime, Sandbox
 from podnet.testing.chaoscheck import check_all, leak_problems, wait_api_agrees
-from podnet.testing.chaoskill import Victim, kill, pick, restart, seeded, wait_master_ready
-from podnet.testing.e2e import TEST_DATAPLANE
+from podnet.testing.chaoskill import KINDS as CONTROL_KINDS
+from podnet.testing.chaoskill import (
+    Victim,
+    kill,
+    pick,
+    plane_kinds,
+    restart,
+    seeded,
+    wait_master_ready,
+)
+from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.e2e import load_state as load
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -42,7 +58,8 @@ NODES = 2
 PODS_PER_NODE = 2
 CHURN_WINDOW = 1.2  # seconds: the kill lands at a random moment of this much churn
 ITERATIONS = int(os.environ.get("PODNET_CHAOS_ITERATIONS") or 100)
-KINDS = (os.environ.get("PODNET_CHAOS_VICTIMS") or "agent,master,etcd").split(",")
+DEFAULT_KINDS = ",".join((*CONTROL_KINDS, *plane_kinds(TEST_DATAPLANE)))
+KINDS = (os.environ.get("PODNET_CHAOS_VICTIMS") or DEFAULT_KINDS).split(",")
 MAX_FAILURES = 5  # failing iterations before giving up (each is reported)
 ETCD_MEMBERS = int(os.environ.get("PODNET_CHAOS_ETCD_MEMBERS") or 3)
 MASTERS = int(os.environ.get("PODNET_CHAOS_MASTERS") or 2)
@@ -101,7 +118,7 @@ def iteration(
         kill(state_dir, victim)
         try:
             restart(state_dir, victim)
-        except (RuntimeError, TimeoutError) as exc:
+        except (RuntimeError, TimeoutError, AssertionError) as exc:  # wait_for: Assertion
             return [f"restart failed: {exc}"]
     problems = churn.errors + runtime.retry_deletes()
     # Not a failure (GC is the runtime's remedy), but worth knowing: what only GC fixed.
@@ -176,3 +193,84 @@ def test_pod_ip_reaches_the_api_when_the_agent_dies_right_after_add(
         restart(cluster, agent)
         problems = wait_api_agrees(cluster, runtime, timeout=20)
         assert not problems, f"attempt {attempt}: " + "\n".join(problems)
+
+
+def test_the_checks_see_a_lost_pod_a_pod_never_wired_and_lost_flows(
+    cluster: Path, runtime: Runtime
+) -> None:
+    """The invariants can fail, on either plane: a pod the runtime forgot (its DEL lost)
+    shows as leaked wherever the node holds it, on ovs its flows as stale; a sandbox the
+    node never wired shows as missing; on ovs, a pod whose flows were deleted behind the
+    agent's back shows its flows as missing."""
+    lost, kept = runtime.add("node1"), runtime.add("node1")
+    assert lost is not None and kept is not None, runtime.stats
+    assert not leak_problems(cluster, runtime)
+    with runtime.lock:
+        del runtime.live[lost.container_id]
+    leaked = leak_problems(cluster, runtime)
+    with runtime.lock:
+        runtime.live[lost.container_id] = lost
+    what = ["IPAM reservations", "pod veths", "pod ports on br0", "anti-spoofing entries"]
+    veth = host_veth_name(lost.container_id, IFNAME)
+    for label in what:
+        assert any(p.startswith(f"node1 {label}: leaked") for p in leaked), (label, leaked)
+    assert all(lost.ip in p or veth in p or "flow(s)" in p for p in leaked), leaked
+    stale = [p for p in leaked if p.startswith("node1 br0: ") and "stale flow(s)" in p]
+    assert len(stale) == (TEST_DATAPLANE == "ovs"), leaked
+    assert not [p for p in leaked if "missing" in p], leaked
+
+    ghost = Sandbox("ghost", "node1", "ghost", "f" * 64, "10.128.1.250")
+    with runtime.lock:
+        runtime.live[ghost.container_id] = ghost
+    missing = leak_problems(cluster, runtime)
+    with runtime.lock:
+        del runtime.live[ghost.container_id]
+    for label in what:
+        assert any(p.startswith(f"node1 {label}: missing") for p in missing), (label, missing)
+    assert len(missing) == len(what), missing  # no flows without a port to render them for
+
+    if TEST_DATAPLANE == "ovs":
+        key = pod_cookie(f"{kept.container_id}/{IFNAME}")
+        planeview.ofctl(cluster, "node1", "del-flows", "br0", f"cookie={key:#x}/-1")
+        gone = leak_problems(cluster, runtime)
+        assert any("missing flow(s)" in p for p in gone), gone
+        assert any(p.startswith("node1 anti-spoofing entries: missing") for p in gone), gone
+    assert runtime.delete(kept)  # the agent deletes by cookie: gone or not, all fine after
+    assert not leak_problems(cluster, runtime)
+
+
+ADDS_IN_FLIGHT = 4
+
+
+@pytest.mark.skipif(TEST_DATAPLANE != "ovs", reason="OVS daemons run on the ovs data plane")
+@pytest.mark.parametrize("daemon", plane_kinds("ovs"))
+def test_ovs_daemon_killed_while_pods_are_added_comes_back_and_converges(
+    cluster: Path, runtime: Runtime, daemon: str
+) -> None:
+    """SIGKILL of node1's ``ovsdb-server`` or ``ovs-vswitchd`` once the first of several
+    concurrent ADDs has its port on br0 (the others in flight): the agent starts the
+    daemon again (after ``ovs-vswitchd``, programs the new switch), the runtime DELs what
+    failed, and then nothing is leaked or missing, flows included, and every pod talks."""
+    for _ in range(PODS_PER_NODE):  # pods that live through the crash, on both nodes
+        for name in sorted(load(cluster).nodes):
+            assert runtime.add(name) is not None, f"initial ADD on {name} failed"
+    state = load(cluster)
+    before = len(planeview.pod_ports(cluster, state, "node1"))
+    victim = Victim(daemon, "node1")
+    with ThreadPoolExecutor(ADDS_IN_FLIGHT) as pool:
+        adds = [pool.submit(runtime.add, "node1") for _ in range(ADDS_IN_FLIGHT)]
+
+        def grown() -> bool:
+            return len(planeview.pod_ports(cluster, state, "node1")) > before
+
+        wait_for(grown, 60, "a new pod port on node1's br0", interval=0.01)
+        assert kill(cluster, victim)
+        added = [future.result() for future in adds]
+    restart(cluster, victim)
+    print(f"{sum(a is not None for a in added)} of {ADDS_IN_FLIGHT} ADDs ok; {runtime.stats}")
+    problems = runtime.retry_deletes()
+    for name in sorted(load(cluster).nodes):
+        answer = runtime.gc(name)
+        assert answer.ok, f"GC on {name}: {answer.text}"
+    problems += check_all(cluster, runtime)
+    assert not problems, "\n".join(problems) + "\n" + logs(cluster)

@@ -1,14 +1,18 @@
-"""The invariants of issue 8's chaos test, read from the kernel, the disk and the API.
+"""The invariants of issue 8's chaos test, read from the kernel, the switch, the disk
+and the API, on either data plane (the plane's own places are read by ``planeview``).
 
 After every crash, restart and GC, what each node holds must equal what the runtime
 (``podnet.testing.chaos.Runtime``) holds live, no more and no less:
 
 - IPAM: the reservation files under ``<node>/ipam/podnet/`` (host-local layout) name
   exactly the live sandboxes' addresses, each owned by its container; no stray file;
-- links: the host-side pod veths (``pn`` + 12 hex) are exactly the live sandboxes', all
-  on ``br0``;
-- anti-spoofing: the ``bridge podnet pod_ports`` elements are exactly (veth, MAC, IP) of
-  the live sandboxes;
+- links: the host-side pod veths (``pn`` + 12 hex) are exactly the live sandboxes';
+- switch ports: br0's pod ports are exactly the live sandboxes' veths (linux: veths
+  enslaved to ``br0``; ovs: br0's OVSDB ports, each with an ofport and its pod's identity);
+- anti-spoofing: the (veth, MAC, IP) a node lets a pod send with are exactly the live
+  sandboxes' (linux: the ``bridge podnet pod_ports`` elements; ovs: table 20's flows);
+- flows (ovs): br0's flows are exactly the desired ones for the node, the remote nodes,
+  the rule set and the live sandboxes (none left of a deleted pod, none missing);
 - no address is held twice in the cluster; the Pod object of each live sandbox (when the
   API was up to create it) shows its address and node, and no other Pod object claims
   an address;
@@ -19,9 +23,7 @@ Each check returns a list of problems, each one line naming what differs.
 
 from __future__ import annotations
 
-import json
 import socket
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -34,9 +36,10 @@ from podnet import netns
 from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState
-from podnet.dataplane.linux.desired import BRIDGE, host_veth_name, is_host_veth_name
+from podnet.dataplane.wiring import host_veth_name
 from podnet.ipam.reservations import parse_owner
 from podnet.testing.chaos import ECHO_PORT, IFNAME, Runtime, Sandbox
+from podnet.testing.planeview import anti_spoofing, flow_problems, pod_ports, pod_veths
 
 NETWORK = "podnet"  # the conflist's network name: IPAM keeps <ipam dir>/<network>/
 IPAM_BOOKKEEPING = ("lock", "last_reserved_ip.")
@@ -68,52 +71,29 @@ def ipam_files(state_dir: Path, node: str) -> tuple[dict[str, str], list[str]]:
     return held, strays
 
 
-def pod_veths(node_ns: str) -> dict[str, str | None]:
-    """Every host-side pod veth in the node namespace -> its master (None if none)."""
-    out = subprocess.run(
-        ["ip", "-j", "-n", node_ns, "link", "show"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=10,
-    ).stdout
-    links = json.loads(out or "[]")
-    return {k["ifname"]: k.get("master") for k in links if is_host_veth_name(k["ifname"])}
-
-
-def pod_port_elements(node_ns: str) -> set[tuple[str, str, str]]:
-    """The ``bridge podnet pod_ports`` elements as (veth, MAC, IP)."""
-    argv = ["nft", "-j", "list", "set", "bridge", "podnet", "pod_ports"]
-    out = netns.run(node_ns, argv, check=True).stdout
-    found = set()
-    for item in json.loads(out)["nftables"]:
-        for elem in (item.get("set") or {}).get("elem", []):
-            veth, mac, ip = elem["concat"]
-            found.add((str(veth), str(mac).lower(), str(ip)))
-    return found
-
-
 def sandbox_mac(ip: str) -> str:
     """The pod MAC podnet derives from an address: ``0a:58:`` + the four bytes."""
     return "0a:58:" + ":".join(f"{b:02x}" for b in IPv4Address(ip).packed)
 
 
-def node_problems(state_dir: Path, node: str, node_ns: str, live: list[Sandbox]) -> list[str]:
-    """IPAM files, veths and anti-spoofing elements of ``node`` against ``live``."""
+def node_problems(
+    state_dir: Path, state: ClusterState, node: str, live: list[Sandbox]
+) -> list[str]:
+    """IPAM files, veths, switch ports, anti-spoofing entries and (ovs) flows of ``node``
+    against ``live``."""
     held, strays = ipam_files(state_dir, node)
     problems = [f"{node} IPAM: stray files {strays}"] if strays else []
     problems += _diff(
         f"{node} IPAM reservations", held.items(), {(s.ip, s.container_id) for s in live}
     )
-    veths = pod_veths(node_ns)
     wanted = {host_veth_name(s.container_id, IFNAME) for s in live}
-    problems += _diff(f"{node} pod veths", veths, wanted)
-    off_bridge = sorted(v for v, master in veths.items() if v in wanted and master != BRIDGE)
-    if off_bridge:
-        problems.append(f"{node} pod veths not on {BRIDGE}: {off_bridge}")
-    ports = {(host_veth_name(s.container_id, IFNAME), sandbox_mac(s.ip), s.ip) for s in live}
-    problems += _diff(f"{node} pod_ports elements", pod_port_elements(node_ns), ports)
-    return problems
+    problems += _diff(f"{node} pod veths", pod_veths(state.nodes[node].netns), wanted)
+    problems += _diff(f"{node} pod ports on br0", pod_ports(state_dir, state, node), wanted)
+    entries = {(host_veth_name(s.container_id, IFNAME), sandbox_mac(s.ip), s.ip) for s in live}
+    found = anti_spoofing(state_dir, state, node)
+    problems += _diff(f"{node} anti-spoofing entries", found, entries)
+    pods = [(s.container_id, IFNAME, IPv4Address(s.ip)) for s in live]
+    return problems + flow_problems(state_dir, state, node, pods)
 
 
 def duplicate_problems(live: list[Sandbox]) -> list[str]:
@@ -207,15 +187,14 @@ def reachability_problems(live: list[Sandbox]) -> list[str]:
 
 
 def leak_problems(state_dir: Path, runtime: Runtime) -> list[str]:
-    """IPAM files, veths and anti-spoofing elements of every node against the live
-    sandboxes."""
+    """IPAM files, veths, switch ports, anti-spoofing entries and (ovs) flows of every
+    node against the live sandboxes."""
     state = ClusterState.load(state_dir)
     assert state is not None
     live = runtime.snapshot()
     problems = []
-    for name, node in state.nodes.items():
-        on_node = [s for s in live if s.node == name]
-        problems += node_problems(state_dir, name, node.netns, on_node)
+    for name in state.nodes:
+        problems += node_problems(state_dir, state, name, [s for s in live if s.node == name])
     return problems
 
 

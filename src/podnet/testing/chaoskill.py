@@ -1,9 +1,11 @@
 """Crash and revive one part of the local cluster, for issue 8's chaos test.
 
-A ``Victim`` is the agent of a node, the master or the etcd member. ``kill`` sends
+A ``Victim`` is the agent of a node, the master or the etcd member, and on the ovs data
+plane also a node's ``ovsdb-server`` or ``ovs-vswitchd`` (``ovschaos``). ``kill`` sends
 SIGKILL to its recorded PID (only if that PID still runs the recorded command), as a
 crash would; ``restart`` starts it the way ``podnet cluster up`` does (same ports, same
-data) and returns once readiness is signalled (see ``restart``).
+data), or for an OVS daemon lets the node's agent bring it back, and returns once
+readiness is signalled (see ``restart``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from podnet.cluster.controlplane import ControlPlane
 from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState, wait_exited
 from podnet.store.etcd_process import health, pid_alive
+from podnet.testing import ovschaos
 from podnet.testing.chaos import load_state
 from podnet.testing.e2e import wait_for
 
@@ -30,27 +33,37 @@ from podnet.testing.e2e import wait_for
 @dataclass(frozen=True)
 class Victim:
     """What to crash: ``agent`` of ``node``, ``master`` ``index`` or ``etcd`` member
-    ``index`` (0-based, as the control plane counts them)."""
+    ``index`` (0-based, as the control plane counts them), or an OVS daemon of ``node``
+    (the kind is the daemon's name: ``ovsdb-server``, ``ovs-vswitchd``)."""
 
     kind: str
     node: str = ""
     index: int = 0
 
     def __str__(self) -> str:
-        if self.kind == "agent":
-            return f"agent of {self.node}"
+        if self.node:
+            return f"{self.kind} of {self.node}"
         return f"{self.kind} {self.index + 1}"
 
 
 def victims(state: ClusterState) -> list[Victim]:
-    """Every process of the cluster that the chaos test may crash."""
+    """Every process of the cluster that the chaos test may crash (the OVS daemons on
+    the ovs data plane)."""
     agents = [Victim("agent", name) for name in sorted(state.nodes)]
     masters = [Victim("master", index=i) for i in range(max(len(state.masters), 1))]
     members = [Victim("etcd", index=i) for i in range(max(len(state.etcd_members), 1))]
-    return agents + masters + members
+    switches = [
+        Victim(d, name) for d in plane_kinds(state.dataplane) for name in sorted(state.nodes)
+    ]
+    return agents + masters + members + switches
 
 
 KINDS = ("agent", "master", "etcd")
+
+
+def plane_kinds(dataplane: str) -> tuple[str, ...]:
+    """The kinds of victim a node has besides its agent on ``dataplane``."""
+    return ovschaos.KINDS if dataplane == "ovs" else ()
 
 
 def pick(rng: random.Random, state: ClusterState, kinds: Sequence[str] = KINDS) -> Victim:
@@ -63,7 +76,9 @@ def kill(state_dir: Path, victim: Victim) -> int:
     """SIGKILL the victim by its recorded PID (only if it still is that process) and wait
     until it is gone; return the PID."""
     control = ControlPlane(state_dir)
-    if victim.kind == "agent":
+    if victim.kind in ovschaos.KINDS:
+        pid = ovschaos.kill(state_dir, victim.node, victim.kind)
+    elif victim.kind == "agent":
         agent = load_state(state_dir).nodes[victim.node].agent
         pid = agent.pid if agent is not None and agent.alive() else 0
         if agent is not None and pid:
@@ -83,8 +98,15 @@ def restart(state_dir: Path, victim: Victim, timeout: float = 90.0) -> None:
     wait for its signal: an agent's CNI STATUS and Node Ready; a master's readiness as
     the control plane defines it (/readyz when it must lead, /healthz when another
     master runs); an etcd member's health. Then the API must serve (a pod list through
-    the masters, which reads etcd) and every agent must answer CNI STATUS."""
+    the masters, which reads etcd) and every agent must answer CNI STATUS. An OVS daemon
+    is the agent's to restart: it must run again and (``ovs-vswitchd``) br0 must hold
+    its flows again (``ovschaos.wait_back``); then every agent must answer CNI STATUS."""
     state = load_state(state_dir)
+    if victim.kind in ovschaos.KINDS:
+        ovschaos.wait_back(state_dir, victim.node, victim.kind, timeout)
+        for name in state.nodes:
+            wait_agent_status(state_dir, name, timeout)
+        return
     if victim.kind == "agent":
         node = state.nodes[victim.node]
         nodes.start_agent(state, node, state_dir)

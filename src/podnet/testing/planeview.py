@@ -11,6 +11,13 @@ same meaning on both planes and a different place to read it from:
   node (``tun_dst``/``tun_src``), ``vxlan0`` as an OVS port (``key=flow``: the VNID of the
   sender's namespace, 0 outside multitenant) and ``tun0`` (the gateway), all read from
   the root namespace through the node's own OVS sockets.
+
+The chaos test (``chaoscheck``) asks what a node holds for its pods: the host veths (the
+same on both planes), the switch's pod ports (linux: veths whose master is ``br0``; ovs:
+br0's OVSDB ports, each with an ofport and the identity of the pod its name is for), the
+anti-spoofing entries, and, on ovs, whether br0's flows are exactly the desired ones
+(``pipeline.desired`` and the version note, for the node's network, remote nodes, live
+pods and rule set, compared by ``ovs-ofctl diff-flows``).
 """
 
 from __future__ import annotations
@@ -20,34 +27,40 @@ import json
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, cast
 
 from podnet import netns
 from podnet.agent.config import AgentConfig, node_network
+from podnet.agent.remotes import remote_nodes
 from podnet.cluster import pods
 from podnet.cluster.ovsnodes import node_ovs_base, running
 from podnet.cluster.state import ClusterState, NodeRecord
-from podnet.dataplane.interface import NodeNetwork, Tunnel
+from podnet.dataplane.interface import NodeNetwork, Tunnel, pod_mac
+from podnet.dataplane.linux.desired import BRIDGE as LINUX_BRIDGE
 from podnet.dataplane.linux.desired import vtep_mac
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
 from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
 from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, flows_text
+from podnet.dataplane.ovs.flowstate import as_read_back, note
 from podnet.dataplane.ovs.instance import OvsPaths
 from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
 from podnet.dataplane.ovs.ovspods import attachment_of
 from podnet.dataplane.ovs.pipeline import LocalPod
+from podnet.dataplane.wiring import host_veth_name, is_host_veth_name
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET
 from podnet.policy.model import RuleSet
-from podnet.testing.chaoscheck import pod_port_elements
+from podnet.policy.trace import fetch_objects
 from podnet.testing.lab import policy_table
 
 POLICY_TABLES = (t.EGRESS_POLICY, t.ISOLATION)  # tables 21 and 80: what policyflows owns
 OVS_GLOBAL_VNID = 0  # the tunnel id of every pod outside multitenant mode
+SHOWN_FLOWS = 5  # differing flows named in a problem
+Obj = dict[str, Any]
 
 
 def _ovs(state_dir: Path, node: str) -> OvsPaths:
@@ -101,6 +114,81 @@ def ovs_port_numbers(state_dir: Path, node: str) -> dict[IPv4Address, int]:
         if pod is not None and port.ofport > 0:
             found[pod.address.ip] = port.ofport
     return found
+
+
+def pod_veths(node_ns: str) -> dict[str, str | None]:
+    """Every host-side pod veth in the node namespace -> its master (None if none)."""
+    links = _ip_json(node_ns, "link", "show")
+    return {k["ifname"]: k.get("master") for k in links if is_host_veth_name(k["ifname"])}
+
+
+def pod_port_elements(node_ns: str) -> set[tuple[str, str, str]]:
+    """linux: the ``bridge podnet pod_ports`` elements as (veth, MAC, IP)."""
+    argv = ["nft", "-j", "list", "set", "bridge", "podnet", "pod_ports"]
+    out = netns.run(node_ns, argv, check=True).stdout
+    found = set()
+    for item in json.loads(out)["nftables"]:
+        for elem in (item.get("set") or {}).get("elem", []):
+            veth, mac, ip = elem["concat"]
+            found.add((str(veth), str(mac).lower(), str(ip)))
+    return found
+
+
+def pod_ports(state_dir: Path, state: ClusterState, node: str) -> set[str]:
+    """The switch's pod ports on ``node``: linux, the pod veths whose master is br0; ovs,
+    br0's podnet-named OVSDB ports, one without an ofport or whose identity is not that
+    of the pod its name is for shown with what is wrong (``pn... (ofport -1)``)."""
+    if state.dataplane != "ovs":
+        veths = pod_veths(state.nodes[node].netns)
+        return {name for name, master in veths.items() if master == LINUX_BRIDGE}
+    ports = _ovs_ports(state_dir, node)
+    return {p.name + _port_fault(p) for p in ports if is_host_veth_name(p.name)}
+
+
+def _port_fault(port: Port) -> str:
+    pod = attachment_of(port.name, port.external_ids)
+    if port.ofport <= 0:
+        return f" (ofport {port.ofport})"
+    if pod is None:
+        return " (no pod identity)"
+    if host_veth_name(pod.container_id, pod.ifname) != port.name:
+        return f" (identity of {pod.container_id[:12]}/{pod.ifname})"
+    return ""
+
+
+def flow_problems(
+    state_dir: Path, state: ClusterState, node: str, live: Iterable[tuple[str, str, IPv4Address]]
+) -> list[str]:
+    """ovs: how br0's flows on ``node`` differ from the desired ones (``pipeline.desired``
+    and the note) for its network, the remote nodes, the rule set compiled from the API
+    and ``live`` (container ID, ifname, IP of each pod there, at its OVSDB port's number),
+    as stale and missing flows; linux: none (no switch: see the veths and pod_ports)."""
+    if state.dataplane != "ovs":
+        return []
+    with pods.admin_api(state_dir) as api:
+        subnets, cluster = _network_objects(api)
+        rules = fetch_objects(api).ruleset()
+    network = _node_networks(state, subnets, cluster)[node]
+    ofports = {port.name: port.ofport for port in _ovs_ports(state_dir, node)}
+    local = [
+        LocalPod(f"{container_id}/{ifname}", ofport, ip, pod_mac(ip))
+        for container_id, ifname, ip in live
+        if (ofport := ofports.get(host_veth_name(container_id, ifname), -1)) > 0
+    ]
+    groups = pipeline.desired(network, remote_nodes(subnets.values(), node), local, rules)
+    want = [as_read_back(flow) for flows in groups.values() for flow in flows]
+    return diff_problems(node, _differences(state_dir, node, None, [*want, note(network)]))
+
+
+def diff_problems(node: str, diff: str) -> list[str]:
+    """``diff-flows`` of br0 against the desired flows as problems: its ``-`` lines are
+    flows only br0 holds (stale), its ``+`` lines flows it lacks (missing)."""
+    problems = []
+    for sign, what in (("-", "stale"), ("+", "missing")):
+        found = [line[1:].strip() for line in diff.splitlines() if line.startswith(sign)]
+        if found:
+            problems.append(f"{node} {t.BRIDGE}: {len(found)} {what} flow(s) {found[:SHOWN_FLOWS]}")
+    return problems
 
 
 _POD_IN = re.compile(r"\bip,in_port=(\d+),dl_src=([0-9a-f:]+),nw_src=([0-9.]+) ")
@@ -201,7 +289,10 @@ def policy_behind(state_dir: Path, state: ClusterState, rules: RuleSet) -> list[
     the nftables table (compared as a transaction: none needed); ovs, br0's tables 21 and
     80 as the pipeline renders them for the node's network and pods (compared by
     ``ovs-ofctl diff-flows``: no difference)."""
-    networks = _node_networks(state_dir, state) if state.dataplane == "ovs" else {}
+    networks: dict[str, NodeNetwork] = {}
+    if state.dataplane == "ovs":
+        with pods.admin_api(state_dir) as api:
+            networks = _node_networks(state, *_network_objects(api))
     late = []
     for name, node in state.nodes.items():
         if state.dataplane == "ovs":
@@ -215,15 +306,17 @@ def policy_behind(state_dir: Path, state: ClusterState, rules: RuleSet) -> list[
     return late
 
 
-def _node_networks(state_dir: Path, state: ClusterState) -> dict[str, NodeNetwork]:
+def _network_objects(api: Any) -> tuple[dict[str, Obj], Obj]:
+    """The HostSubnets by name, and the ClusterNetwork ``default``."""
+    subnets = {item["metadata"]["name"]: item for item in api.list(HOST_SUBNET)["items"]}
+    clusters = api.list(CLUSTER_NETWORK)["items"]
+    return subnets, next(item for item in clusters if item["metadata"]["name"] == "default")
+
+
+def _node_networks(
+    state: ClusterState, subnets: Mapping[str, Obj], cluster: Obj
+) -> dict[str, NodeNetwork]:
     """Each node's ``NodeNetwork`` as its agent builds it (HostSubnet, ClusterNetwork)."""
-    with pods.admin_api(state_dir) as api:
-        subnets = {item["metadata"]["name"]: item for item in api.list(HOST_SUBNET)["items"]}
-        cluster = next(
-            item
-            for item in api.list(CLUSTER_NETWORK)["items"]
-            if item["metadata"]["name"] == "default"
-        )
     return {
         name: node_network(
             AgentConfig(node_name=name, tunnel=cast("Tunnel", state.tunnel)),
@@ -245,12 +338,16 @@ def _ovs_policy_held(state_dir: Path, network: NodeNetwork, rules: RuleSet) -> b
     return not _differences(state_dir, name, "\n".join(_policy_dump(state_dir, name)), want)
 
 
-def _differences(state_dir: Path, node: str, have: str, want: list[Flow]) -> str:
+def _differences(state_dir: Path, node: str, have: str | None, want: list[Flow]) -> str:
+    """``diff-flows`` of ``have`` (dump text; None: br0 itself) and ``want``: ``-`` lines
+    only in the first, ``+`` lines only in ``want``."""
     with tempfile.TemporaryDirectory() as folder:
-        have_file, want_file = Path(folder) / "have", Path(folder) / "want"
-        have_file.write_text(have + "\n")
+        source, want_file = t.BRIDGE, Path(folder) / "want"
+        if have is not None:
+            source = str(Path(folder) / "have")
+            Path(source).write_text(have + "\n")
         want_file.write_text(flows_text(want))
-        return ofctl(state_dir, node, "diff-flows", str(have_file), str(want_file))
+        return ofctl(state_dir, node, "--no-names", "diff-flows", source, str(want_file))
 
 
 def policy_snapshot(state_dir: Path, state: ClusterState, name: str) -> object:
