@@ -3,6 +3,7 @@ EndpointSlices in, a ``RouterTable`` out, as OpenShift's router computes it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import given, settings
@@ -36,7 +37,7 @@ def eps(*ips: str, port: int = 8080, name: str = "http") -> ServiceEndpoints:
 SERVICES = {(NS, n): service(NS, n) for n in ("web", "canary", "idle")}
 
 
-def servers_of(r: Obj, endpoints: dict[tuple[str, str], ServiceEndpoints]) -> tuple[Server, ...]:
+def servers_of(r: Obj, endpoints: Mapping[tuple[str, str], ServiceEndpoints]) -> tuple[Server, ...]:
     backend = route_backend(r, SERVICES, endpoints)
     assert backend is not None
     return backend.servers

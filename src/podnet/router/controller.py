@@ -1,0 +1,185 @@
+"""The router's controller: Routes, Services and EndpointSlices in, HAProxy and
+``status.ingress`` out.
+
+``RouterController`` watches the three kinds cluster-wide (one shared reflector each,
+``podnet.client.informers``) into ``RouterInputs`` and is the target of a
+``podnet.reconcile`` loop, the agent's loop:
+
+- nothing is applied before every kind has listed; a burst of changes is coalesced
+  (``COALESCE_SECONDS``), then the step admits the routes (``admission``: the oldest
+  route wins a host and path) and builds the ``RouterTable`` of the admitted ones
+  (``desired.router_table``), in a worker thread, and the driver applies it; an equal
+  table changes nothing in HAProxy;
+- a table HAProxy refuses (``RouterRejected``: a certificate it cannot load, say) is
+  bisected by route: the routes at fault are left out, the rest is served, and the
+  left-out routes are marked not admitted (``ExtendedValidationFailed``, HAProxy's
+  words as the message);
+- after each pass the routes' Admitted conditions for this router go to
+  ``RouteStatusWriter``, which writes only those that differ from what the route's
+  status says; an event that changes only a route's status is checked against the last
+  verdict without a new pass (someone else's write is corrected, ours is not repeated).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from podnet.client import BOOKMARK, LISTED, WatchEvent
+from podnet.dataplane.interface import DataPlaneRejected
+from podnet.model.kinds import ENDPOINT_SLICE, ROUTE, SERVICE, Kind
+from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
+from podnet.router.admission import Verdict, admit, route_key
+from podnet.router.desired import router_table
+from podnet.router.inputs import SPEC, STATUS, RouteKey, RouterInputs, Snapshot
+from podnet.router.metrics import RouterMetrics
+from podnet.router.routestatus import RouteStatusWriter
+from podnet.router.table import RouterTable
+
+log = logging.getLogger("podnet.router")
+
+COALESCE_SECONDS = 0.005  # a burst of changes is taken together
+KINDS: tuple[Kind, ...] = (ROUTE, SERVICE, ENDPOINT_SLICE)
+RENDER_REJECTED = "ExtendedValidationFailed"  # OpenShift's reason for a route it cannot load
+
+
+class RouterRejected(Exception):
+    """HAProxy refused the configuration a table renders to (a permanent error)."""
+
+
+class Driver(Protocol):
+    """What the controller needs of the HAProxy layer."""
+
+    async def apply(self, table: RouterTable) -> None:
+        """Serve ``table`` (nothing to do when it equals the last one); raises
+        ``RouterRejected`` when HAProxy refuses it, leaving the last one served."""
+        ...
+
+
+class WatchSource(Protocol):
+    """``Informers.watch``: LISTED, then every change, for ever."""
+
+    def watch(self, kind: Kind) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Desired:
+    """One pass's result: the table to serve, and every route's admission verdict."""
+
+    table: RouterTable
+    verdicts: Mapping[RouteKey, Verdict] = field(default_factory=dict)
+
+    def without(self, left_out: frozenset[str]) -> Desired:
+        """The same without the routes keyed (``ns:name``) in ``left_out``."""
+        kept = tuple(r for r in self.table.routes if r.key not in left_out)
+        return Desired(RouterTable(kept), self.verdicts)
+
+
+def compute(snapshot: Snapshot) -> Desired:
+    """The desired state from a snapshot of the inputs (pure: runs in a worker thread)."""
+    verdicts = admit(snapshot.routes)
+    admitted = [r for r in snapshot.routes if verdicts[route_key(r)].admitted]
+    return Desired(router_table(admitted, snapshot.services, snapshot.endpoints), verdicts)
+
+
+def final_verdicts(
+    desired: Desired, left_out: frozenset[str], error: str
+) -> dict[RouteKey, Verdict]:
+    """The verdicts after applying: a route HAProxy refused is not admitted."""
+    found = dict(desired.verdicts)
+    for key in desired.verdicts:
+        if f"{key[0]}:{key[1]}" in left_out:
+            message = f"HAProxy refused the route's configuration: {error}"
+            found[key] = Verdict(False, RENDER_REJECTED, message[:1000])
+    return found
+
+
+class RouterController:
+    """Keeps HAProxy equal to the admitted routes, and their status to the verdicts."""
+
+    name = "router"
+
+    def __init__(
+        self,
+        api: WatchSource,
+        driver: Driver,
+        statuses: RouteStatusWriter,
+        metrics: RouterMetrics,
+        router_name: str,
+        resync_period: float = 300.0,
+    ) -> None:
+        self.api, self.driver, self.statuses = api, driver, statuses
+        self.metrics, self.router_name = metrics, router_name
+        self.inputs = RouterInputs()
+        self.served: Desired | None = None  # the last state applied (whole or cut)
+        pacing = Pacing(resync_period, COALESCE_SECONDS, compile_in_thread=True)
+        self.loop: ReconcileLoop[Desired] = ReconcileLoop(
+            self, pacing, inputs=[k.plural for k in KINDS], metrics=metrics.reconcile
+        )
+        self.synced = self.loop.synced
+
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        """(name, coroutine function) to run: the loop and one watch per kind."""
+        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+            ("router-sync", self.loop.run)
+        ]
+        for kind in KINDS:
+            found.append((f"router-watch-{kind.plural}", functools.partial(self.watch, kind)))
+        return found
+
+    async def watch(self, kind: Kind) -> None:
+        """Keep one kind's events; the informer relists on expiry."""
+        async for event in self.api.watch(kind):
+            self.on_event(kind, event)
+
+    def on_event(self, kind: Kind, event: WatchEvent) -> None:
+        """One watch event: a pass when routing may change, a status check when only a
+        route's status did."""
+        if event.type == BOOKMARK:
+            return
+        change = self.inputs.take(kind.plural, event)
+        if change == SPEC:
+            if event.type == LISTED:
+                self.loop.listed(kind.plural)
+            else:
+                self.loop.changed()
+        elif change == STATUS:
+            self.statuses.check(self.inputs.routes, route_key(event.object))
+
+    # ---- the reconcile target ------------------------------------------------------------
+
+    def take(self) -> Callable[[], Desired]:
+        """The step that computes the desired state from a snapshot of the inputs."""
+        return functools.partial(compute, self.inputs.snapshot())
+
+    async def apply(self, desired: Desired) -> None:
+        """The table to HAProxy; a refusal is the loop's permanent error (bisection)."""
+        try:
+            await self.driver.apply(desired.table)
+        except RouterRejected as exc:
+            self.metrics.render_errors.inc()
+            raise DataPlaneRejected(str(exc)) from exc
+
+    def keys(self, desired: Desired) -> Sequence[str]:
+        """Routes by ``namespace:name``."""
+        return [route.key for route in desired.table.routes]
+
+    def without(self, desired: Desired, left_out: frozenset[str]) -> Desired:
+        return desired.without(left_out)
+
+    def describe(self, desired: Desired) -> str:
+        servers = sum(len(r.servers) for r in desired.table.routes)
+        return f"{len(desired.table.routes)} routes, {servers} servers"
+
+    async def after_apply(self, desired: Desired, record: ApplyRecord) -> None:
+        """Log a new table; hand the verdicts to the status writer."""
+        verdicts = final_verdicts(desired, frozenset(record.left_out), record.error)
+        if self.served is None or desired.table != self.served.table:
+            log.info("serving %s (%s)", record.what, record.result)
+        self.served = desired
+        admitted = sum(1 for v in verdicts.values() if v.admitted)
+        self.metrics.route_states(admitted, len(verdicts) - admitted)
+        self.statuses.sync(self.inputs.routes, verdicts)

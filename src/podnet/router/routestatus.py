@@ -1,0 +1,105 @@
+"""Writes this router's ``status.ingress`` entry of each route, only when it changes.
+
+``RouteStatusWriter.sync(routes, verdicts)`` takes every route's verdict after a pass
+and queues the routes whose stored status (as the watch last delivered it) does not say
+that verdict already (``podnet.router.status.route_status`` is None when it does); a
+route's status-only change is ``check``ed against its last verdict, so a write of ours
+coming back on the watch causes nothing, while a status someone else changed is written
+again. There is no write storm: a route is written once per new verdict, plus once per
+foreign change of its entry.
+
+Each write reads the route, puts the new status through ``routes/<name>/status`` with
+the read's resourceVersion and, on a conflict, reads and tries again
+(``controllers.calls.guaranteed_update``); one work item per route
+(``controllers.workqueue.KeyedQueue``), transient failures retried with backoff. A route
+deleted meanwhile is skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from podnet.client.errors import has_reason
+from podnet.controllers.calls import ControllerApi, guaranteed_update
+from podnet.controllers.workqueue import KeyedQueue
+from podnet.model.kinds import ROUTE
+from podnet.router.admission import RouteKey, Verdict
+from podnet.router.status import route_status
+
+log = logging.getLogger("podnet.router.status")
+
+Obj = Mapping[str, Any]
+WORKERS = 4
+
+
+def rfc3339_now() -> str:
+    """The time now as a condition's ``lastTransitionTime`` (seconds, UTC)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class RouteStatusWriter:
+    """Keeps this router's entry in each route's ``status.ingress`` equal to its verdict."""
+
+    def __init__(
+        self,
+        api: ControllerApi,
+        router_name: str,
+        now: Callable[[], str] = rfc3339_now,
+        workers: int = WORKERS,
+    ) -> None:
+        self.api, self.router_name, self.now = api, router_name, now
+        self.verdicts: dict[RouteKey, Verdict] = {}
+        self.writes = 0  # status writes made (tests and logs)
+        self.queue = KeyedQueue("route-status", self._write, workers=workers)
+
+    def start(self) -> None:
+        """Start the writers."""
+        self.queue.start()
+
+    async def stop(self) -> None:
+        """Stop the writers (a write in flight is abandoned; the next run redoes it)."""
+        await self.queue.stop()
+
+    def sync(self, routes: Mapping[RouteKey, Obj], verdicts: Mapping[RouteKey, Verdict]) -> None:
+        """Take every route's verdict; queue the routes whose status says otherwise."""
+        self.verdicts = dict(verdicts)
+        for key in verdicts:
+            self.check(routes, key)
+
+    def check(self, routes: Mapping[RouteKey, Obj], key: RouteKey) -> None:
+        """Queue ``key`` when its stored status differs from its last verdict."""
+        route, verdict = routes.get(key), self.verdicts.get(key)
+        if route is None or verdict is None:
+            return
+        if route_status(route, self.router_name, verdict, self.now()) is not None:
+            self.queue.add(f"{key[0]}/{key[1]}")
+
+    async def wait_idle(self) -> None:
+        """Until no write is queued or running."""
+        await self.queue.wait_idle()
+
+    async def _write(self, item: str) -> None:
+        namespace, _, name = item.partition("/")
+        verdict = self.verdicts.get((namespace, name))
+        if verdict is None:
+            return  # deleted since it was queued
+
+        def mutate(route: dict[str, Any]) -> dict[str, Any] | None:
+            status = route_status(route, self.router_name, verdict, self.now())
+            if status is None:
+                return None
+            return {**route, "status": status}
+
+        try:
+            written = await guaranteed_update(self.api, ROUTE, namespace, name, mutate, status=True)
+        except Exception as exc:
+            if has_reason(exc, "NotFound"):
+                return
+            raise
+        if written is not None:
+            self.writes += 1
+            what = "admitted" if verdict.admitted else f"not admitted ({verdict.reason})"
+            log.info("route %s/%s: %s", namespace, name, what)
