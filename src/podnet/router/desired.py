@@ -58,7 +58,7 @@ def slice_endpoints(endpoint_slice: Obj) -> list[EndpointPort]:
         for p in endpoint_slice.get("ports") or ()
         if p.get("port") and (p.get("protocol") or "TCP") == "TCP"
     ]
-    found = []
+    found: list[EndpointPort] = []
     for endpoint in endpoint_slice.get("endpoints") or ():
         if (endpoint.get("conditions") or {}).get("ready") is False:
             continue
