@@ -39,10 +39,6 @@ class HostPort:
     container: int
     protocol: str = "tcp"
 
-    def mapping(self) -> dict[str, Any]:
-        """The ``portMappings`` entry a runtime passes (CNI conventions)."""
-        return {"hostPort": self.host, "containerPort": self.container, "protocol": self.protocol}
-
     def container_port(self, name: str) -> dict[str, Any]:
         """The Pod spec's ``ports`` entry."""
         return {
@@ -66,9 +62,14 @@ def portmap_config(
         "cniVersion": conflist.get("cniVersion"),
         "name": conflist.get("name"),
         **entry,
-        "runtimeConfig": {"portMappings": [port.mapping() for port in ports]},
+        "runtimeConfig": {"portMappings": [_mapping(port) for port in ports]},
         "prevResult": dict(prev_result),
     }
+
+
+def _mapping(port: HostPort) -> dict[str, Any]:
+    """The ``portMappings`` entry a runtime passes (CNI conventions)."""
+    return {"hostPort": port.host, "containerPort": port.container, "protocol": port.protocol}
 
 
 def plugin_path(bin_dirs: Sequence[Path]) -> Path:

@@ -64,31 +64,22 @@ POD_LABELS = {"app": "router"}
 
 @dataclasses.dataclass(frozen=True)
 class RouterPaths:
-    """The router's files: its volume and what the cluster keeps beside it."""
+    """The router's files: its volume (bound into the pod at ``ROUTER_MOUNT``) with its
+    kubeconfig, and what the cluster keeps beside it: the pod's CNI ADD result
+    (portmap's ``prevResult`` on a later ensure) and the apps resolver's log."""
 
-    root: Path
-
-    @property
-    def volume(self) -> Path:
-        """Bound into the router pod at ``ROUTER_MOUNT``."""
-        return self.root / "volume"
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.volume / "router.kubeconfig"
-
-    @property
-    def cni_result(self) -> Path:
-        """The pod's CNI ADD result (portmap's ``prevResult`` on a later ensure)."""
-        return self.root / "cni-result.json"
-
-    @property
-    def dns_log(self) -> Path:
-        return self.root / "appsdns.log"
+    volume: Path
+    kubeconfig: Path
+    cni_result: Path
+    dns_log: Path
 
 
 def router_paths(state_dir: Path) -> RouterPaths:
-    return RouterPaths(state_dir / "router")
+    root = state_dir / "router"
+    volume = root / "volume"
+    return RouterPaths(
+        volume, volume / "router.kubeconfig", root / "cni-result.json", root / "appsdns.log"
+    )
 
 
 def router_command() -> tuple[str, ...]:

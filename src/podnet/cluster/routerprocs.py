@@ -23,6 +23,7 @@ from pathlib import Path
 from podnet import netns
 from podnet.cluster.podcni import PodError
 from podnet.cluster.podresolv import write_resolv_conf
+from podnet.cluster.pods import wait_listening
 from podnet.cluster.state import ClusterState, PodRecord, RouterRecord, spawn, wait_exited
 from podnet.cluster.underlay import external_netns, tcp_listens
 
@@ -32,14 +33,8 @@ DNS_NEEDLE = "podnet.cluster.appsdns --domain"
 
 def wait_router_listening(pod: PodRecord, ports: Sequence[int]) -> None:
     """Until the router accepts TCP on each of ``ports`` in its pod (HAProxy is up)."""
-    deadline = time.monotonic() + LISTEN_TIMEOUT
     for port in ports:
-        while not tcp_listens(pod.netns, port):
-            if pod.process is None or not pod.process.alive():
-                raise PodError(f"the router {pod.key} exited; see its pod log")
-            if time.monotonic() > deadline:
-                raise PodError(f"the router {pod.key} does not listen on {port}")
-            time.sleep(0.05)
+        wait_listening(pod, port, LISTEN_TIMEOUT)
 
 
 def netns_inode(path: Path) -> int:
