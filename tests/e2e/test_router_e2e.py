@@ -131,7 +131,14 @@ def _populate(world: World) -> None:
         api.create(SERVICE, rc.service("secure", {"app": "secure"}, tls=True), namespace="web")
         for namespace, obj in _routes(world):
             api.create(ROUTE, obj, namespace=namespace)
-    wait_for(lambda: world.curl(f"http://{host('scale')}/").pod == "scale-1", 60, "routes")
+    for name, want in (("scale", "scale-1"), ("pass", "secure-1"), ("re", "secure-1")):
+        scheme = "http" if name == "scale" else "https"
+        wait_served(world, f"{scheme}://{host(name)}/", want)
+
+
+def wait_served(world: World, url: str, pod: str) -> None:
+    """Until ``pod`` answers ``url`` through the router."""
+    wait_for(lambda: world.curl(url, "-k").pod == pod, 60, f"{url} served by {pod}")
 
 
 def _routes(world: World) -> list[tuple[str, dict[str, object]]]:
@@ -262,9 +269,9 @@ def test_bad_input_is_refused_while_the_rest_is_served(world: World) -> None:
             with pytest.raises(StatusError) as refused:
                 api.create(ROUTE, obj, namespace="web")
             assert refused.value.code == 422, refused.value
-        api.create(ROUTE, rc.route("www-dup", host("www"), "api"), namespace="shop")
+        api.create(ROUTE, rc.route("www-dup", host("www"), "api"), namespace="web")
         verdict = wait_for(
-            lambda: rc.admitted(api.get(ROUTE, "shop", "www-dup")), 30, "the duplicate's status"
+            lambda: rc.admitted(api.get(ROUTE, "web", "www-dup")), 30, "the duplicate's status"
         )
         assert verdict[0] == "False" and verdict[1], verdict
         kept = rc.admitted(api.get(ROUTE, "web", "www"))
