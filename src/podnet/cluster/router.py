@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +136,8 @@ def ensure_router(state: ClusterState, state_dir: Path, say: Say) -> RouterRecor
     _write_credentials(state_dir, paths)
     pod = state.pods.get(key)
     if pod is None or not pod.ip or not netns.exists(pod.netns):
+        if pod is not None:
+            _release(state, state_dir, pod, paths, say)
         pod = _wire_pod(state, state_dir, node, paths)
     _publish(state, state_dir, pod, paths)
     if pod.process is None or not pod.process.alive():
@@ -181,7 +184,7 @@ def _wire_pod(state: ClusterState, state_dir: Path, node: str, paths: RouterPath
     netns.run(pod.netns, ["sysctl", "-qw", *POD_SYSCTLS], check=True)
     added = cni_call(state_dir, pod, "ADD")
     pod.ip = result_ip(added)
-    paths.cni_result.write_text(json.dumps(added))
+    paths.cni_result.write_text(json.dumps({"containerID": pod.container_id, "result": added}))
     state.save(state_dir)
     write_resolv_conf(pod.netns, resolv_conf(result_dns(added, pod.namespace)))
     return pod
@@ -202,9 +205,25 @@ def _pod_exists(api: Any, pod: PodRecord) -> bool:
 
 def _publish(state: ClusterState, state_dir: Path, pod: PodRecord, paths: RouterPaths) -> None:
     """The hostPorts on the node (portmap ADD: idempotent)."""
-    added = json.loads(paths.cni_result.read_text())
+    added = json.loads(paths.cni_result.read_text())["result"]
     node_netns = state.nodes[pod.node].netns
     call_portmap(state_dir, node_netns, pod, "ADD", list(HOST_PORTS.values()), added)
+
+
+def _release(
+    state: ClusterState, state_dir: Path, old: PodRecord, paths: RouterPaths, say: Say
+) -> None:
+    """Before the router pod is made again (its namespace was lost): the old pod's
+    hostPort rules (they would still DNAT to its address) and its address, freed."""
+    try:
+        recorded = json.loads(paths.cni_result.read_text())
+        if recorded["containerID"] == old.container_id and old.node in state.nodes:
+            node_netns = state.nodes[old.node].netns
+            ports = list(HOST_PORTS.values())
+            call_portmap(state_dir, node_netns, old, "DEL", ports, recorded["result"])
+        cni_call(state_dir, old, "DEL")
+    except (OSError, ValueError, KeyError, PodError, subprocess.SubprocessError) as exc:
+        say(f"warning: releasing the old router pod {old.key}: {exc}")
 
 
 def _start_process(
