@@ -271,11 +271,20 @@ def test_admin_may_do_everything(kind: Kind, verb: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", [k for k in ALL_KINDS if k.plural not in ("events", "leases")], ids=lambda k: k.plural
+    "kind",
+    [k for k in ALL_KINDS if k.plural not in ("events", "leases", "routes")],
+    ids=lambda k: k.plural,
 )
 @pytest.mark.parametrize("verb", ["get", "list", "watch"])
-def test_node_reads_every_kind_but_events_and_leases(kind: Kind, verb: str) -> None:
+def test_node_reads_every_kind_but_events_leases_and_routes(kind: Kind, verb: str) -> None:
     assert authorize(N1, _req(verb, kind)) is None
+
+
+@pytest.mark.parametrize("verb", ["get", "list", "watch"])
+def test_node_may_not_read_routes(verb: str) -> None:
+    """A route may hold a TLS key: only the admin and the routers read them."""
+    route = next(k for k in ALL_KINDS if k.plural == "routes")
+    assert authorize(N1, _req(verb, route, namespace="ns")) == "a node may not " + verb + " routes"
 
 
 @pytest.mark.parametrize("verb", ["get", "list", "watch"])
