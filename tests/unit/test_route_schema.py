@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podnet.model.errors import ApiError
 from podnet.model.kinds import ROUTE
@@ -343,3 +345,45 @@ def test_the_status_is_dropped_on_create_and_kept_on_update() -> None:
 def test_bad_status_on_update(entry: Obj, field: str, why: str) -> None:
     old = route({"host": HOST, "to": to()})
     assert why in causes({"host": HOST, "to": to()}, {"ingress": [entry]}, old)[field]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+TLS_VALUES = {
+    "termination": st.sampled_from(["edge", "Edge", "passthrough", "reencrypt", "x"]) | JSON,
+    "certificate": st.sampled_from([LEAF.certificate, BROKEN_CERT, CA.pem, ""]) | JSON,
+    "key": st.sampled_from([LEAF.key, SECRET_LOOKING, other_key_pem(), ""]) | JSON,
+    "caCertificate": st.sampled_from([CA.pem, NOT_PEM]) | JSON,
+    "destinationCACertificate": st.sampled_from([CA.pem, NOT_PEM]) | JSON,
+    "insecureEdgeTerminationPolicy": st.sampled_from(["None", "Allow", "Redirect"]) | JSON,
+}
+SPEC_VALUES = {
+    "host": st.sampled_from([HOST, "", "A"]) | JSON,
+    "path": st.sampled_from(["/", "/a", "a", ""]) | JSON,
+    "to": st.fixed_dictionaries({"name": st.sampled_from(["web", ""]) | JSON}) | JSON,
+    "alternateBackends": st.lists(st.fixed_dictionaries({"name": st.just("b")}), max_size=5) | JSON,
+    "port": st.fixed_dictionaries({"targetPort": st.integers() | st.text(max_size=5)}) | JSON,
+    "wildcardPolicy": st.sampled_from(["None", "Subdomain"]) | JSON,
+    "tls": st.fixed_dictionaries({}, optional=TLS_VALUES) | JSON,
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({}, optional=SPEC_VALUES), JSON)
+def test_any_input_is_stored_or_refused_with_422(spec: Obj, status: Any) -> None:
+    """Whatever the spec holds, validation answers with a route or a 422 (never a crash),
+    and a refusal never shows the route's key."""
+    old = route({"host": HOST, "to": to()})
+    for previous in (None, old):
+        try:
+            validate(ROUTE, route(spec, {"ingress": status}), previous)
+        except ApiError as error:
+            assert error.code == 422
+            key = (spec.get("tls") or {}).get("key") if isinstance(spec.get("tls"), dict) else None
+            if isinstance(key, str) and "PRIVATE KEY" in key:
+                assert key.splitlines()[1] not in str(error.status())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
@@ -45,7 +46,7 @@ def certificates_problem(text: str) -> str | None:
         return f"must hold only CERTIFICATE PEM blocks, found {found}"
     try:
         certificates = _load_certificates(text)
-    except ValueError:
+    except (ValueError, UnsupportedAlgorithm):
         return "must be a PEM-encoded X.509 certificate: a CERTIFICATE block does not parse"
     if len(certificates) != len(blocks):
         return "must be a PEM-encoded X.509 certificate: a CERTIFICATE block does not parse"
@@ -79,7 +80,7 @@ def key_problem(key: str, certificate: str | None) -> str | None:
         return "must be exactly one PEM private key block (PRIVATE KEY, RSA or EC PRIVATE KEY)"
     try:
         private = _load_key(key)
-    except (ValueError, TypeError, NotImplementedError):
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         return "must be a PEM private key: the key block does not parse"
     if not certificate or certificates_problem(certificate):
         return None

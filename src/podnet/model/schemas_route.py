@@ -172,8 +172,9 @@ class TLSConfig(Strict):
     @classmethod
     def _spelling(cls, data: Any) -> Any:
         """OpenShift's defaulting: "Edge" is stored as "edge"."""
-        if isinstance(data, Mapping) and data.get("termination") in _TERMINATION_SPELLINGS:
-            return {**data, "termination": _TERMINATION_SPELLINGS[data["termination"]]}
+        termination = data.get("termination") if isinstance(data, Mapping) else None
+        if isinstance(termination, str) and termination in _TERMINATION_SPELLINGS:
+            return {**data, "termination": _TERMINATION_SPELLINGS[termination]}
         return data
 
     @model_validator(mode="after")
