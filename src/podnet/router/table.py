@@ -44,6 +44,9 @@ class RouteBackend:
     certificate_pem: str | None = None
     destination_ca_pem: str | None = None  # reencrypt: CA that must sign the pod's cert
     sticky: bool = True  # cookie stickiness for HTTP-mode backends
+    # The route's target service: a reencrypt backend's certificate must then name
+    # <service>.<namespace>.svc (HAProxy verifyhost); "" checks only the CA.
+    service: str = ""
 
     @property
     def key(self) -> str:

@@ -1,0 +1,255 @@
+"""The router's HAProxy driver: takes ``RouterTable`` updates and makes HAProxy serve them.
+
+``update`` only records the newest table; one task applies it. A change of servers only
+goes to the running worker over the runtime API (and into a new generation on disk, so a
+later reload agrees); anything else writes and checks a new generation and reloads. After
+a reload the task waits ``reload_interval`` before the next one, so a burst of updates
+becomes one reload; an update that changes nothing does nothing. A generation HAProxy
+refuses is kept aside with the error, and the live one goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from podnet.files import write_atomic
+from podnet.router.haproxy import plan as planning
+from podnet.router.haproxy.generations import ConfigRejected, GenerationStore
+from podnet.router.haproxy.master import HAProxyMaster, ReloadFailed
+from podnet.router.haproxy.render import render
+from podnet.router.haproxy.runtimeapi import RuntimeAPIError
+from podnet.router.haproxy.settings import HAProxySettings
+from podnet.router.haproxy.stats import BackendStats, StatsTotals, parse_show_stat
+from podnet.router.table import RouterTable
+
+log = logging.getLogger(__name__)
+DRAIN_RETRY = 2.0  # seconds between attempts to delete servers left draining
+
+
+@dataclass(frozen=True)
+class DriverCounters:
+    """What the driver has done, for metrics."""
+
+    reloads: int = 0
+    last_reload_seconds: float = 0.0
+    runtime_updates: int = 0  # updates applied without a reload
+    rejected: int = 0  # generations refused by ``haproxy -c`` or by the reload
+    last_error: str = ""
+    applied: int = 0  # the last update number applied (or refused)
+
+
+def cookie_secret(settings: HAProxySettings) -> str:
+    """The settings' cookie key, else one kept in the run dir (made once, mode 600)."""
+    if settings.cookie_secret:
+        return settings.cookie_secret
+    path = settings.run_dir / "cookie-secret"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        secret = secrets.token_hex(16)
+        write_atomic(path, secret + "\n", 0o600)
+        return secret
+
+
+def keep_server_states(text: str) -> str:
+    """``show servers state`` without the servers put in maintenance by the runtime API
+    (removed ones left draining): a later config that has them again starts them ready."""
+    kept = []
+    for line in text.splitlines():
+        fields = line.split()
+        forced_maint = len(fields) > 6 and fields[6].isdigit() and int(fields[6]) & 0x01
+        if line.strip() and not forced_maint:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+class HAProxyRouter:
+    """Drives one HAProxy (master-worker) from ``RouterTable`` updates."""
+
+    def __init__(self, settings: HAProxySettings) -> None:
+        self.settings = settings
+        self.master = HAProxyMaster(settings)
+        self._store: GenerationStore | None = None
+        self._secret = ""
+        self._live: RouterTable | None = None
+        self._desired = RouterTable()
+        self._requested = self._done = 0
+        self._counters = DriverCounters()
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Condition()
+        self._draining: set[str] = set()  # "<backend>/<server>" in maint, not yet deleted
+        self._task: asyncio.Task[None] | None = None
+        self._totals = StatsTotals()
+
+    @property
+    def counters(self) -> DriverCounters:
+        return self._counters
+
+    @property
+    def live_table(self) -> RouterTable | None:
+        """The table HAProxy serves now."""
+        return self._live
+
+    async def start(self, table: RouterTable | None = None) -> None:
+        """Write ``table`` (default: no routes), start HAProxy (or adopt the one an
+        earlier router left running, and reload it) and begin taking updates.
+        Raises ``ConfigRejected`` if HAProxy refuses the first generation."""
+        self._store = await asyncio.to_thread(GenerationStore, self.settings)
+        self._secret = cookie_secret(self.settings)
+        self._desired = table or RouterTable()
+        await self._write_checked(self._desired)
+        if await self.master.start():
+            await self._reload()
+        self._live = self._desired
+        self._task = asyncio.create_task(self._run(), name="haproxy-driver")
+
+    def update(self, table: RouterTable) -> int:
+        """Ask for ``table`` to be served; returns the update's number (see ``settled``)."""
+        self._desired = table
+        self._requested += 1
+        self._wake.set()
+        return self._requested
+
+    async def settled(self, update: int | None = None) -> DriverCounters:
+        """Wait until update ``update`` (default: the latest) is applied or refused."""
+        target = self._requested if update is None else update
+        async with self._settled:
+            await self._settled.wait_for(lambda: self._done >= target)
+        return self._counters
+
+    async def stop(self) -> None:
+        """Stop taking updates and stop HAProxy (its connections get ``hard_stop_after``)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.master.stop()
+
+    async def backend_stats(self) -> dict[str, BackendStats]:
+        """Requests and errors per route backend, summed over reloads."""
+        worker = self.master.worker
+        if worker is None:
+            return {}
+        current = parse_show_stat(await self.master.cli.to_worker(worker, "show stat"))
+        return self._totals.add(worker, current)
+
+    async def _run(self) -> None:
+        while True:
+            timeout = DRAIN_RETRY if self._draining else None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                await self._delete_drained()
+                continue
+            self._wake.clear()
+            number, table = self._requested, self._desired
+            reloaded = False
+            try:
+                reloaded = await self._apply(table)
+            except Exception as error:  # keep serving; the next update tries again
+                log.exception("router: applying the table failed")
+                self._record(last_error=f"{type(error).__name__}: {error}")
+            async with self._settled:
+                self._done = number
+                self._record(applied=number)
+                self._settled.notify_all()
+            if reloaded:
+                await asyncio.sleep(self.settings.reload_interval)
+
+    def _record(self, **changes: Any) -> None:
+        self._counters = dataclasses.replace(self._counters, **changes)
+
+    async def _write_checked(self, table: RouterTable) -> None:
+        assert self._store is not None
+        store, generation = self._store, render(table, self.settings, self._secret)
+        directory = await asyncio.to_thread(store.write, generation)
+        try:
+            await asyncio.to_thread(store.check, directory)
+        except ConfigRejected as error:
+            await asyncio.to_thread(store.reject, directory, str(error))
+            raise
+        store.activate(directory, generation)
+
+    async def _apply(self, table: RouterTable) -> bool:
+        """Serve ``table``; True if that took a reload."""
+        plan = planning.plan_update(self._live, table)
+        if plan.unchanged:
+            await self._delete_drained()
+            return False
+        if not plan.reload:
+            assert self._store is not None
+            generation = render(table, self.settings, self._secret)
+            directory = await asyncio.to_thread(self._store.write, generation)
+            self._store.activate(directory, generation)
+            try:
+                await self._run_changes(plan.changes)
+                self._live = table
+                self._record(runtime_updates=self._counters.runtime_updates + 1)
+                return False
+            except (RuntimeAPIError, OSError, TimeoutError) as error:
+                log.warning("router: runtime update failed, reloading instead: %s", error)
+        try:
+            await self._write_checked(table)
+        except ConfigRejected as error:
+            self._record(rejected=self._counters.rejected + 1, last_error=str(error))
+            return False
+        try:
+            await self._reload()
+        except ReloadFailed as error:
+            self._record(rejected=self._counters.rejected + 1, last_error=str(error))
+            return True
+        self._live = table
+        return True
+
+    async def _run_changes(self, changes: tuple[planning.ServerChange, ...]) -> None:
+        worker = self.master.worker
+        assert worker is not None
+        for change in changes:
+            left_draining = False
+            for command in planning.commands(change, change.target in self._draining):
+                try:
+                    await self.master.cli.expect_worker(worker, command.text, *command.success)
+                except RuntimeAPIError:
+                    if not command.optional:
+                        raise
+                    left_draining = True  # its connections keep it; deleted later
+            if left_draining:
+                self._draining.add(change.target)
+            else:
+                self._draining.discard(change.target)
+
+    async def _delete_drained(self) -> None:
+        """Delete the removed servers whose connections have ended."""
+        worker = self.master.worker
+        for target in sorted(self._draining):
+            if worker is None:
+                return
+            try:
+                await self.master.cli.expect_worker(
+                    worker, f"del server {target}", "Server deleted."
+                )
+            except RuntimeAPIError as error:
+                if "No such server" not in str(error):
+                    continue
+            self._draining.discard(target)
+
+    async def _reload(self) -> None:
+        worker = self.master.worker
+        if worker is not None:
+            states = await self.master.cli.to_worker(worker, "show servers state")
+            await asyncio.to_thread(
+                write_atomic, self.settings.state_file, keep_server_states(states), 0o600
+            )
+        started = time.monotonic()
+        await self.master.reload()
+        self._draining.clear()
+        self._record(
+            reloads=self._counters.reloads + 1,
+            last_reload_seconds=round(time.monotonic() - started, 4),
+        )
