@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, PlainValidator, ValidationInfo, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, ValidationInfo, model_validator
 
 from podnet.model.kinds import ROUTE
 from podnet.model.routenames import host_problem
@@ -163,7 +163,7 @@ class RoutePort(Strict):
 class TLSConfig(Strict):
     termination: Termination | None = None
     certificate: str | None = None
-    key: str | None = None
+    key: str | None = Field(default=None, repr=False)  # a secret: never in a repr or log
     caCertificate: str | None = None
     destinationCACertificate: str | None = None
     insecureEdgeTerminationPolicy: InsecurePolicy | None = None
