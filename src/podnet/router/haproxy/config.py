@@ -20,6 +20,15 @@ from podnet.router.table import RouteBackend, RouterTable, Server
 DEFAULT_BACKEND = "openshift_default"  # no route: 503
 
 
+_HTTP_FRONTEND = [
+    "  mode http",
+    # after a reload, an idle keep-alive connection is closed only after its next
+    # response, so a client never sends a request into a connection being closed
+    "  option idle-close-on-response",
+    "  http-request set-header Host %[req.hdr(host),lower]",
+]
+
+
 def _ms(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
@@ -65,9 +74,6 @@ def _global(settings: HAProxySettings) -> list[str]:
         f"  timeout http-request {_ms(settings.timeout_http_request)}",
         f"  timeout http-keep-alive {_ms(settings.timeout_keep_alive)}",
         f"  timeout tunnel {_ms(settings.timeout_tunnel)}",
-        # a reload closes idle keep-alive connections only after their next response,
-        # so a client never sends a request into a connection being closed
-        "  option idle-close-on-response",
         "  option redispatch",
         "  load-server-state-from-file global",
         "",
@@ -78,8 +84,7 @@ def _public(settings: HAProxySettings) -> list[str]:
     return [
         "frontend public",
         f"  bind {settings.bind_address}:{settings.http_port}",
-        "  mode http",
-        "  http-request set-header Host %[req.hdr(host),lower]",
+        *_HTTP_FRONTEND,
         f"  http-request set-var(txn.route) base,map_reg({maps.HTTP_MAP})",
         "  http-request redirect scheme https code 302 if "
         f"{{ var(txn.route),map({maps.REDIRECT_MAP}) -m found }}",
@@ -97,10 +102,13 @@ def _public_ssl(settings: HAProxySettings) -> list[str]:
         "  mode tcp",
         f"  timeout client {_ms(settings.timeout_client)}",
         "  tcp-request inspect-delay 5s",
-        "  tcp-request content accept if { req_ssl_hello_type 1 }",
         "  acl has_sni req.ssl_sni -m found",
         f"  acl passthrough {sni},map_reg({maps.PASSTHROUGH_MAP}) -m found",
-        f"  use_backend %[{sni},map_reg({maps.TCP_MAP})] if has_sni passthrough",
+        # a map named in use_backend's own expression is opened after default-path has
+        # ended: look it up into a variable first (before "accept", which ends the rules)
+        f"  tcp-request content set-var(txn.pass) {sni},map_reg({maps.TCP_MAP}) if passthrough",
+        "  tcp-request content accept if { req_ssl_hello_type 1 }",
+        "  use_backend %[var(txn.pass)] if has_sni passthrough",
         "  use_backend be_sni if has_sni",
         "  default_backend be_no_sni",
         "",
@@ -119,9 +127,9 @@ def _tls_frontend(name: str, bind: str) -> list[str]:
     return [
         f"frontend {name}",
         f"  bind {bind} accept-proxy",
-        "  mode http",
-        "  http-request set-header Host %[req.hdr(host),lower]",
-        f"  use_backend %[base,map_reg({maps.TLS_MAP})]",
+        *_HTTP_FRONTEND,
+        f"  http-request set-var(txn.route) base,map_reg({maps.TLS_MAP})",
+        "  use_backend %[var(txn.route)] if { var(txn.route) -m found }",
         f"  default_backend {DEFAULT_BACKEND}",
         "",
     ]

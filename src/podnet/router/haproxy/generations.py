@@ -79,7 +79,7 @@ class GenerationStore:
 
     def check(self, directory: Path) -> None:
         """Run ``haproxy -c`` on the generation; raise ``ConfigRejected`` with its output."""
-        argv = [self.settings.haproxy, "-c", "-q", "-f", str(directory / CONFIG)]
+        argv = [self.settings.haproxy, "-c", "-f", str(directory / CONFIG)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CHECK_TIMEOUT)
         if done.returncode != 0:
             raise ConfigRejected((done.stdout + done.stderr).strip() or f"exit {done.returncode}")

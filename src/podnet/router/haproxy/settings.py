@@ -8,12 +8,15 @@ sockets, the pid file and the server-state file.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 CURRENT = "current"  # the link to the live generation
 CONFIG = "haproxy.cfg"
+MAXCONN = 50000
+FD_RESERVE = 200  # listeners, sockets, files
 
 
 class SettingsError(ValueError):
@@ -29,7 +32,7 @@ class HAProxySettings:
     bind_address: str = "0.0.0.0"
     http_port: int = 80
     https_port: int = 443
-    maxconn: int = 50000
+    maxconn: int = 0  # 0: OpenShift's 50000, or less if the open-file limit is lower
     timeout_connect: float = 5.0
     timeout_client: float = 30.0
     timeout_server: float = 30.0
@@ -44,6 +47,15 @@ class HAProxySettings:
     haproxy: str = "/usr/sbin/haproxy"
 
     def __post_init__(self) -> None:
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        fit = (files - FD_RESERVE) // 2  # a proxied connection holds two descriptors
+        if not self.maxconn:
+            object.__setattr__(self, "maxconn", max(1, min(MAXCONN, fit)))
+        elif self.maxconn > fit:
+            raise SettingsError(
+                f"maxconn {self.maxconn} needs more open files than the limit {files} allows "
+                f"(at most {fit})"
+            )
         for sock in (self.stats_socket, self.master_socket, self.sni_socket):
             if len(str(sock).encode()) > UNIX_PATH_MAX:
                 raise SettingsError(f"run_dir {self.run_dir} is too long for a unix socket path")

@@ -1,0 +1,177 @@
+"""A lab for the router's HAProxy layer: a test CA, tiny HTTP/HTTPS backends and a load
+generator, all inside one project-made network namespace.
+
+``Lab`` (a context manager) creates the namespace with a per-run unique name, starts
+backends in it and removes everything (backends by PID, the namespace by exact name) when
+it ends, also when the test fails. ``run_in_namespace`` runs a coroutine on an event loop
+in a thread that has entered the namespace, so a process it forks (HAProxy) starts there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from podnet import netns
+from podnet.testing.lab import unique_run
+from podnet.testing.processes import stop_process
+
+T = TypeVar("T")
+BACKEND = "podnet.testing.haproxybackend"
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+@dataclass(frozen=True)
+class TestCA:
+    """A certificate authority for one test run."""
+
+    name: str
+    key: ec.EllipticCurvePrivateKey
+    certificate: x509.Certificate
+
+    @classmethod
+    def create(cls, name: str) -> TestCA:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(name, key, cert)
+
+    @property
+    def pem(self) -> str:
+        return self.certificate.public_bytes(serialization.Encoding.PEM).decode()
+
+    def issue(self, *names: str) -> str:
+        """A leaf certificate for ``names`` (the first is its CN), with its key: one PEM."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(names[0]))
+            .issuer_name(self.certificate.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        return cert.public_bytes(serialization.Encoding.PEM).decode() + _key_pem(key)
+
+
+def run_in_namespace(ns: str, body: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run(body())`` on a thread inside namespace ``ns``; its result or error."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            with netns.entered(ns):
+                outcome["value"] = asyncio.run(body())  # type: ignore[arg-type]
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=f"in-{ns}")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
+
+
+@dataclass
+class Lab:
+    """One namespace with backends in it; ``close`` removes all of it."""
+
+    ns: str
+    work: Path
+    backends: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def backend(self, ip: str, port: int, tag: str, tls_pem: str | None = None) -> None:
+        """Start a backend answering with ``tag`` (and the request's headers, as JSON) on
+        ``ip:port``, over TLS with ``tls_pem`` if given; return once it listens."""
+        argv = [sys.executable, "-m", BACKEND, ip, str(port), tag]
+        if tls_pem:
+            pem = self.work / f"backend-{tag}-{port}.pem"
+            pem.write_text(tls_pem)
+            argv.append(str(pem))
+        process = subprocess.Popen(
+            netns.command(self.ns, argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        self.backends.append(process)
+        assert process.stdout is not None
+        line = process.stdout.readline()  # the backend prints "ready" once it listens
+        if line.strip() != b"ready":
+            raise RuntimeError(f"backend {tag} on {ip}:{port} did not start")
+
+    def run(self, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in the namespace."""
+        return netns.run(self.ns, argv, timeout=timeout)
+
+    def load(
+        self, scheme: str, port: int, host: str, requests: int, workers: int, keep_alive: bool
+    ) -> dict[str, int]:
+        """Send ``requests`` GETs for ``host`` (SNI and Host) to 127.0.0.1:``port`` from
+        ``workers`` threads in the namespace; the answers counted by status (``error``:
+        a request that got none)."""
+        mode = "keep-alive" if keep_alive else "close"
+        argv = ["--load", scheme, "127.0.0.1", str(port), host, "/", str(requests)]
+        done = self.run(sys.executable, "-m", BACKEND, *argv, str(workers), mode, timeout=300)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, int] = json.loads(done.stdout)
+        return result
+
+    def close(self) -> None:
+        for process in self.backends:
+            stop_process(process)
+        netns.remove(self.ns)
+
+
+@contextmanager
+def lab(tag: str) -> Iterator[Lab]:
+    """A namespace (loopback up) named after ``tag`` and this run; removed afterwards."""
+    name = unique_run(tag)
+    work = Path(tempfile.mkdtemp(prefix="hx-"))  # short: unix socket paths live here
+    the_lab = Lab(name, work)
+    try:
+        netns.create(name)
+        yield the_lab
+    finally:
+        the_lab.close()
+        subprocess.run(["rm", "-rf", "--", str(work)], check=False, timeout=60)
