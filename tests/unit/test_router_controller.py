@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -18,7 +18,8 @@ from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.workqueue import cancel_all
 from podnet.model.kinds import ENDPOINT_SLICE, NAMESPACE, ROUTE, SERVICE
 from podnet.router.admission import age
-from podnet.router.controller import RouterController, RouterRejected
+from podnet.router.controller import RouterController
+from podnet.router.haproxy import DriverCounters
 from podnet.router.metrics import ReloadFigures, RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
 from podnet.router.status import admitted_condition, router_entry
@@ -32,18 +33,35 @@ NS = "shop"
 
 @dataclass
 class FakeDriver:
-    """Serves what it is given, except tables holding a route it is told to refuse."""
+    """``HAProxyRouter``'s update/settle protocol: serves what it is given, except tables
+    holding a route it is told to refuse (counted as HAProxy counts a refusal)."""
 
     refuse: set[str] = field(default_factory=set)  # route keys "ns:name"
     served: RouterTable | None = None
-    applies: int = 0
+    counters: DriverCounters = field(default_factory=DriverCounters)
+    fail_next: str = ""  # a transient failure of the next update
 
-    async def apply(self, table: RouterTable) -> None:
-        self.applies += 1
+    @property
+    def live_table(self) -> RouterTable | None:
+        return self.served
+
+    def update(self, table: RouterTable) -> int:
         bad = sorted(r.key for r in table.routes if r.key in self.refuse)
+        number = self.counters.applied + 1
         if bad:
-            raise RouterRejected(f"unable to load certs/{bad[0]}.pem")
-        self.served = table
+            error = f"unable to load certs/{bad[0]}.pem"
+            self.counters = replace(
+                self.counters, rejected=self.counters.rejected + 1, last_error=error
+            )
+        elif self.fail_next:
+            self.counters, self.fail_next = replace(self.counters, last_error=self.fail_next), ""
+        else:
+            self.served = table
+        self.counters = replace(self.counters, applied=number)
+        return number
+
+    async def settled(self, update: int | None = None) -> DriverCounters:
+        return self.counters
 
     def route(self, name: str) -> RouteBackend | None:
         return self.served.route(NS, name) if self.served is not None else None
@@ -225,3 +243,15 @@ async def test_route_haproxy_refuses_is_left_out_and_marked_others_serve(running
 
     await eventually(admitted_again, what="bad admitted once fixed")
     assert driver.route("bad") is not None
+
+
+async def test_a_table_haproxy_did_not_take_for_another_reason_is_tried_again(
+    running: Running,
+) -> None:
+    running.driver.fail_next = "OSError: the master socket refused the connection"
+    await running.registry.create(ROUTE, route("web"), NS)
+    await eventually(lambda: running.driver.route("web"), what="served after a retry")
+    metrics = running.controller.metrics
+    assert metrics.reconcile.applies.labels("router", "failed")._value.get() == 1
+    assert metrics.render_errors._value.get() == 0  # not a refusal: nothing left out
+    assert running.controller.loop.left_out == frozenset()

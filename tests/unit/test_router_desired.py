@@ -158,6 +158,7 @@ def test_reencrypt_carries_the_destination_ca_and_passthrough_drops_path_and_cer
     reencrypt = {"termination": "reencrypt", "destinationCACertificate": "DEST"}
     backend = route_backend(route(tls=reencrypt), SERVICES, {})
     assert backend is not None and backend.destination_ca_pem == "DEST\n"
+    assert backend.service == "web"  # the pod's certificate must name web.shop.svc
     passthrough = {"termination": "passthrough", "certificate": "CERT", "key": "KEY"}
     backend = route_backend(route(path="/x", tls=passthrough), SERVICES, {})
     assert backend is not None

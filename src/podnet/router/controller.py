@@ -10,7 +10,7 @@
   route wins a host and path) and builds the ``RouterTable`` of the admitted ones
   (``desired.router_table``), in a worker thread, and the driver applies it; an equal
   table changes nothing in HAProxy;
-- a table HAProxy refuses (``RouterRejected``: a certificate it cannot load, say) is
+- a table HAProxy refuses (``haproxy -c`` or the reload: a certificate it cannot load) is
   bisected by route: the routes at fault are left out, the rest is served, and the
   left-out routes are marked not admitted (``ExtendedValidationFailed``, HAProxy's
   words as the message);
@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from podnet.client import BOOKMARK, LISTED, WatchEvent
-from podnet.dataplane.interface import DataPlaneRejected
+from podnet.dataplane.interface import DataPlaneError, DataPlaneRejected
 from podnet.model.kinds import ENDPOINT_SLICE, ROUTE, SERVICE, Kind
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
 from podnet.router.admission import Verdict, admit, route_key
 from podnet.router.desired import router_table
+from podnet.router.haproxy import DriverCounters
 from podnet.router.inputs import SPEC, STATUS, RouteKey, RouterInputs, Snapshot
 from podnet.router.metrics import RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
@@ -46,16 +47,25 @@ KINDS: tuple[Kind, ...] = (ROUTE, SERVICE, ENDPOINT_SLICE)
 RENDER_REJECTED = "ExtendedValidationFailed"  # OpenShift's reason for a route it cannot load
 
 
-class RouterRejected(Exception):
-    """HAProxy refused the configuration a table renders to (a permanent error)."""
-
-
 class Driver(Protocol):
-    """What the controller needs of the HAProxy layer."""
+    """What the controller needs of the HAProxy layer (``HAProxyRouter``)."""
 
-    async def apply(self, table: RouterTable) -> None:
-        """Serve ``table`` (nothing to do when it equals the last one); raises
-        ``RouterRejected`` when HAProxy refuses it, leaving the last one served."""
+    @property
+    def counters(self) -> DriverCounters:
+        """Reloads, refusals (``rejected``) and the last error so far."""
+        ...
+
+    @property
+    def live_table(self) -> RouterTable | None:
+        """The table HAProxy serves now."""
+        ...
+
+    def update(self, table: RouterTable) -> int:
+        """Ask for ``table`` to be served (coalesced); its update number."""
+        ...
+
+    async def settled(self, update: int | None = None) -> DriverCounters:
+        """Until update ``update`` is applied or refused."""
         ...
 
 
@@ -156,12 +166,15 @@ class RouterController:
         return functools.partial(compute, self.inputs.snapshot())
 
     async def apply(self, desired: Desired) -> None:
-        """The table to HAProxy; a refusal is the loop's permanent error (bisection)."""
-        try:
-            await self.driver.apply(desired.table)
-        except RouterRejected as exc:
+        """The table to HAProxy and wait until it serves it. HAProxy refusing it is the
+        loop's permanent error (bisection follows); any other failure a transient one."""
+        refused = self.driver.counters.rejected
+        counters = await self.driver.settled(self.driver.update(desired.table))
+        if counters.rejected > refused:
             self.metrics.render_errors.inc()
-            raise DataPlaneRejected(str(exc)) from exc
+            raise DataPlaneRejected(counters.last_error or "HAProxy refused the configuration")
+        if self.driver.live_table != desired.table:
+            raise DataPlaneError(counters.last_error or "HAProxy did not take the table")
 
     def keys(self, desired: Desired) -> Sequence[str]:
         """Routes by ``namespace:name``."""

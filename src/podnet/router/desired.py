@@ -12,7 +12,9 @@
   shares are scaled so the largest is 256 (HAProxy's maximum), each at least 1 unless
   its service's weight is 0: a 3:1 split over one endpoint each is 256:85;
 - the host is lower case; the route's certificate, key and CA chain are concatenated
-  into one PEM (what HAProxy loads), passthrough has no path and no certificate.
+  into one PEM (what HAProxy loads), passthrough has no path and no certificate;
+- ``service`` is ``spec.to``'s name: a re-encrypt route's pod certificate must name
+  ``<service>.<namespace>.svc``, as OpenShift checks it.
 
 ``ServiceEndpoints`` is the ready (IP, port, port name) list of one Service, gathered
 from its EndpointSlices (``slice_endpoints``, ``merge_endpoints``).
@@ -113,6 +115,7 @@ def route_backend(
         if termination == "reencrypt"
         else None,
         sticky=(meta.get("annotations") or {}).get(DISABLE_COOKIES) != "true",
+        service=str((spec.get("to") or {}).get("name") or ""),
     )
 
 

@@ -2,8 +2,8 @@
 
 - ``podnet_router_route_requests_total{namespace,route}`` and
   ``podnet_router_route_errors_total{namespace,route}``: read from HAProxy's ``show stat``
-  at scrape time (``RouteStats``, from the HAProxy layer); HAProxy's own counters start
-  again at 0 in each new worker, so ``MonotonicCounts`` carries them across reloads;
+  at scrape time, through the driver, which carries them across reloads
+  (``podnet.router.haproxy.stats``);
 - ``podnet_router_reloads_total`` and ``podnet_router_last_reload_seconds`` (how long the
   last reload took): from the HAProxy driver, at scrape time;
 - ``podnet_router_routes{state}``: routes ``admitted`` and ``rejected`` by this router;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,31 +46,6 @@ class ReloadFigures:
 
     reloads: int = 0
     last_reload_seconds: float = 0.0
-
-
-@dataclass
-class MonotonicCounts:
-    """Per-route counters that never go down: a count lower than the last one read means
-    a new HAProxy worker (a reload) started from 0, so the last one is kept as a base."""
-
-    base: dict[RouteKey, RouteCounts] = field(default_factory=dict)
-    last: dict[RouteKey, RouteCounts] = field(default_factory=dict)
-
-    def update(self, read: Mapping[RouteKey, RouteCounts]) -> dict[RouteKey, RouteCounts]:
-        """Totals after reading ``read``; routes no longer read are forgotten."""
-        totals = {}
-        for key, now in read.items():
-            before, base = self.last.get(key), self.base.get(key, RouteCounts())
-            if before is not None and (
-                now.requests < before.requests or now.errors < before.errors
-            ):
-                base = RouteCounts(base.requests + before.requests, base.errors + before.errors)
-            self.base[key], self.last[key] = base, now
-            totals[key] = RouteCounts(base.requests + now.requests, base.errors + now.errors)
-        for gone in set(self.last) - set(read):
-            self.last.pop(gone)
-            self.base.pop(gone, None)
-        return totals
 
 
 class HAProxyCollector(Collector):
@@ -125,7 +100,6 @@ class RouterMetrics:
         self.haproxy = HAProxyCollector()
         self.registry.register(self.haproxy)
         self._read_routes, self._read_reloads = read_routes, read_reloads
-        self._counts = MonotonicCounts()
 
     def route_states(self, admitted: int, rejected: int) -> None:
         """Set how many routes this router admitted and rejected."""
@@ -140,4 +114,4 @@ class RouterMetrics:
         except (OSError, TimeoutError, ValueError) as exc:
             log.warning("reading HAProxy's statistics failed: %s", exc)
             return
-        self.haproxy.routes = self._counts.update(read)
+        self.haproxy.routes = dict(read)
