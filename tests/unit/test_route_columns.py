@@ -11,8 +11,16 @@ import pytest
 from podnet.api.discovery import api_group, api_resource_list
 from podnet.api.openapi import group_version_document
 from podnet.api.tables import column_definitions, row
+from podnet.cli.servicedescribe import describe_view
 from podnet.model.kinds import KINDS, ROUTE
-from podnet.model.routecells import route_admitted, route_port, route_services, route_termination
+from podnet.model.routecells import (
+    redacted_route,
+    route_admitted,
+    route_port,
+    route_services,
+    route_termination,
+)
+from podnet.testing.routecerts import RouteCa
 
 Obj = dict[str, Any]
 
@@ -130,3 +138,25 @@ def test_names_discovery_and_openapi() -> None:
     assert document is not None
     paths = json.loads(document)["paths"]
     assert "/apis/route.openshift.io/v1/namespaces/{namespace}/routes/{name}" in paths
+
+
+def test_describe_shows_no_key_and_no_pem() -> None:
+    ca = RouteCa.new()
+    leaf = ca.issue("www.example.com")
+    tls = {
+        "termination": "reencrypt",
+        "certificate": leaf.certificate,
+        "key": leaf.key,
+        "caCertificate": ca.pem,
+        "destinationCACertificate": ca.pem,
+        "insecureEdgeTerminationPolicy": "Redirect",
+    }
+    obj = route({"host": "www.example.com", "to": {"name": "a"}, "tls": tls})
+    text = describe_view(None, ROUTE, obj)
+    assert "<redacted>" in text and f"<PEM, {len(leaf.certificate)} bytes>" in text
+    assert "Redirect" in text and "www.example.com" in text
+    for secret in (leaf.key.splitlines()[1], leaf.certificate.splitlines()[1], "BEGIN"):
+        assert secret not in text
+    assert obj["spec"]["tls"]["key"] == leaf.key  # the object itself is left as it was
+    plain = route({"host": "h.example.com", "to": {"name": "a"}})
+    assert redacted_route(plain) == plain

@@ -14,7 +14,8 @@ from typing import Any
 from podnet.cli.output import NONE, cell, describe, format_table
 from podnet.client import StatusError
 from podnet.model.endpointcells import host_port
-from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, SERVICE, Kind
+from podnet.model.kinds import ENDPOINT_SLICE, ENDPOINTS, ROUTE, SERVICE, Kind
+from podnet.model.routecells import redacted_route
 
 Obj = Mapping[str, Any]
 Row = tuple[str, str]
@@ -180,4 +181,6 @@ def describe_view(client: Any, kind: Kind, obj: Obj) -> str:
         return describe_endpoints(obj)
     if _same(kind, ENDPOINT_SLICE):
         return describe_endpoint_slice(obj)
+    if _same(kind, ROUTE):
+        return describe(kind, redacted_route(obj))  # no TLS key on a terminal
     return describe(kind, obj)

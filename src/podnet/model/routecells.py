@@ -76,3 +76,22 @@ def route_admitted(obj: Obj) -> str:
     if "False" in found:
         return "False"
     return "True" if found and all(s == "True" for s in found) else ""
+
+
+PEM_FIELDS = ("certificate", "caCertificate", "destinationCACertificate")
+
+
+def redacted_route(obj: Obj) -> dict[str, Any]:
+    """``obj`` for ``describe``: the TLS key as ``<redacted>`` and each certificate field
+    as its size, as ``oc describe route`` shows no PEM (``-o yaml`` still shows it all)."""
+    spec = _spec(obj)
+    tls = spec.get("tls")
+    if not isinstance(tls, Mapping):
+        return dict(obj)
+    shown = dict(tls)
+    if shown.get("key"):
+        shown["key"] = "<redacted>"
+    for field in PEM_FIELDS:
+        if isinstance(shown.get(field), str) and shown[field]:
+            shown[field] = f"<PEM, {len(shown[field])} bytes>"
+    return {**obj, "spec": {**spec, "tls": shown}}
