@@ -3,18 +3,22 @@
 - a backend: ``IP PORT TAG [PEM]`` answers every GET with JSON ``{"tag", "path",
   "headers"}`` over HTTP/1.1 (keep-alive), over TLS with PEM (certificate and key) if
   given; prints ``ready`` once it listens and exits after ``LIFETIME`` seconds at most;
-- a load generator: ``--load SCHEME IP PORT HOST PATH REQUESTS WORKERS keep-alive|close``
-  sends GETs for HOST+PATH (SNI and Host) and prints the answers counted by status as
-  JSON (``error``: no status, e.g. a reset connection).
+- a load generator: ``--load SCHEME IP PORT HOST PATH REQUESTS WORKERS keep-alive|close
+  [STOPFILE]`` sends GETs for HOST+PATH (SNI and Host) and prints the answers counted by
+  status as JSON (``error``: no status, e.g. a reset connection). With REQUESTS 0 it runs
+  until STOPFILE exists (at most ``LIFETIME``), printing ``running`` after its first
+  answer.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import sys
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -73,12 +77,15 @@ def _connection(scheme: str, ip: str, port: int, host: str) -> http.client.HTTPC
 
 
 def load(argv: list[str]) -> dict[str, int]:
-    scheme, ip, port, host, path, requests, workers, mode = argv
+    scheme, ip, port, host, path, requests, workers, mode, *stop = argv
     counts: Counter[str] = Counter()
     lock = threading.Lock()
     remaining = [int(requests)]
+    deadline = time.monotonic() + LIFETIME
 
     def take() -> bool:
+        if stop:
+            return not os.path.exists(stop[0]) and time.monotonic() < deadline
         with lock:
             remaining[0] -= 1
             return remaining[0] >= 0
@@ -101,6 +108,8 @@ def load(argv: list[str]) -> dict[str, int]:
                     conn.close()
                 conn = None
             with lock:
+                if stop and not counts.total():
+                    print("running", flush=True)
                 counts[status] += 1
         if conn is not None:
             conn.close()

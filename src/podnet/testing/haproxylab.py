@@ -1,10 +1,10 @@
 """A lab for the router's HAProxy layer: a test CA, tiny HTTP/HTTPS backends and a load
 generator, all inside one project-made network namespace.
 
-``Lab`` (a context manager) creates the namespace with a per-run unique name, starts
+``lab`` (a context manager) creates the namespace with a per-run unique name, starts
 backends in it and removes everything (backends by PID, the namespace by exact name) when
-it ends, also when the test fails. ``run_in_namespace`` runs a coroutine on an event loop
-in a thread that has entered the namespace, so a process it forks (HAProxy) starts there.
+it ends, also when the test fails. ``LoopThread`` runs an event loop in a thread that has
+entered the namespace, so a process it forks (HAProxy) starts there.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+import uuid
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -96,23 +97,53 @@ class TestCA:
         return cert.public_bytes(serialization.Encoding.PEM).decode() + _key_pem(key)
 
 
-def run_in_namespace(ns: str, body: Callable[[], Awaitable[T]]) -> T:
-    """``asyncio.run(body())`` on a thread inside namespace ``ns``; its result or error."""
-    outcome: dict[str, object] = {}
+class LoopThread:
+    """An event loop on a thread inside namespace ``ns``: what it forks (HAProxy) starts
+    in the namespace. ``call`` runs a coroutine there and returns its result."""
 
-    def target() -> None:
+    def __init__(self, ns: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(ns,), name=f"loop-{ns}")
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error is not None:
+            raise self._error
+
+    def _main(self, ns: str) -> None:
         try:
             with netns.entered(ns):
-                outcome["value"] = asyncio.run(body())  # type: ignore[arg-type]
+                asyncio.set_event_loop(self.loop)
+                self.loop.call_soon(self._ready.set)
+                self.loop.run_forever()
         except BaseException as error:
-            outcome["error"] = error
+            self._error = error
+            self._ready.set()
 
-    thread = threading.Thread(target=target, name=f"in-{ns}")
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()
+
+
+@dataclass
+class BackgroundLoad:
+    """A load generator running until ``finish`` (see ``Lab.start_load``)."""
+
+    process: subprocess.Popen[str]
+    stop_file: Path
+
+    def finish(self) -> dict[str, int]:
+        """Stop the load; the answers counted by status."""
+        self.stop_file.touch()
+        out, err = self.process.communicate(timeout=120)
+        assert self.process.returncode == 0, err
+        result: dict[str, int] = json.loads(out.splitlines()[-1])
+        return result
 
 
 @dataclass
@@ -122,6 +153,7 @@ class Lab:
     ns: str
     work: Path
     backends: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    loads: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def backend(self, ip: str, port: int, tag: str, tls_pem: str | None = None) -> None:
         """Start a backend answering with ``tag`` (and the request's headers, as JSON) on
@@ -157,7 +189,30 @@ class Lab:
         result: dict[str, int] = json.loads(done.stdout)
         return result
 
+    def start_load(
+        self, scheme: str, port: int, host: str, workers: int, keep_alive: bool
+    ) -> BackgroundLoad:
+        """Like ``load``, but running until ``finish``; returns once it has an answer."""
+        stop = self.work / f"stop-{uuid.uuid4().hex[:8]}"
+        mode = "keep-alive" if keep_alive else "close"
+        argv = ["--load", scheme, "127.0.0.1", str(port), host, "/", "0", str(workers), mode]
+        command = netns.command(self.ns, [sys.executable, "-m", BACKEND, *argv, str(stop)])
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.loads.append(process)
+        load = BackgroundLoad(process, stop)
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "running":
+            load.finish()
+            raise RuntimeError("the load generator got no answer")
+        return load
+
     def close(self) -> None:
+        for load in self.loads:  # left running by a failed test
+            if load.poll() is None:
+                load.kill()
+                load.wait(timeout=30)
         for process in self.backends:
             stop_process(process)
         netns.remove(self.ns)

@@ -126,7 +126,8 @@ def _public_ssl(settings: HAProxySettings) -> list[str]:
 def _tls_frontend(name: str, bind: str) -> list[str]:
     return [
         f"frontend {name}",
-        f"  bind {bind} accept-proxy",
+        # only root may connect: a PROXY header from anyone else could forge a client
+        f"  bind {bind} accept-proxy mode 600",
         *_HTTP_FRONTEND,
         f"  http-request set-var(txn.route) base,map_reg({maps.TLS_MAP})",
         "  use_backend %[var(txn.route)] if { var(txn.route) -m found }",

@@ -20,7 +20,7 @@ PASSTHROUGH_MAP = "os_sni_passthrough.map"  # SNI names that are passed through
 CRT_LIST = "cert_config.map"  # route certificate → host, for the SNI frontend
 MAPS = (HTTP_MAP, TLS_MAP, REDIRECT_MAP, TCP_MAP, PASSTHROUGH_MAP, CRT_LIST)
 
-_REGEX_SPECIAL = set(".^$*+?()[]{}|\\/")
+_REGEX_SPECIAL = set(".^$*+?()[]{}|\\")
 
 
 def _literal(text: str) -> str:
