@@ -41,6 +41,7 @@ COMMANDS = {
     "node-credentials": ("podnet.cli.master_cmd", "node_credentials"),
     "node": ("podnet.cli.node_cmd", "node"),
     "pod": ("podnet.cli.pod_cmd", "pod"),
+    "router": ("podnet.cli.router_cmd", "router"),
     "router-credentials": ("podnet.cli.router_credentials", "router_credentials"),
     "trace": ("podnet.cli.trace_cmd", "trace"),
 }

@@ -111,7 +111,7 @@ class RouterMetrics:
         self.haproxy.reload = self._read_reloads()
         try:
             read = await self._read_routes()
-        except (OSError, TimeoutError, ValueError) as exc:
+        except Exception as exc:  # the runtime API's errors, a worker gone: try next time
             log.warning("reading HAProxy's statistics failed: %s", exc)
             return
         self.haproxy.routes = dict(read)
