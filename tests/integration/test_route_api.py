@@ -82,6 +82,15 @@ def test_route_crud_status_subresource_and_watch(master: MasterProcess) -> None:
         assert sorted(names) == ["shop-front", "web"]
         everywhere = api.get("/apis/route.openshift.io/v1/routes").json()
         assert everywhere["kind"] == "RouteList" and len(everywhere["items"]) == 2
+        for selector, found in (
+            (f"spec.host={HOST}", ["web"]),
+            ("spec.to.name=front", ["shop-front"]),
+            ("spec.path=/api", ["web"]),
+            ("spec.host!=nothing.example.com", ["shop-front", "web"]),
+        ):
+            items = api.get(ROUTES, params={"fieldSelector": selector}).json()["items"]
+            assert sorted(r["metadata"]["name"] for r in items) == found, selector
+        assert api.get(ROUTES, params={"fieldSelector": "spec.tls=x"}).status_code == 400
 
         status = route_status(got, "default", Verdict(True), "2024-01-02T03:04:05Z")
         assert status is not None

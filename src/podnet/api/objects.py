@@ -55,6 +55,8 @@ def field_labels(kind: Kind) -> set[str]:
         fields |= {"host", "subnet"}
     if kind.kind == "NetNamespace":
         fields |= {"netid"}
+    if kind.kind == "Route":  # OpenShift's route field labels
+        fields |= {"spec.host", "spec.path", "spec.to.name"}
     return fields
 
 
