@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from podnet import netns
+from podnet.router.haproxy import DriverCounters, HAProxyRouter, HAProxySettings
+from podnet.router.table import RouterTable
 from podnet.testing.lab import unique_run
 from podnet.testing.processes import stop_process
 
@@ -49,7 +51,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
 
 
 @dataclass(frozen=True)
-class TestCA:
+class LabCA:
     """A certificate authority for one test run."""
 
     name: str
@@ -57,7 +59,7 @@ class TestCA:
     certificate: x509.Certificate
 
     @classmethod
-    def create(cls, name: str) -> TestCA:
+    def create(cls, name: str) -> LabCA:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         cert = (
@@ -230,3 +232,39 @@ def lab(tag: str) -> Iterator[Lab]:
     finally:
         the_lab.close()
         subprocess.run(["rm", "-rf", "--", str(work)], check=False, timeout=60)
+
+
+@contextmanager
+def running_router(
+    the_lab: Lab, table: RouterTable, **overrides: Any
+) -> Iterator[tuple[LoopThread, HAProxyRouter]]:
+    """HAProxy for ``table`` on 127.0.0.1:80/443 in the lab's namespace, with a default
+    certificate of its own (CN ``router-default``); stopped afterwards, also on failure."""
+    default = the_lab.work / "default.pem"
+    if not default.exists():
+        default.write_text(LabCA.create("default-ca").issue("router-default"))
+    settings = HAProxySettings(
+        run_dir=the_lab.work / "run",
+        default_certificate=default,
+        bind_address="127.0.0.1",
+        **overrides,
+    )
+    loop = LoopThread(the_lab.ns)
+    router = HAProxyRouter(settings)
+    try:
+        loop.call(router.start(table))
+        yield loop, router
+    finally:
+        try:
+            loop.call(router.stop(grace=5.0))
+        finally:
+            loop.close()
+
+
+def apply(loop: LoopThread, router: HAProxyRouter, table: RouterTable) -> DriverCounters:
+    """Update the router with ``table`` and wait until it is applied (or refused)."""
+
+    async def update() -> DriverCounters:
+        return await router.settled(router.update(table))
+
+    return loop.call(update())

@@ -43,6 +43,9 @@ TOOLS: dict[str, Tool] = {
         Tool("ovs-ofctl", "Debian package openvswitch-common"),
         Tool("runc", "Debian package runc"),
         Tool("busybox", "Debian package busybox-static", "/bin/busybox", ()),
+        Tool("haproxy", "Debian package haproxy (2.6)", "/usr/sbin/haproxy", ("-v",)),
+        Tool("openssl", "Debian package openssl", version_argv=("version",)),
+        Tool("curl", "Debian package curl"),
         Tool(
             "host-local",
             "Debian package containernetworking-plugins",

@@ -123,13 +123,14 @@ class HAProxyRouter:
             await self._settled.wait_for(lambda: self._done >= target)
         return self._counters
 
-    async def stop(self) -> None:
-        """Stop taking updates and stop HAProxy (its connections get ``hard_stop_after``)."""
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking updates and stop HAProxy, giving its connections ``grace`` seconds
+        (default: ``hard_stop_after`` and 5 s) before it is terminated."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        await self.master.stop()
+        await self.master.stop(grace)
 
     async def backend_stats(self) -> dict[str, BackendStats]:
         """Requests and errors per route backend, summed over reloads."""
