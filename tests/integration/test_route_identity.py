@@ -1,7 +1,8 @@
 """The router's own identity on a real master (``podnet router-credentials``): what it
-needs works (read routes, services, endpoints and slices anywhere; write route status),
-and the attacks are refused: a route's spec, other kinds, reads beyond its list. A node
-cannot read routes (they hold TLS keys)."""
+needs works (read routes, services, endpoints and slices anywhere; write its own entry
+of a route's status), and the attacks are refused: a route's spec, another router's
+status entry, other kinds, reads beyond its list. A node cannot read routes (they hold
+TLS keys)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,33 @@ def test_the_router_is_refused_everything_else(master: MasterProcess, tmp_path: 
         assert admin.get(ROUTES + "/web").json()["spec"] == stored["spec"]
         names = [r["metadata"]["name"] for r in admin.get(ROUTES).json()["items"]]
         assert names == ["web"]
+
+
+def test_a_router_writes_only_its_own_status_entry(master: MasterProcess, tmp_path: Path) -> None:
+    stored = seed(master)
+    other = route_status(stored, "other", Verdict(True), "2024-01-02T03:04:05Z")
+    with client_for(master.kubeconfig) as admin:  # another router's entry, by the admin
+        assert admin.patch(ROUTES + "/web/status", json={"status": other}, headers=MERGE).is_success
+        current = admin.get(ROUTES + "/web").json()
+    _, _, token = kubeconfig_parts(router_kubeconfig(master, tmp_path))
+    refused = Verdict(False, "HostAlreadyClaimed", "forged")
+    forged = route_status(current, "other", refused, "2024-01-02T03:04:06Z")
+    mine = route_status(current, "r1", Verdict(True), "2024-01-02T03:04:06Z")
+    assert forged is not None and mine is not None
+    with client_for(master.kubeconfig, token=token) as router:
+        for status in (
+            forged,
+            {"ingress": []},
+            {"ingress": [*mine["ingress"], mine["ingress"][1]]},
+        ):
+            answer = router.patch(ROUTES + "/web/status", json={"status": status}, headers=MERGE)
+            assert answer.status_code == 403, answer.text
+        answer = router.patch(ROUTES + "/web/status", json={"status": mine}, headers=MERGE)
+        assert answer.status_code == 200, answer.text
+    with client_for(master.kubeconfig) as admin:
+        entries = admin.get(ROUTES + "/web").json()["status"]["ingress"]
+    assert [e["routerName"] for e in entries] == ["other", "r1"]
+    assert entries[0] == other["ingress"][0]  # untouched
 
 
 @pytest.mark.usefixtures("kubectl")

@@ -226,3 +226,64 @@ def test_master_refuses_a_bad_route_suffix(tmp_path: Path) -> None:
     args = ["master", "--state-dir", str(tmp_path), "--route-suffix", "bad_suffix"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0 and "--route-suffix" in result.output
+
+
+# ---- a router writes its own status.ingress entry only --------------------------------------
+
+
+def with_ingress(*entries: Obj) -> Obj:
+    return {"metadata": {"name": "web", "namespace": "shop"}, "status": {"ingress": list(entries)}}
+
+
+def status_write(user: User, new: Obj, old: Obj, verb: str = "patch") -> str | None:
+    attrs = RequestAttributes(verb, ROUTE, "shop", "web", "status", new, old)
+    return authorize(user, attrs)
+
+
+OTHER = {"routerName": "other", "host": "www.example.com"}
+MINE = {"routerName": "r1", "host": "www.example.com"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (with_ingress(), with_ingress(MINE)),  # first entry
+        (with_ingress(OTHER), with_ingress(OTHER, MINE)),  # beside another router's
+        (with_ingress(MINE, OTHER), with_ingress({**MINE, "host": "x.example.com"}, OTHER)),
+        (with_ingress(OTHER, MINE), with_ingress(OTHER)),  # its own removed
+        (with_ingress(OTHER), with_ingress(OTHER)),
+    ],
+)
+def test_a_router_may_write_its_own_entry(old: Obj, new: Obj) -> None:
+    assert status_write(ROUTER, new, old) is None
+    assert status_write(ROUTER, new, old, "update") is None
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        (with_ingress(), with_ingress(OTHER), "only write its own status.ingress entry"),
+        (with_ingress(OTHER), with_ingress(), "only write its own"),  # removing another's
+        (with_ingress(OTHER), with_ingress({**OTHER, "host": "evil.com"}), "only write its own"),
+        (
+            with_ingress(OTHER, {**OTHER, "routerName": "third"}),
+            with_ingress({**OTHER, "routerName": "third"}, OTHER),
+            "only write its own",
+        ),  # the others' order
+        (with_ingress(), with_ingress(MINE, MINE), 'one entry for router "r1", not 2'),
+        (with_ingress(), {"status": {"ingress": [OTHER, "junk"]}}, "only write its own"),
+    ],
+)
+def test_a_router_may_not_write_another_routers_entry(old: Obj, new: Obj, why: str) -> None:
+    reason = status_write(ROUTER, new, old)
+    assert reason is not None and why in reason
+    admin = User("admin", ("system:masters",))
+    assert status_write(admin, new, old) is None  # the admin may
+
+
+def test_a_router_identity_without_a_router_name_writes_nothing() -> None:
+    nameless = User("somebody", ("system:podnet:routers",))
+    assert nameless.router_name is None and ROUTER.router_name == "r1"
+    reason = status_write(nameless, with_ingress(MINE), with_ingress())
+    assert reason == "a router's user name must be system:podnet:router:<name>"
+    assert allowed(nameless, "list", ROUTE)  # its reads are the rules' alone

@@ -12,7 +12,8 @@ kube-apiserver:
    neither memory nor time per request grows with the number of nodes.
 2. for a node's writes, ``noderestriction.node_restriction`` looks at the objects
    (NodeRestriction admission): own Node and pods only, mirror pods only, no label
-   changes, own Lease only.
+   changes, own Lease only; for a router's, ``routerrestriction.router_restriction``:
+   its own ``status.ingress`` entry only.
 
 Every authenticated user may read non-resource paths (discovery, OpenAPI, version,
 metrics) and ask what it may do (access reviews).
@@ -37,6 +38,7 @@ from podnet.api.roles import READ_VERBS as READ_VERBS
 from podnet.api.roles import WRITE_VERBS as WRITE_VERBS
 from podnet.api.roles import Rule as Rule
 from podnet.api.roles import role_index, role_rules, roles_of
+from podnet.api.routerrestriction import router_restriction
 from podnet.model.errors import ApiError, forbidden
 from podnet.model.kinds import Kind
 
@@ -105,6 +107,8 @@ def authorize(user: User, attrs: RequestAttributes) -> str | None:
             attrs.new_object,
             attrs.old_object,
         )
+    if user.is_router and not user.is_admin and attrs.verb not in READ_VERBS:
+        return router_restriction(user.router_name, attrs.new_object, attrs.old_object)
     return None
 
 

@@ -51,6 +51,13 @@ class User:
         return ROUTERS_GROUP in self.groups
 
     @property
+    def router_name(self) -> str | None:
+        """The router this user acts for (its routerName in route status), or None."""
+        if not self.is_router or not self.name.startswith(ROUTER_USER_PREFIX):
+            return None
+        return self.name[len(ROUTER_USER_PREFIX) :] or None
+
+    @property
     def is_controllers(self) -> bool:
         """The master's controllers run as their own process: exactly what they use."""
         return CONTROLLERS_GROUP in self.groups
