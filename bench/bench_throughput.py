@@ -30,6 +30,13 @@ IPERF_PORT = "5201"
 
 def iperf(server_ns: str, client_ns: str, server_ip: str, seconds: int) -> float:
     """Gbit/s of one TCP stream from ``client_ns`` to ``server_ns``."""
+    return iperf_cost(server_ns, client_ns, server_ip, seconds)[0]
+
+
+def iperf_cost(server_ns: str, client_ns: str, server_ip: str, seconds: int) -> tuple[float, float]:
+    """Gbit/s of one TCP stream from ``client_ns`` to ``server_ns``, and the CPU seconds
+    both iperf3 processes spent (user + system, which holds most of the stack's softirq
+    work) per GB received: a per-byte cost that other load on the machine moves less."""
     server = subprocess.Popen(
         netns.command(server_ns, ["iperf3", "-s", "-1", "-p", IPERF_PORT]),
         stdout=subprocess.DEVNULL,
@@ -43,7 +50,9 @@ def iperf(server_ns: str, client_ns: str, server_ip: str, seconds: int) -> float
             timeout=seconds + 20,
         )
         data = json.loads(result.stdout)
-        return float(data["end"]["sum_received"]["bits_per_second"]) / 1e9
+        received, cpu = data["end"]["sum_received"], data["end"]["cpu_utilization_percent"]
+        busy = (cpu["host_total"] + cpu["remote_total"]) / 100 * received["seconds"]
+        return float(received["bits_per_second"]) / 1e9, busy / (received["bytes"] / 1e9)
     finally:
         server.kill()
         server.wait(5)

@@ -221,7 +221,7 @@ table inet podnet {
 
 \tchain forward {
 \t\ttype filter hook forward priority filter; policy accept;
-\t\tip saddr @cluster_networks ip daddr != @cluster_networks udp dport 4789 drop
+\t\tudp dport 4789 ip saddr @cluster_networks ip daddr != @cluster_networks drop
 \t}
 
 \tchain postrouting {

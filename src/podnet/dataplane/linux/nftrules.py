@@ -83,7 +83,9 @@ def _tunnel_chains(node: NodeNetwork, underlay: str) -> list[str]:
     keep_pods_off = _chain(
         "forward",
         "type filter hook forward priority filter; policy accept;",
-        [f"ip saddr @cluster_networks ip daddr != @cluster_networks udp dport {port} drop"],
+        # the port first: every forwarded packet (pod to pod across nodes, a pod's packet
+        # to a service) meets this rule, and only UDP to the port needs the two lookups
+        [f"udp dport {port} ip saddr @cluster_networks ip daddr != @cluster_networks drop"],
     )
     if node.tunnel != "vxlan":
         guard = [f"ip saddr @cluster_networks udp dport {port} drop"]

@@ -34,8 +34,9 @@
   forward, output, just before the policy table) answer with a TCP reset or an ICMP
   port unreachable. Nothing is black-holed.
 - ``postrouting`` masquerades what was marked, hairpin traffic (a pod reaching itself
-  through a service: source == endpoint, ``@hairpin``; the forward filter marks it
-  first, so that the policy table lets it pass as loopback, as ``evaluate`` does) and,
+  through a service: source == endpoint, ``@hairpin``; the forward filter marks the
+  first packet, so that the policy table lets it pass as loopback, as ``evaluate`` does;
+  later packets pass its ``ct state established,related accept``) and,
   when bridged traffic skips netfilter (subnet mode: ``NodeNetwork.isolation`` off),
   DNATed traffic between two pods of this node, whose reply would otherwise be bridged
   around conntrack.
@@ -80,6 +81,11 @@ from podnet.dataplane.linux.serviceports import port_parts
 from podnet.services.model import ServicePort, ServiceTable
 
 NEW_ONLY = f"ct state new jump {nft.CHECK_CHAIN}"
+# Every later packet of a connection passes the forward filter on its first rule: the
+# endpoint check and the hairpin mark (read by the policy table only before its own
+# ``ct state established,related accept``) matter to a connection's first packet only.
+ESTABLISHED = "ct state != new accept"
+CHECK = f"jump {nft.CHECK_CHAIN}"
 SERIALS = itertools.count(1)  # renders are numbered across renderers: a serial is unique
 
 
@@ -226,7 +232,7 @@ def fixed_chains(node: NodeNetwork) -> list[tuple[str, Chain]]:
         Chain("output", nat.format("output", "-100"), (f"jump {nft.SERVICES_CHAIN}",)),
         Chain("postrouting", nat.format("postrouting", "srcnat"), tuple(postrouting)),
         Chain("filter_input", filt.format("input"), (NEW_ONLY,)),
-        Chain("filter_forward", filt.format("forward"), (mark_hairpin, NEW_ONLY)),
+        Chain("filter_forward", filt.format("forward"), (ESTABLISHED, mark_hairpin, CHECK)),
         Chain("filter_output", filt.format("output"), (NEW_ONLY,)),
         Chain(
             nft.SERVICES_CHAIN,
