@@ -1,0 +1,142 @@
+"""The router's HAProxy process: adopted by a restarted router, stopped by PID, counting
+requests and errors per route across reloads, and its sockets and files closed to other
+users."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podnet.router.haproxy import HAProxyRouter
+from podnet.router.table import RouteBackend, RouterTable, Server
+from podnet.testing import haproxylab, tools
+from podnet.testing.haproxylab import Lab, LabCA, LoopThread, apply
+
+pytestmark = [pytest.mark.root]
+
+A = Server("127.0.0.31", 8080)
+NOBODY_LISTENS = Server("127.0.0.32", 8080)
+CA = LabCA.create("process-ca")
+ROUTES = (
+    RouteBackend("ns1", "web", "web.example.com", servers=(A,)),
+    RouteBackend("ns1", "down", "down.example.com", servers=(NOBODY_LISTENS,)),
+    RouteBackend(
+        "ns1",
+        "edge",
+        "edge.example.com",
+        termination="edge",
+        certificate_pem=CA.issue("edge.example.com"),
+        servers=(A,),
+    ),
+)
+CONNECT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("refused")
+else:
+    print("connected")
+"""
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    tools.require("haproxy", (2, 6))
+    tools.require("curl")
+    with haproxylab.lab("hxproc") as the_lab:
+        the_lab.backend(A.ip, A.port, "a")
+        yield the_lab
+
+
+@pytest.fixture
+def router(lab: Lab) -> Iterator[tuple[LoopThread, HAProxyRouter]]:
+    with haproxylab.running_router(lab, RouterTable(routes=ROUTES)) as running:
+        yield running
+
+
+def running(pid: int) -> bool:
+    """The process is there and not a zombie (the first router, its parent, is this test
+    and reaps it only when its fixture ends)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def get(lab: Lab, host: str, count: int = 1) -> list[str]:
+    urls = ["-o", "/dev/null", "http://127.0.0.1/"] * count
+    done = lab.run("curl", "-s", "-w", "%{http_code}\n", "-H", f"Host: {host}", *urls)
+    return done.stdout.split()
+
+
+def test_a_restarted_router_adopts_the_running_haproxy(
+    lab: Lab, router: tuple[LoopThread, HAProxyRouter]
+):
+    loop, first = router
+    master = first.master.pid
+    assert master is not None and first.settings.pid_file.read_text().split()[0] == str(master)
+    # the first router is gone without stopping HAProxy; the next one takes it over
+    second = HAProxyRouter(first.settings)
+    table = RouterTable(
+        routes=(*ROUTES, RouteBackend("ns1", "new", "new.example.com", servers=(A,)))
+    )
+    loop.call(second.start(table))
+    assert second.master.pid == master and second.counters.reloads == 1
+    assert get(lab, "new.example.com") == ["200"]
+    loop.call(second.stop(grace=5.0))
+    assert not running(master)
+    assert get(lab, "web.example.com") == ["000"]  # nothing listens any more
+
+
+def test_requests_and_errors_per_route_survive_reloads(
+    lab: Lab, router: tuple[LoopThread, HAProxyRouter]
+):
+    loop, haproxy = router
+    assert get(lab, "web.example.com", 10) == ["200"] * 10
+    assert get(lab, "down.example.com", 2) == ["503"] * 2
+    stats = loop.call(haproxy.backend_stats())
+    assert stats["be_http:ns1:web"].requests == 10 and stats["be_http:ns1:web"].errors == 0
+    assert stats["be_http:ns1:down"].requests == 2 and stats["be_http:ns1:down"].errors >= 2
+    assert stats["be_edge_http:ns1:edge"].route == "ns1:edge"
+    extra = RouteBackend("ns1", "extra", "extra.example.com", servers=(A,))
+    assert apply(loop, haproxy, RouterTable(routes=(*ROUTES, extra))).reloads == 1
+    assert get(lab, "web.example.com", 5) == ["200"] * 5
+    stats = loop.call(haproxy.backend_stats())
+    assert stats["be_http:ns1:web"].requests == 15
+    assert stats["be_http:ns1:extra"].requests == 0
+
+
+def test_sockets_and_secrets_are_root_only(lab: Lab, router: tuple[LoopThread, HAProxyRouter]):
+    _, haproxy = router
+    settings = haproxy.settings
+    sockets = [
+        settings.stats_socket,
+        settings.master_socket,
+        settings.sni_socket,
+        settings.no_sni_socket,
+    ]
+    for path in sockets:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        # another user is refused: no runtime API, no forged PROXY header into fe_sni
+        done = lab.run(
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            CONNECT,
+            str(path),
+        )
+        assert done.stdout.strip() == "refused", (path, done.stdout, done.stderr)
+    assert stat.S_IMODE(settings.run_dir.stat().st_mode) == 0o700
+    live = settings.current.resolve()
+    assert stat.S_IMODE(live.stat().st_mode) == 0o700
+    assert stat.S_IMODE((live / "certs" / "ns1:edge.pem").stat().st_mode) == 0o600
+    assert stat.S_IMODE((settings.run_dir / "cookie-secret").stat().st_mode) == 0o600
