@@ -1,230 +1,136 @@
-"""``podnet router`` for real: a master on etcd, the router process with its restricted
-identity and a real HAProxy inside a network namespace the test makes, HTTP backends in
-that namespace, clients (curl) there too.
-
-The namespace's loopback carries the backends' addresses (10.199.0.0/24, inside the
-namespace only); the master stays on the root namespace's
-loopback and is reached from the namespace through ``podnet.cluster.relay``. Services
-are selector-less with hand-written Endpoints, which the master's controllers mirror to
-EndpointSlices (what the router reads). Everything is removed by exact name or PID,
-also when a test fails. Waits are on readiness signals (a log line, an answer).
-"""
+"""``podnet router`` for real (``podnet.testing.routerns``): a master on etcd, the router
+with its restricted identity and a real HAProxy in a namespace the test makes, HTTP
+backends and curl there too. Routes follow their endpoints, a deleted route answers 503,
+metrics count requests per route, a SIGKILLed router's HAProxy is taken over, and
+SIGTERM leaves no process, listener or file. Waits are on readiness signals (a log
+line, an answer), never on time alone."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import signal
+import stat
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from podnet import netns
-from podnet.cluster.httpecho import handler_class
-from podnet.master import router_credentials
-from podnet.testing.api import client_for, namespace
-from podnet.testing.e2e import Lines, wait_for
-from podnet.testing.lab import unique_run
-from podnet.testing.processes import MasterProcess, stop_process
+from podnet.testing.api import client_for
+from podnet.testing.e2e import wait_for
+from podnet.testing.processes import MasterProcess
+from podnet.testing.routecerts import RouteCa
+from podnet.testing.routerns import (
+    ROUTES,
+    RouterNamespace,
+    admitted,
+    edge,
+    route,
+    router_namespace,
+    sample,
+    service_with_endpoints,
+    set_endpoints,
+)
 
 pytestmark = [pytest.mark.root]
-
-NS = "shop"
-CORE = f"/api/v1/namespaces/{NS}"
-ROUTES = f"/apis/route.openshift.io/v1/namespaces/{NS}/routes"
-BACKENDS = {"a": "10.199.0.11", "b": "10.199.0.12", "c": "10.199.0.13"}
-METRICS = "127.0.0.1:1936"
-
-
-@dataclass
-class Lab:
-    """The namespace, its backends, the relay and the router's files."""
-
-    ns: str
-    master: MasterProcess
-    work: Path
-    kubeconfig: Path  # the router's restricted identity
-    router: subprocess.Popen[str] | None = None
-    lines: Lines | None = None
-
-    @property
-    def run_dir(self) -> Path:
-        return self.work / "run"
-
-    def start_router(self, *extra: str) -> None:
-        """``podnet router`` in the namespace, once it says it listens."""
-        argv = [sys.executable, "-m", "podnet", "--kubeconfig", str(self.kubeconfig), "router"]
-        argv += ["--bind", "127.0.0.1", "--run-dir", str(self.run_dir), "--metrics", METRICS]
-        argv += ["--reload-interval", "0.1", *extra]
-        self.router = subprocess.Popen(
-            netns.command(self.ns, argv),
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.router.stderr is not None
-        self.lines = Lines(self.router.stderr)
-        self.lines.wait_for("router default: HTTP on 127.0.0.1:80")
-
-    def stop_router(self, sig: int = signal.SIGTERM) -> int:
-        """Signal the router by PID; its exit code."""
-        assert self.router is not None
-        os.kill(self.router.pid, sig)
-        code = self.router.wait(timeout=60)
-        self.router = None
-        return code
-
-    def curl(self, url: str, *options: str) -> tuple[int, str]:
-        """(HTTP status, body) of one request from inside the namespace (0: no answer)."""
-        argv = ["curl", "-sS", "-m", "5", "-o", "-", "-w", "\n%{http_code}", *options, url]
-        done = netns.run(self.ns, argv, timeout=15)
-        body, _, code = done.stdout.rpartition("\n")
-        return (int(code) if code.isdigit() else 0), body
-
-    def served_by(self, host: str, path: str = "/") -> str | None:
-        """The backend that answered ``host``+``path`` over HTTP (None: not 200)."""
-        code, body = self.curl(f"http://{host}{path}", "--resolve", f"{host}:80:127.0.0.1")
-        match = re.search(r'"pod": "(\w+)"', body)
-        return match.group(1) if code == 200 and match else None
-
-    def metrics(self) -> str:
-        return netns.run(self.ns, ["curl", "-sS", "-m", "5", f"http://{METRICS}/metrics"]).stdout
-
-
-def _backends(ns: str) -> list[ThreadingHTTPServer]:
-    """One HTTP echo server per backend address, its socket made inside ``ns``."""
-    servers = []
-    with netns.entered(ns):
-        for name, ip in BACKENDS.items():
-            servers.append(ThreadingHTTPServer((ip, 8080), handler_class(name, False)))
-    for server in servers:
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    return servers
+WWW = "www.example.com"
 
 
 @pytest.fixture
-def lab(master: MasterProcess, tmp_path: Path) -> Iterator[Lab]:
-    ns = unique_run("prt")
-    relay: subprocess.Popen[bytes] | None = None
-    servers: list[ThreadingHTTPServer] = []
-    lab: Lab | None = None
-    try:
-        netns.create(ns)
-        for ip in BACKENDS.values():  # on the namespace's own loopback
-            argv = ["ip", "-n", ns, "addr", "add", f"{ip}/32", "dev", "lo"]
-            subprocess.run(argv, check=True, capture_output=True, timeout=30)
-        servers = _backends(ns)
-        relay = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "podnet.cluster.relay",
-                "--netns",
-                ns,
-                "--port",
-                str(master.port),
-            ],
-            stdout=subprocess.PIPE,
-        )
-        assert relay.stdout is not None and relay.stdout.readline().startswith(b"relay:")
-        kubeconfig = tmp_path / "router.kubeconfig"
-        router_credentials(master.state_dir, "default", kubeconfig=kubeconfig, server=master.server)
-        with client_for(master.kubeconfig) as api:
-            assert api.post("/api/v1/namespaces", json=namespace(NS)).status_code == 201
-        lab = Lab(ns, master, tmp_path, kubeconfig)
-        yield lab
-    finally:
-        if lab is not None and lab.router is not None:
-            with contextlib.suppress(Exception):
-                lab.stop_router()
-        for server in servers:
-            server.shutdown()
-            server.server_close()
-        if relay is not None:
-            stop_process(relay)
-        netns.remove(ns)
+def lab(master: MasterProcess, tmp_path: Path) -> Iterator[RouterNamespace]:
+    with router_namespace(master, tmp_path) as made:
+        yield made
 
 
-def service_with_endpoints(api: httpx.Client, name: str, backends: list[str]) -> None:
-    """A selector-less Service and its Endpoints on ``backends`` (names in BACKENDS)."""
-    port = {"name": "http", "port": 80, "targetPort": 8080}
-    svc = {"metadata": {"name": name}, "spec": {"ports": [port]}}
-    assert api.post(f"{CORE}/services", json=svc).status_code == 201
-    set_endpoints(api, name, backends)
-
-
-def set_endpoints(api: httpx.Client, name: str, backends: list[str]) -> None:
-    current = api.get(f"{CORE}/endpoints/{name}")
-    addresses = [{"ip": BACKENDS[b]} for b in backends]
-    subsets = (
-        [{"addresses": addresses, "ports": [{"name": "http", "port": 8080}]}] if backends else []
-    )
-    body: dict[str, Any] = {"metadata": {"name": name}, "subsets": subsets}
-    if current.status_code == 200:
-        body["metadata"]["resourceVersion"] = current.json()["metadata"]["resourceVersion"]
-        assert api.put(f"{CORE}/endpoints/{name}", json=body).status_code == 200
-    else:
-        assert api.post(f"{CORE}/endpoints", json=body).status_code == 201
-
-
-def route(name: str, host: str, service: str = "web", **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {"host": host, "to": {"kind": "Service", "name": service}, **spec},
-    }
-
-
-def admitted(api: httpx.Client, name: str) -> dict[str, Any] | None:
-    """The router's Admitted condition of route ``name``, once written."""
-    stored = api.get(f"{ROUTES}/{name}").json()
-    for entry in (stored.get("status") or {}).get("ingress") or []:
-        if entry.get("routerName") == "default":
-            return next(c for c in entry["conditions"] if c["type"] == "Admitted")
-    return None
-
-
-def test_routes_follow_endpoints_and_a_deleted_route_answers_503(lab: Lab) -> None:
+def test_routes_follow_endpoints_and_a_deleted_route_answers_503(lab: RouterNamespace) -> None:
     lab.start_router()
     with client_for(lab.master.kubeconfig) as api:
         service_with_endpoints(api, "web", ["a"])
-        assert api.post(ROUTES, json=route("web", "www.example.com")).status_code == 201
-        wait_for(lambda: lab.served_by("www.example.com") == "a", 30, "route served by a")
+        assert api.post(ROUTES, json=route("web", WWW)).status_code == 201
+        wait_for(lambda: lab.served_by(WWW) == "a", 30, "route served by a")
         condition = wait_for(lambda: admitted(api, "web"), 30, "status written")
         assert condition["status"] == "True"
-        # unknown host: 503 from HAProxy's default backend
-        assert (
-            lab.curl(
-                "http://nowhere.example.com/", "--resolve", "nowhere.example.com:80:127.0.0.1"
-            )[0]
-            == 503
-        )
+        assert lab.status_of("nowhere.example.com") == 503  # unknown host
 
         set_endpoints(api, "web", ["b"])
-        wait_for(lambda: lab.served_by("www.example.com") == "b", 30, "endpoints changed to b")
+        wait_for(lambda: lab.served_by(WWW) == "b", 30, "endpoints changed to b")
         set_endpoints(api, "web", ["b", "c"])
-        seen = wait_for(
-            lambda: {lab.served_by("www.example.com") for _ in range(6)} >= {"b", "c"} or None,
-            30,
-            "both b and c serve",
-        )
-        assert seen
+        wait_for(lambda: {lab.served_by(WWW) for _ in range(6)} == {"b", "c"}, 30, "b and c")
 
         assert api.delete(f"{ROUTES}/web").status_code == 200
-        wait_for(
-            lambda: (
-                lab.curl("http://www.example.com/", "--resolve", "www.example.com:80:127.0.0.1")[0]
-                == 503
-            ),
-            30,
-            "deleted route answers 503",
-        )
+        wait_for(lambda: lab.status_of(WWW) == 503, 30, "deleted route answers 503")
+
+
+def test_metrics_count_requests_per_route(lab: RouterNamespace) -> None:
+    lab.start_router()
+    requests, errors = "podnet_router_route_requests_total", "podnet_router_route_errors_total"
+    with client_for(lab.master.kubeconfig) as api:
+        service_with_endpoints(api, "web", ["a"])
+        service_with_endpoints(api, "idle", [])
+        assert api.post(ROUTES, json=route("web", WWW)).status_code == 201
+        assert api.post(ROUTES, json=route("down", "down.example.com", "idle")).status_code == 201
+        wait_for(lambda: lab.served_by(WWW) == "a", 30, "route served")
+        wait_for(lambda: sample(lab.metrics(), requests, "down") == 0, 30, "down in the metrics")
+        before = sample(lab.metrics(), requests, "web")
+        assert before is not None
+        for _ in range(5):
+            assert lab.served_by(WWW) == "a"
+        for _ in range(3):
+            assert lab.status_of("down.example.com") == 503  # a route without endpoints
+        text = lab.metrics()
+    assert sample(text, requests, "web") == before + 5
+    assert sample(text, errors, "web") == 0
+    assert sample(text, requests, "down") == 3
+    assert sample(text, errors, "down") == 3
+    assert 'podnet_router_routes{state="admitted"} 2.0' in text
+    reloads = next(line for line in text.splitlines() if line.startswith("podnet_router_reloads"))
+    assert float(reloads.split()[1]) >= 1
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited one waiting for its reaper, a zombie, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_killed_routers_haproxy_is_taken_over_and_sigterm_leaves_nothing(
+    lab: RouterNamespace,
+) -> None:
+    lab.start_router()
+    with client_for(lab.master.kubeconfig) as api:
+        service_with_endpoints(api, "web", ["a"])
+        leaf = RouteCa.new().issue(WWW)
+        tls = edge(leaf.certificate, leaf.key)
+        assert api.post(ROUTES, json=route("web", WWW, tls=tls)).status_code == 201
+        wait_for(lambda: lab.served_by(WWW, https=True) == "a", 30, "edge route served")
+        # the run dir, and every file in it that holds a key or controls HAProxy: 0700/0600
+        assert stat.S_IMODE(lab.run_dir.stat().st_mode) == 0o700
+        secret = [*lab.run_dir.rglob("*.pem"), *lab.run_dir.glob("*.sock")]
+        assert len(secret) >= 4
+        for path in [*secret, lab.run_dir / "cookie-secret"]:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+        haproxy = int((lab.run_dir / "haproxy.pid").read_text().split()[0])
+
+        # SIGKILL: HAProxy goes on serving, and the next router adopts it (same master)
+        assert lab.stop_router(signal.SIGKILL) == -signal.SIGKILL
+        assert lab.served_by(WWW, https=True) == "a"
+        lab.start_router()
+        assert int((lab.run_dir / "haproxy.pid").read_text().split()[0]) == haproxy
+        set_endpoints(api, "web", ["b"])
+        wait_for(lambda: lab.served_by(WWW, https=True) == "b", 30, "the new router drives it")
+
+        # a second router on the same run dir is refused and changes nothing
+        other = ["--http-port", "8080", "--https-port", "8443", "--metrics", "127.0.0.1:1937"]
+        second = subprocess.run(lab.router_argv(*other), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "another podnet router" in second.stderr
+        assert lab.served_by(WWW, https=True) == "b"
+
+    # SIGTERM: no process left in the namespace, no file, no listener
+    assert lab.stop_router() == 0
+    assert not _running(haproxy)
+    assert not lab.run_dir.exists()
+    pids = subprocess.run(["ip", "netns", "pids", lab.ns], capture_output=True, text=True)
+    assert pids.returncode == 0 and pids.stdout.split() == []
+    assert lab.status_of(WWW, https=True) == 0
