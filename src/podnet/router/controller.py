@@ -8,7 +8,7 @@
 - nothing is applied before every kind has listed; a burst of changes is coalesced
   (``COALESCE_SECONDS``), then the step admits the routes (``admission``: the oldest
   route wins a host and path) and builds the ``RouterTable`` of the admitted ones
-  (``desired.router_table``), in a worker thread, and the driver applies it; an equal
+  (``compile.RouterCompiler``, in a worker thread), and the driver applies it; an equal
   table changes nothing in HAProxy;
 - a table HAProxy refuses (``haproxy -c`` or the reload: a certificate it cannot load) is
   bisected by route: the routes at fault are left out, the rest is served, and the
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from podnet.client import BOOKMARK, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlaneError, DataPlaneRejected
 from podnet.model.kinds import ENDPOINT_SLICE, ROUTE, SERVICE, Kind
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
-from podnet.router.admission import Verdict, admit, route_key
-from podnet.router.desired import router_table
+from podnet.router.admission import route_key
+from podnet.router.compile import Desired, RouterCompiler, final_verdicts
 from podnet.router.haproxy import DriverCounters
-from podnet.router.inputs import SPEC, STATUS, RouteKey, RouterInputs, Snapshot
+from podnet.router.inputs import SPEC, STATUS, RouterInputs
 from podnet.router.metrics import RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
 from podnet.router.table import RouterTable
@@ -44,7 +43,6 @@ log = logging.getLogger("podnet.router")
 
 COALESCE_SECONDS = 0.005  # a burst of changes is taken together
 KINDS: tuple[Kind, ...] = (ROUTE, SERVICE, ENDPOINT_SLICE)
-RENDER_REJECTED = "ExtendedValidationFailed"  # OpenShift's reason for a route it cannot load
 
 
 class Driver(Protocol):
@@ -75,38 +73,6 @@ class WatchSource(Protocol):
     def watch(self, kind: Kind) -> Any: ...
 
 
-@dataclass(frozen=True)
-class Desired:
-    """One pass's result: the table to serve, and every route's admission verdict."""
-
-    table: RouterTable
-    verdicts: Mapping[RouteKey, Verdict] = field(default_factory=dict)
-
-    def without(self, left_out: frozenset[str]) -> Desired:
-        """The same without the routes keyed (``ns:name``) in ``left_out``."""
-        kept = tuple(r for r in self.table.routes if r.key not in left_out)
-        return Desired(RouterTable(kept), self.verdicts)
-
-
-def compute(snapshot: Snapshot) -> Desired:
-    """The desired state from a snapshot of the inputs (pure: runs in a worker thread)."""
-    verdicts = admit(snapshot.routes)
-    admitted = [r for r in snapshot.routes if verdicts[route_key(r)].admitted]
-    return Desired(router_table(admitted, snapshot.services, snapshot.endpoints), verdicts)
-
-
-def final_verdicts(
-    desired: Desired, left_out: frozenset[str], error: str
-) -> dict[RouteKey, Verdict]:
-    """The verdicts after applying: a route HAProxy refused is not admitted."""
-    found = dict(desired.verdicts)
-    for key in desired.verdicts:
-        if f"{key[0]}:{key[1]}" in left_out:
-            message = f"HAProxy refused the route's configuration: {error}"
-            found[key] = Verdict(False, RENDER_REJECTED, message[:1000])
-    return found
-
-
 class RouterController:
     """Keeps HAProxy equal to the admitted routes, and their status to the verdicts."""
 
@@ -124,6 +90,7 @@ class RouterController:
         self.api, self.driver, self.statuses = api, driver, statuses
         self.metrics, self.router_name = metrics, router_name
         self.inputs = RouterInputs()
+        self.compiler = RouterCompiler()  # used by the loop's worker thread, one pass at a time
         self.served: Desired | None = None  # the last state applied (whole or cut)
         pacing = Pacing(resync_period, COALESCE_SECONDS, compile_in_thread=True)
         self.loop: ReconcileLoop[Desired] = ReconcileLoop(
@@ -163,7 +130,7 @@ class RouterController:
 
     def take(self) -> Callable[[], Desired]:
         """The step that computes the desired state from a snapshot of the inputs."""
-        return functools.partial(compute, self.inputs.snapshot())
+        return functools.partial(self.compiler.compute, self.inputs.snapshot())
 
     async def apply(self, desired: Desired) -> None:
         """The table to HAProxy and wait until it serves it. HAProxy refusing it is the

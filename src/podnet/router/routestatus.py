@@ -52,6 +52,7 @@ class RouteStatusWriter:
     ) -> None:
         self.api, self.router_name, self.now = api, router_name, now
         self.verdicts: dict[RouteKey, Verdict] = {}
+        self._checked: dict[RouteKey, Obj] = {}  # the route object each verdict was checked on
         self.writes = 0  # status writes made (tests and logs)
         self.queue = KeyedQueue("route-status", self._write, workers=workers)
 
@@ -64,10 +65,18 @@ class RouteStatusWriter:
         await self.queue.stop()
 
     def sync(self, routes: Mapping[RouteKey, Obj], verdicts: Mapping[RouteKey, Verdict]) -> None:
-        """Take every route's verdict; queue the routes whose status says otherwise."""
-        self.verdicts = dict(verdicts)
-        for key in verdicts:
-            self.check(routes, key)
+        """Take every route's verdict; queue the routes whose status says otherwise (only
+        routes whose object or verdict changed since the last sync are looked at)."""
+        previous, self.verdicts = self.verdicts, dict(verdicts)
+        checked: dict[RouteKey, Obj] = {}
+        for key, verdict in verdicts.items():
+            route = routes.get(key)
+            if route is None:
+                continue
+            checked[key] = route
+            if self._checked.get(key) is not route or previous.get(key) != verdict:
+                self.check(routes, key)
+        self._checked = checked
 
     def check(self, routes: Mapping[RouteKey, Obj], key: RouteKey) -> None:
         """Queue ``key`` when its stored status differs from its last verdict."""
