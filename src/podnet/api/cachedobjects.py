@@ -8,7 +8,6 @@ field selectors are answered without decoding. A decoded object is made only on 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,7 @@ class CachedObject:
     @property
     def obj(self) -> Obj:
         """The object, decoded (a new dict on every call)."""
-        obj: Obj = json.loads(self.wire)
+        obj: Obj = storedform.loads(self.wire)
         return obj
 
 

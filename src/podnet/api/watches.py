@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
+from typing import cast
 
 from aiohttp import web
 
@@ -154,7 +155,9 @@ async def _end_with(sink: object, error: errors.ApiError) -> None:
     Its backlog is bounded (``podnet.api.fanout``); it gets ``CLOSE_GRACE`` seconds to
     read it and the ERROR event, then the connection is aborted.
     """
-    assert isinstance(sink, asyncio.WriteTransport)
+    # The transport itself: uvloop's TLS transport is not an asyncio.WriteTransport
+    # subclass, so it is reached by what it has, not by its class.
+    sink = cast(asyncio.WriteTransport, sink)
     sink.write(frame(error_line(error) + b"\n") + END)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CLOSE_GRACE
