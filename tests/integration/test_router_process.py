@@ -20,6 +20,7 @@ from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
 from podnet.testing.routecerts import RouteCa
 from podnet.testing.routerns import (
+    BACKENDS,
     ROUTES,
     RouterNamespace,
     admitted,
@@ -84,6 +85,8 @@ def test_metrics_count_requests_per_route(lab: RouterNamespace) -> None:
     assert 'podnet_router_routes{state="admitted"} 2.0' in text
     reloads = next(line for line in text.splitlines() if line.startswith("podnet_router_reloads"))
     assert float(reloads.split()[1]) >= 1
+    # the metrics listen on the loopback address only: another local address is refused
+    assert lab.curl(f"http://{BACKENDS['a']}:1936/metrics")[0] == 0
 
 
 def _running(pid: int) -> bool:
