@@ -23,9 +23,10 @@ from podnet.cluster.state import wait_exited
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.instance import DAEMONS, OVSDB_SERVER, OvsPaths, running_pid
 from podnet.testing.e2e import wait_for
-from podnet.testing.planeview import br0_flows
+from podnet.testing.planeview import br0_flows, vsctl
 
 KINDS = DAEMONS  # ("ovsdb-server", "ovs-vswitchd"): a victim's kind is the daemon's name
+NOT_YET = (RuntimeError, OSError, subprocess.SubprocessError)  # a tool failed: not back yet
 
 
 def kill(state_dir: Path, node: str, daemon: str) -> int:
@@ -55,21 +56,19 @@ def wait_back(state_dir: Path, node: str, daemon: str, timeout: float) -> None:
     base = node_ovs_base(state_dir, node)
     wait_for(lambda: _both_run(base), timeout, f"{node}'s {daemon} to run again", 0.05)
     if daemon == OVSDB_SERVER:
-        wait_for(lambda: _db_answers(base), timeout, f"{node}'s {daemon} to answer", 0.05)
+        what = f"{node}'s {daemon} to answer"
+        wait_for(lambda: _db_answers(state_dir, node), timeout, what, 0.05, NOT_YET)
         return
     what = f"{node}'s {t.BRIDGE} to hold its flows and version note again"
-    wait_for(lambda: _noted(state_dir, node), timeout, what, 0.05, (RuntimeError, OSError))
+    wait_for(lambda: _noted(state_dir, node), timeout, what, 0.05, NOT_YET)
 
 
 def _both_run(base: Path) -> bool:
     return len(running(base)) == len(DAEMONS)
 
 
-def _db_answers(base: Path) -> bool:
-    paths = OvsPaths(base)
-    argv = ["ovs-vsctl", f"--db=unix:{paths.db_socket}", "--timeout=5", "br-exists", t.BRIDGE]
-    done = subprocess.run(argv, capture_output=True, timeout=10, env=paths.env())
-    return done.returncode == 0
+def _db_answers(state_dir: Path, node: str) -> bool:
+    return vsctl(state_dir, node, "br-exists", t.BRIDGE) == ""  # else: an error
 
 
 def _noted(state_dir: Path, node: str) -> bool:

@@ -22,7 +22,6 @@ pods and rule set, compared by ``ovs-ofctl diff-flows``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -48,7 +47,7 @@ from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, flows_text
 from podnet.dataplane.ovs.flowstate import as_read_back, note
 from podnet.dataplane.ovs.instance import OvsPaths
-from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
+from podnet.dataplane.ovs.ovsdb import Port
 from podnet.dataplane.ovs.ovspods import attachment_of
 from podnet.dataplane.ovs.pipeline import LocalPod
 from podnet.dataplane.wiring import host_veth_name, is_host_veth_name
@@ -93,17 +92,27 @@ def _policy_dump(state_dir: Path, node: str) -> list[str]:
     return sorted(line.strip() for line in lines if "actions=" in line)
 
 
+def vsctl(state_dir: Path, node: str, *args: str) -> str:
+    """``ovs-vsctl ARGS`` against ``node``'s own database; its output. (A tool per look,
+    not an OVSDB client: the tests ask again and again, and a process leaves nothing.)"""
+    db = f"--db=unix:{_ovs(state_dir, node).db_socket}"
+    argv = ["ovs-vsctl", db, "--timeout=10", *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
 def _ovs_ports(state_dir: Path, node: str) -> list[Port]:
-    """br0's ports on ``node``, from its OVSDB."""
-
-    async def read() -> list[Port]:
-        db = await Ovsdb.connect(_ovs(state_dir, node).db_socket)
-        try:
-            return await db.ports(t.BRIDGE)
-        finally:
-            await db.close()
-
-    return asyncio.run(read())
+    """br0's ports on ``node`` (its own port left out), from its OVSDB: each one's
+    interface's ofport (-1: none) and external_ids."""
+    names = vsctl(state_dir, node, "list-ports", t.BRIDGE).split()
+    columns = "--columns=name,ofport,external_ids"
+    table = json.loads(vsctl(state_dir, node, "--format=json", columns, "list", "Interface"))
+    interfaces = {row[0]: row for row in table["data"]}
+    ports = []
+    for name in sorted(names):
+        _, ofport, ids = interfaces.get(name, (name, -1, ["map", []]))
+        number = ofport if isinstance(ofport, int) else -1  # ["set", []]: none yet
+        ports.append(Port(name, "", number, {str(k): str(v) for k, v in ids[1]}))
+    return ports
 
 
 def ovs_port_numbers(state_dir: Path, node: str) -> dict[IPv4Address, int]:
@@ -226,16 +235,9 @@ def tunnel(state_dir: Path, state: ClusterState, node: str) -> tuple[int, int, s
     """What a VXLAN frame for ``node``'s VTEP carries: tunnel id, UDP port, inner MAC."""
     record = state.nodes[node]
     if state.dataplane == "ovs":
-        db = f"--db=unix:{_ovs(state_dir, node).db_socket}"
-        done = subprocess.run(
-            ["ovs-vsctl", db, "get", "Interface", t.VXLAN, "options:dst_port"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        )
+        port = vsctl(state_dir, node, "get", "Interface", t.VXLAN, "options:dst_port")
         link = _ip_json(record.netns, "link", "show", t.TUN)[0]
-        return OVS_GLOBAL_VNID, int(done.stdout.strip().strip('"')), str(link["address"])
+        return OVS_GLOBAL_VNID, int(port.strip().strip('"')), str(link["address"])
     info = _ip_json(record.netns, "-d", "link", "show", "vxlan0")[0]["linkinfo"]["info_data"]
     return int(info["id"]), int(info["port"]), vtep_mac(IPv4Address(record.ip))
 
