@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from podnet.cli.master_cmd import log_to_stderr, network_options, run_until_signalled
+from podnet.cli.master_cmd import network_options, serve
 
 if TYPE_CHECKING:
     from podnet.controllers.config import NetworkConfig
@@ -42,9 +41,4 @@ def controllers(
     from podnet.controllers.process import ControllersOptions, ControllersProcess
 
     options = ControllersOptions(network, server, token_file, ca_file, leader_elect, lease_seconds)
-    try:
-        process = ControllersProcess(options)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    log_to_stderr()
-    asyncio.run(run_until_signalled(process, "podnet.controllers"))
+    serve(lambda: ControllersProcess(options), "podnet.controllers")

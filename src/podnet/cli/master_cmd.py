@@ -314,6 +314,17 @@ async def run_until_signalled(service: Service, logger: str) -> None:
     await service.stop()
 
 
+def serve(make: Callable[[], Service], logger: str) -> None:
+    """Build a process body (its bad options, ``OSError``/``ValueError``, become one
+    error line), log to stderr and run it until SIGTERM or SIGINT."""
+    try:
+        process = make()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    log_to_stderr()
+    asyncio.run(run_until_signalled(process, logger))
+
+
 def log_to_stderr() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -100,12 +100,8 @@ class RouterController:
 
     def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
         """(name, coroutine function) to run: the loop and one watch per kind."""
-        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("router-sync", self.loop.run)
-        ]
-        for kind in KINDS:
-            found.append((f"router-watch-{kind.plural}", functools.partial(self.watch, kind)))
-        return found
+        watches = [(f"router-watch-{k.plural}", functools.partial(self.watch, k)) for k in KINDS]
+        return [("router-sync", self.loop.run), *watches]
 
     async def watch(self, kind: Kind) -> None:
         """Keep one kind's events; the informer relists on expiry."""

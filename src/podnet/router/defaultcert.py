@@ -15,6 +15,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from podnet.files import write_atomic
@@ -60,9 +61,10 @@ def ensure_default_certificate(path: Path, common_name: str) -> Path:
     return path
 
 
-def self_signed_pem(common_name: str) -> bytes:
-    """A new key and a self-signed serving certificate for ``common_name``, as one PEM."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def self_signed_pem(common_name: str, key: CertificateIssuerPrivateKeyTypes | None = None) -> bytes:
+    """A self-signed serving certificate for ``common_name`` and its key (a new EC P-256
+    one unless given), as one PEM: the certificate first."""
+    key = key or ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = _now()
     certificate = (

@@ -108,13 +108,9 @@ class RouterProcess:
         certificate = options.default_certificate or options.run_dir / DEFAULT_CERTIFICATE
         if options.default_certificate is not None:
             load_default_certificate(options.default_certificate)
+        ports = (options.bind, options.http_port, options.https_port)
         self.settings = HAProxySettings(
-            run_dir=options.run_dir,
-            default_certificate=certificate,
-            bind_address=options.bind,
-            http_port=options.http_port,
-            https_port=options.https_port,
-            reload_interval=options.reload_interval,
+            options.run_dir, certificate, *ports, reload_interval=options.reload_interval
         )
         self.driver: HAProxyRouter | None = None
         self.api: RemoteApi | None = None

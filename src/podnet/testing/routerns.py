@@ -19,7 +19,6 @@ and its HAProxy inside the namespace, HTTP echo backends and clients there too.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import re
 import signal
@@ -33,14 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 
 from podnet import netns
 from podnet.cluster.httpecho import handler_class
 from podnet.master import router_credentials
+from podnet.router.defaultcert import self_signed_pem
 from podnet.testing.api import client_for, namespace
 from podnet.testing.e2e import Lines
 from podnet.testing.lab import unique_run
@@ -52,6 +49,7 @@ ROUTES = f"/apis/route.openshift.io/v1/namespaces/{NS}/routes"
 BACKENDS = {"a": "10.199.0.11", "b": "10.199.0.12", "c": "10.199.0.13"}
 METRICS = "127.0.0.1:1936"
 _POD = re.compile(r'"pod": "(\w+)"')
+KEY_BEGIN = "-----BEGIN PRIVATE KEY-----"
 
 
 @dataclass
@@ -234,20 +232,6 @@ def sample(text: str, name: str, route_name: str) -> float | None:
 def weak_leaf(host: str) -> tuple[str, str]:
     """(certificate, key) the API takes (well-formed, the key its own) that HAProxy
     refuses to load: a 1024-bit RSA key, below OpenSSL's default security level."""
-    key = rsa.generate_private_key(65537, 1024)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    pkcs8 = serialization.PrivateFormat.PKCS8
-    key_pem = key.private_bytes(serialization.Encoding.PEM, pkcs8, serialization.NoEncryption())
-    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
+    pem = self_signed_pem(host, rsa.generate_private_key(65537, 1024)).decode()
+    certificate, key_block = pem.split(KEY_BEGIN)
+    return certificate, KEY_BEGIN + key_block
