@@ -140,14 +140,16 @@ def ensure_router(state: ClusterState, state_dir: Path, say: Say) -> RouterRecor
             _release(state, state_dir, pod, paths, say)
         pod = _wire_pod(state, state_dir, node, paths)
     _publish(state, state_dir, pod, paths)
-    if pod.process is None or not pod.process.alive():
-        stop_in_netns(pod.netns)  # a HAProxy left by a router that died
+    started = pod.process is None or not pod.process.alive()
+    if started:  # a HAProxy left by a router that died is adopted, serving on
         _start_process(state, state_dir, pod, paths)
     wait_router_listening(pod, [port.container for port in HOST_PORTS.values()])
     with admin_api(state_dir) as api:
         mark_running_ready(api, pod)
     ensure_apps_dns(state, state_dir, record, paths.dns_log)
-    say(f"router {key} on {node} ({pod.ip}): http://{address}, https://{address}")
+    pid = pod.process.pid if pod.process else 0
+    how = "started" if started else "already running"
+    say(f"router {key} on {node} ({pod.ip}) {how} (pid {pid}): http://{address}, https://{address}")
     say(f"apps domain *.{record.domain} -> {address} (resolver on {state.prefix()}-ext)")
     return record
 
