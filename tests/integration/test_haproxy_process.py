@@ -4,6 +4,9 @@ users."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import stat
 import sys
 from collections.abc import Iterator
@@ -140,3 +143,19 @@ def test_sockets_and_secrets_are_root_only(lab: Lab, router: tuple[LoopThread, H
     assert stat.S_IMODE(live.stat().st_mode) == 0o700
     assert stat.S_IMODE((live / "certs" / "ns1:edge.pem").stat().st_mode) == 0o600
     assert stat.S_IMODE((settings.run_dir / "cookie-secret").stat().st_mode) == 0o600
+
+
+def test_a_dead_haproxy_is_started_again(lab: Lab, router: tuple[LoopThread, HAProxyRouter]):
+    loop, haproxy = router
+    master = haproxy.master.pid
+    assert master is not None
+    os.kill(master, signal.SIGKILL)
+
+    async def restarted() -> int:
+        while haproxy.counters.restarts == 0:  # the driver's watch notices within 2 s
+            await asyncio.sleep(0.05)
+        return haproxy.counters.restarts
+
+    assert loop.call(restarted(), timeout=60) == 1
+    assert haproxy.master.pid not in (None, master)
+    assert get(lab, "web.example.com", 3) == ["200"] * 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podnet.router.haproxy import plan_update
@@ -104,6 +104,7 @@ servers = st.lists(
 )
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(before=servers, after=servers)
 def test_applying_the_changes_gives_the_desired_servers(before: list[Server], after: list[Server]):
     plan = plan_update(

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podnet.router.haproxy import HAProxySettings, SettingsError, maps, render
@@ -71,6 +71,7 @@ segments = st.lists(st.text("ab.", min_size=1, max_size=3), min_size=1, max_size
 paths = st.lists(segments.map(lambda s: "/" + "/".join(s)), min_size=1, max_size=6, unique=True)
 
 
+@settings(deadline=None)  # no wall-clock limit on a shared machine
 @given(paths=paths, request=st.text("ab./", max_size=10))
 def test_first_match_is_the_longest_matching_path(paths: list[str], request: str):
     routes = [route(f"r{i}", "h.example.com", p) for i, p in enumerate(paths)]

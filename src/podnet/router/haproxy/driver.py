@@ -16,20 +16,21 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from podnet.files import write_atomic
 from podnet.router.haproxy import plan as planning
 from podnet.router.haproxy.generations import ConfigRejected, GenerationStore
 from podnet.router.haproxy.master import HAProxyMaster, ReloadFailed
-from podnet.router.haproxy.render import render
+from podnet.router.haproxy.render import Generation, render
 from podnet.router.haproxy.runtimeapi import RuntimeAPIError
 from podnet.router.haproxy.settings import HAProxySettings
 from podnet.router.haproxy.stats import BackendStats, StatsTotals, parse_show_stat
 from podnet.router.table import RouterTable
 
 log = logging.getLogger(__name__)
-DRAIN_RETRY = 2.0  # seconds between attempts to delete servers left draining
+WATCH_INTERVAL = 2.0  # seconds between checks of HAProxy and of servers left draining
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class DriverCounters:
     rejected: int = 0  # generations refused by ``haproxy -c`` or by the reload
     last_error: str = ""
     applied: int = 0  # the last update number applied (or refused)
+    restarts: int = 0  # HAProxy masters started again after they died
 
 
 def cookie_secret(settings: HAProxySettings) -> str:
@@ -142,11 +144,10 @@ class HAProxyRouter:
 
     async def _run(self) -> None:
         while True:
-            timeout = DRAIN_RETRY if self._draining else None
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                await asyncio.wait_for(self._wake.wait(), WATCH_INTERVAL)
             except TimeoutError:
-                await self._delete_drained()
+                await self._watch()
                 continue
             self._wake.clear()
             number, table = self._requested, self._desired
@@ -163,13 +164,35 @@ class HAProxyRouter:
             if reloaded:
                 await asyncio.sleep(self.settings.reload_interval)
 
+    async def _watch(self) -> None:
+        """Between updates: delete drained servers; start HAProxy again if it died."""
+        try:
+            if self.master.running():
+                await self._delete_drained()
+                return
+            log.error("router: HAProxy's master exited; starting it again")
+            self._draining.clear()
+            await self._write_checked(self._live or RouterTable())
+            await self.master.start()
+            self._record(restarts=self._counters.restarts + 1)
+        except Exception as error:  # tried again at the next watch
+            log.exception("router: watching HAProxy failed")
+            self._record(last_error=f"{type(error).__name__}: {error}")
+
     def _record(self, **changes: Any) -> None:
         self._counters = dataclasses.replace(self._counters, **changes)
 
+    async def _write(self, table: RouterTable) -> tuple[Path, Generation]:
+        """Render and write ``table``'s generation (in a thread: 10,000 routes take a
+        second); not yet live."""
+        assert self._store is not None
+        generation = await asyncio.to_thread(render, table, self.settings, self._secret)
+        return await asyncio.to_thread(self._store.write, generation), generation
+
     async def _write_checked(self, table: RouterTable) -> None:
         assert self._store is not None
-        store, generation = self._store, render(table, self.settings, self._secret)
-        directory = await asyncio.to_thread(store.write, generation)
+        store = self._store
+        directory, generation = await self._write(table)
         try:
             await asyncio.to_thread(store.check, directory)
         except ConfigRejected as error:
@@ -185,16 +208,16 @@ class HAProxyRouter:
             return False
         if not plan.reload:
             assert self._store is not None
-            generation = render(table, self.settings, self._secret)
-            directory = await asyncio.to_thread(self._store.write, generation)
-            self._store.activate(directory, generation)
+            directory, generation = await self._write(table)
             try:
                 await self._run_changes(plan.changes)
+            except (RuntimeAPIError, OSError, TimeoutError) as error:
+                log.warning("router: runtime update failed, reloading instead: %s", error)
+            else:  # the files now say what the worker does
+                self._store.activate(directory, generation)
                 self._live = table
                 self._record(runtime_updates=self._counters.runtime_updates + 1)
                 return False
-            except (RuntimeAPIError, OSError, TimeoutError) as error:
-                log.warning("router: runtime update failed, reloading instead: %s", error)
         try:
             await self._write_checked(table)
         except ConfigRejected as error:
