@@ -26,6 +26,7 @@ from podnet.router.haproxy.runtimeapi import (
     connection_refused,
 )
 from podnet.router.haproxy.settings import HAProxySettings
+from podnet.store.etcd_process import pid_alive
 
 START_TIMEOUT = 30.0
 RELOAD_TIMEOUT = 60.0
@@ -37,13 +38,10 @@ class ReloadFailed(Exception):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Running: there, and not a zombie (one that exited and waits to be reaped)."""
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):  # a zombie has exited already
+    with contextlib.suppress(OSError, IndexError):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
