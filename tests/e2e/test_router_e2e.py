@@ -19,6 +19,8 @@ checks that the router's processes and namespace are gone.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -103,7 +105,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         _populate(world)
         yield world
     finally:
+        before = load_state(state_dir) if (state_dir / "state.json").exists() else None
+        router_pod = before.pods.get(before.router.pod) if before and before.router else None
+        inside = pids_in_netns(router_pod.netns) if router_pod else []
         state = cluster_down_with_logs(state_dir)
+        assert not [pid for pid in inside if Path(f"/proc/{pid}").exists()], inside
         if state is not None and state.router is not None:
             router_pod = state.pods[state.router.pod]
             assert not netns.exists(router_pod.netns)
@@ -325,3 +331,22 @@ def test_cluster_up_again_keeps_the_router(world: World) -> None:
     assert after.pods[after.router.pod].process == pid
     assert pids_in_netns(after.pods[after.router.pod].netns)
     assert world.curl(f"http://{host('www')}/").pod == "www-1"
+
+
+def test_a_killed_router_comes_back_adopting_its_haproxy(world: World) -> None:
+    state = load_state(world.state_dir)
+    assert state.router is not None
+    pod = state.pods[state.router.pod]
+    killed = pod.process
+    assert killed is not None
+    haproxy = set(pids_in_netns(pod.netns)) - {killed.pid}
+    assert haproxy, "HAProxy runs in the router pod"
+    os.kill(killed.pid, signal.SIGKILL)
+    wait_for(lambda: not killed.alive(), 10, "the router gone")
+    spec = lifecycle.ClusterSpec(nodes=2, plugin="multitenant", dataplane=TEST_DATAPLANE)
+    lifecycle.cluster_up(world.state_dir, spec, say=print)  # no --router: kept as recorded
+    after = load_state(world.state_dir)
+    process = after.pods[pod.key].process
+    assert process is not None and process.alive() and process.pid != killed.pid
+    assert haproxy <= set(pids_in_netns(pod.netns))  # the same HAProxy, adopted
+    wait_served(world, f"http://{host('www')}/", "www-1")
