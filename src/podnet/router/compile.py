@@ -9,7 +9,8 @@ over 10,000 routes cheap when one endpoint changed:
   inputs replace a route's object whenever it changes);
 - a route's ``RouteBackend`` is reused while the route, whether each of its services
   exists, and each service's endpoints are the same objects as last time (the inputs
-  make a new endpoints tuple whenever a service's slices change).
+  make a new endpoints tuple whenever a service's slices change); routes are found by
+  object identity, so an unchanged route costs a lookup and a few comparisons.
 
 A compiler is used by one pass at a time (the reconcile loop runs them in order).
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.router.admission import RouteKey, Verdict, admit, route_key
-from podnet.router.desired import ServiceEndpoints, route_backend, route_services
+from podnet.router.desired import ServiceEndpoints, ServiceKey, route_backend, route_services
 from podnet.router.inputs import Snapshot
 from podnet.router.table import RouteBackend, RouterTable
 
@@ -38,11 +39,15 @@ class Desired:
 
     table: RouterTable
     verdicts: Mapping[RouteKey, Verdict] = field(default_factory=dict)
+    probe: bool = False  # a bisection's cut: checked by HAProxy, not served
 
     def without(self, left_out: frozenset[str]) -> Desired:
-        """The same without the routes keyed (``ns:name``) in ``left_out``."""
-        kept = tuple(r for r in self.table.routes if r.key not in left_out)
-        return Desired(RouterTable(kept), self.verdicts)
+        """The probe of this state without the routes keyed (``ns:name``) in ``left_out``."""
+        return Desired(self.served_without(left_out), self.verdicts, probe=True)
+
+    def served_without(self, left_out: frozenset[str]) -> RouterTable:
+        """The table without the routes keyed in ``left_out``."""
+        return RouterTable(tuple(r for r in self.table.routes if r.key not in left_out))
 
 
 def final_verdicts(
@@ -62,11 +67,15 @@ def _same_objects(one: Sequence[object], other: Sequence[object]) -> bool:
     return len(one) == len(other) and all(a is b for a, b in zip(one, other, strict=True))
 
 
-def _dependencies(route: Obj, snapshot: Snapshot) -> Dependencies:
+def service_keys(route: Obj) -> tuple[ServiceKey, ...]:
+    """(namespace, name) of each service a route sends to."""
+    namespace = str((route.get("metadata") or {}).get("namespace") or "")
+    return tuple((namespace, name) for name, _ in route_services(route.get("spec") or {}))
+
+
+def _dependencies(keys: tuple[ServiceKey, ...], snapshot: Snapshot) -> Dependencies:
     """What a route's backend is computed from besides the route: per service, whether
     it exists and its endpoints (compared by identity)."""
-    namespace = str((route.get("metadata") or {}).get("namespace") or "")
-    keys = [(namespace, name) for name, _ in route_services(route.get("spec") or {})]
     return tuple((key in snapshot.services, snapshot.endpoints.get(key)) for key in keys)
 
 
@@ -76,32 +85,43 @@ def _same_dependencies(one: Dependencies, other: Dependencies) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """One route's last backend and what it was computed from."""
+
+    route: Obj
+    key: RouteKey
+    services: tuple[ServiceKey, ...]
+    depends: Dependencies
+    backend: RouteBackend | None
+
+
 @dataclass
 class RouterCompiler:
     """Computes ``Desired`` from snapshots (module docstring)."""
 
     _routes: tuple[Obj, ...] = ()
     _verdicts: dict[RouteKey, Verdict] = field(default_factory=dict)
-    _backends: dict[RouteKey, tuple[Obj, Dependencies, RouteBackend | None]] = field(
-        default_factory=dict
-    )
+    # by id() of the route object: the entry holds the object, so the id stays its own
+    _compiled: dict[int, _Compiled] = field(default_factory=dict)
 
     def compute(self, snapshot: Snapshot) -> Desired:
         """The verdicts of every route and the table of the admitted ones."""
         if not _same_objects(snapshot.routes, self._routes):
             self._routes, self._verdicts = snapshot.routes, admit(snapshot.routes)
-        backends: dict[RouteKey, tuple[Obj, Dependencies, RouteBackend | None]] = {}
+        compiled: dict[int, _Compiled] = {}
         for route in snapshot.routes:
-            key = route_key(route)
-            if not self._verdicts[key].admitted:
+            known = self._compiled.get(id(route))
+            if known is None or known.route is not route:
+                keys = service_keys(route)
+                known = _Compiled(route, route_key(route), keys, (), None)
+            if not self._verdicts[known.key].admitted:
                 continue
-            depends = _dependencies(route, snapshot)
-            known = self._backends.get(key)
-            if known is not None and known[0] is route and _same_dependencies(known[1], depends):
-                backends[key] = known
-            else:
+            depends = _dependencies(known.services, snapshot)
+            if known.backend is None or not _same_dependencies(known.depends, depends):
                 backend = route_backend(route, snapshot.services, snapshot.endpoints)
-                backends[key] = (route, depends, backend)
-        self._backends = backends
-        table = RouterTable(tuple(b for _, _, b in backends.values() if b is not None))
+                known = _Compiled(route, known.key, known.services, depends, backend)
+            compiled[id(route)] = known
+        self._compiled = compiled
+        table = RouterTable(tuple(c.backend for c in compiled.values() if c.backend is not None))
         return Desired(table, self._verdicts)
