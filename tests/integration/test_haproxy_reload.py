@@ -4,14 +4,18 @@ request while reloads happen (keep-alive, new connections, edge TLS, passthrough
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from podnet import netns
 from podnet.router.haproxy import DriverCounters, HAProxyRouter
 from podnet.router.table import RouteBackend, RouterTable, Server
 from podnet.testing import haproxylab, tools
@@ -95,13 +99,17 @@ def with_servers(table: RouterTable, name: str, *servers: Server) -> RouterTable
     )
 
 
-def server_states(loop: LoopThread, router: HAProxyRouter) -> dict[str, str]:
+async def worker_states(router: HAProxyRouter) -> dict[str, str]:
     """``<backend>/<server>`` → admin state, as the current worker has them."""
     worker = router.master.worker
     assert worker is not None
-    text = loop.call(router.master.cli.to_worker(worker, "show servers state"))
+    text = await router.master.cli.to_worker(worker, "show servers state")
     rows = [line.split() for line in text.splitlines()[2:] if line.strip()]
     return {f"{r[1]}/{r[3]}": r[6] for r in rows}
+
+
+def server_states(loop: LoopThread, router: HAProxyRouter) -> dict[str, str]:
+    return loop.call(worker_states(router))
 
 
 def test_endpoint_changes_apply_without_a_reload(
@@ -222,3 +230,47 @@ def test_no_failed_request_across_reloads(lab: Lab, router: tuple[LoopThread, HA
         assert set(counts) == {"200"}, (name, counts)
         assert counts["200"] > 0
     print(json.dumps({"reloads": reloads, **results}))
+
+
+def test_a_removed_server_finishes_its_requests_then_is_deleted(
+    lab: Lab, router: tuple[LoopThread, HAProxyRouter]
+):
+    loop, haproxy = router
+    table = RouterTable(routes=base_routes())
+    target = "be_http:ns1:web/ept:127.0.0.21:8080"
+    release = lab.work / "release"
+    argv = ["curl", "-s", "-w", "\\n%{http_code}", "-H", "Host: web.example.com"]
+    in_flight = subprocess.Popen(
+        netns.command(lab.ns, [*argv, f"http://127.0.0.1/hold{release}"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        started = Path(f"{release}.started")
+
+        async def reached_a() -> None:  # the backend marks the request's arrival
+            while not started.exists():
+                await asyncio.sleep(0.02)
+
+        loop.call(reached_a(), timeout=30)
+        counters = apply(loop, haproxy, with_servers(table, "web", B))
+        assert counters.reloads == 0 and counters.runtime_updates == 1
+        # the request in flight keeps A in the worker, in maintenance ("del server" refused)
+        assert int(server_states(loop, haproxy)[target]) & 0x01
+        assert tags(lab, "web.example.com", 4) == {"b": 4}  # A takes no new request
+        release.touch()
+        out, _ = in_flight.communicate(timeout=30)
+        assert out.splitlines()[-1] == "200" and '"tag": "a"' in out  # not cut off
+    finally:
+        if in_flight.poll() is None:
+            in_flight.kill()
+            in_flight.wait(timeout=10)
+
+    async def deleted() -> None:  # the driver's watch retries "del server" every 2 s
+        while target in await worker_states(haproxy):
+            await asyncio.sleep(0.1)
+
+    loop.call(deleted(), timeout=60)
+    # back again after its deletion: added anew
+    apply(loop, haproxy, with_servers(table, "web", A, B))
+    assert tags(lab, "web.example.com", 4) == {"a": 2, "b": 2}

@@ -2,7 +2,8 @@
 
 - a backend: ``IP PORT TAG [PEM]`` answers every GET with JSON ``{"tag", "path",
   "headers"}`` over HTTP/1.1 (keep-alive), over TLS with PEM (certificate and key) if
-  given; prints ``ready`` once it listens and exits after ``LIFETIME`` seconds at most;
+  given (``GET /hold/<file>`` first marks ``<file>.started`` and waits for ``<file>``);
+  prints ``ready`` once it listens and exits after ``LIFETIME`` seconds at most;
 - a load generator: ``--load SCHEME IP PORT HOST PATH REQUESTS WORKERS keep-alive|close
   [STOPFILE]`` sends GETs for HOST+PATH (SNI and Host) and prints the answers counted by
   status as JSON (``error``: no status, e.g. a reset connection). With REQUESTS 0 it runs
@@ -21,9 +22,20 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 LIFETIME = 600.0  # a backend never outlives a test run by much, even if orphaned
 TIMEOUT = 10.0
+HOLD = 30.0  # the longest a /hold/ request is kept in flight
+
+
+def hold(release: str) -> None:
+    """Keep a request in flight: mark ``<release>.started``, then wait (at most
+    ``HOLD``) until the file ``release`` exists."""
+    Path(release + ".started").touch()
+    deadline = time.monotonic() + HOLD
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def serve(ip: str, port: int, tag: str, pem: str | None) -> None:
@@ -31,6 +43,8 @@ def serve(ip: str, port: int, tag: str, pem: str | None) -> None:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            if self.path.startswith("/hold/"):
+                hold(self.path.removeprefix("/hold"))
             body = json.dumps(
                 {"tag": tag, "path": self.path, "headers": dict(self.headers.items())}
             ).encode()
