@@ -47,6 +47,13 @@ destination, so isolation and NetworkPolicy apply to a service as to its endpoin
 A pod's packet to a service goes to its gateway (br0's address), so it is routed, not
 bridged, and passes these hooks in every mode.
 
+Per packet, an established connection costs conntrack, the NAT rewrite and one rule of
+the forward filter (``ct state != new``). In subnet mode a service connection between pods
+of one node is also routed through the node both ways (the masquerade brings the
+replies back), where traffic to the endpoint's own IP is only bridged. With isolation,
+br_netfilter DNATs it within the bridge. (A flowtable would shortcut the routed path,
+but kernels built without ``CONFIG_NF_FLOW_TABLE`` have none.)
+
 Everything is rendered in the form ``nft list table`` prints, so the table read back
 from the kernel compares equal to the rendered one (``servicescript``). The shared
 chains carry a digest of their rules as their comment, so that reading back needs no
