@@ -210,8 +210,8 @@ def test_no_failed_request_across_reloads(lab: Lab, router: tuple[LoopThread, HA
     loop, haproxy = router
     before = haproxy.counters
     loads = {
-        "http keep-alive": lab.start_load("http", 80, "web.example.com", 3, keep_alive=True),
-        "http new connections": lab.start_load("http", 80, "web.example.com", 2, keep_alive=False),
+        "http keep-alive": lab.start_load("http", 80, "web.example.com", 2, keep_alive=True),
+        "http new connections": lab.start_load("http", 80, "web.example.com", 1, keep_alive=False),
         "edge TLS": lab.start_load("https", 443, "edge.example.com", 2, keep_alive=False),
         "passthrough": lab.start_load("https", 443, "pt.example.com", 1, keep_alive=False),
     }
