@@ -5,6 +5,7 @@ users."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import stat
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from podnet.router.haproxy import HAProxyRouter
+from podnet.router.haproxy import ConfigRejected, HAProxyRouter
 from podnet.router.table import RouteBackend, RouterTable, Server
 from podnet.testing import haproxylab, tools
 from podnet.testing.haproxylab import Lab, LabCA, LoopThread, apply
@@ -105,7 +106,7 @@ def test_requests_and_errors_per_route_survive_reloads(
     assert get(lab, "down.example.com", 2) == ["503"] * 2
     stats = loop.call(haproxy.backend_stats())
     assert stats["be_http:ns1:web"].requests == 10 and stats["be_http:ns1:web"].errors == 0
-    assert stats["be_http:ns1:down"].requests == 2 and stats["be_http:ns1:down"].errors >= 2
+    assert stats["be_http:ns1:down"].requests == 2 and stats["be_http:ns1:down"].errors == 2
     assert stats["be_edge_http:ns1:edge"].route == "ns1:edge"
     extra = RouteBackend("ns1", "extra", "extra.example.com", servers=(A,))
     assert apply(loop, haproxy, RouterTable(routes=(*ROUTES, extra))).reloads == 1
@@ -159,3 +160,27 @@ def test_a_dead_haproxy_is_started_again(lab: Lab, router: tuple[LoopThread, HAP
     assert loop.call(restarted(), timeout=60) == 1
     assert haproxy.master.pid not in (None, master)
     assert get(lab, "web.example.com", 3) == ["200"] * 3
+
+
+def test_check_never_serves_what_it_checks(lab: Lab, router: tuple[LoopThread, HAProxyRouter]):
+    loop, haproxy = router
+    settings = haproxy.settings
+    live = settings.current.resolve()
+    extra = RouteBackend("ns1", "extra", "extra.example.com", servers=(A,))
+    loop.call(haproxy.check(RouterTable(routes=(*ROUTES, extra))))
+    broken = RouteBackend(
+        "ns1",
+        "broken",
+        "broken.example.com",
+        termination="edge",
+        certificate_pem="-----BEGIN CERTIFICATE-----\nbm9wZQ==\n-----END CERTIFICATE-----\n",
+    )
+    with pytest.raises(ConfigRejected, match=r"ns1:broken\.pem"):
+        loop.call(haproxy.check(RouterTable(routes=(*ROUTES, broken))))
+    assert haproxy.counters.reloads == 0 and settings.current.resolve() == live
+    assert sorted(p.name for p in settings.run_dir.glob("gen-*")) == [live.name]
+    assert get(lab, "extra.example.com") == ["503"]
+    # before start, too (a router checking its first table)
+    fresh = HAProxyRouter(dataclasses.replace(settings, run_dir=lab.work / "fresh"))
+    with pytest.raises(ConfigRejected):
+        loop.call(fresh.check(RouterTable(routes=(broken,))))

@@ -43,7 +43,7 @@ def test_show_proc():
 def test_show_stat_per_route_backend():
     stats = parse_show_stat(SHOW_STAT)
     assert stats == {
-        "be_http:ns1:web": BackendStats("be_http:ns1:web", requests=12, errors=6),
+        "be_http:ns1:web": BackendStats("be_http:ns1:web", requests=12, errors=3),
         "be_tcp:ns1:pt": BackendStats("be_tcp:ns1:pt", requests=5, errors=1),
     }
     assert stats["be_tcp:ns1:pt"].route == "ns1:pt"

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,14 +103,29 @@ class HAProxyRouter:
         """Write ``table`` (default: no routes), start HAProxy (or adopt the one an
         earlier router left running, and reload it) and begin taking updates.
         Raises ``ConfigRejected`` if HAProxy refuses the first generation."""
-        self._store = await asyncio.to_thread(GenerationStore, self.settings)
-        self._secret = cookie_secret(self.settings)
+        await self._open_store()
         self._desired = table or RouterTable()
         await self._write_checked(self._desired)
         if await self.master.start():
             await self._reload()
         self._live = self._desired
         self._task = asyncio.create_task(self._run(), name="haproxy-driver")
+
+    async def check(self, table: RouterTable) -> None:
+        """Have HAProxy check ``table``'s generation (``haproxy -c``) without serving it;
+        ``ConfigRejected`` with HAProxy's words if refused. Usable before ``start``."""
+        store = await self._open_store()
+        directory, _ = await self._write(table)
+        try:
+            await asyncio.to_thread(store.check, directory)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    async def _open_store(self) -> GenerationStore:
+        if self._store is None:
+            self._store = await asyncio.to_thread(GenerationStore, self.settings)
+            self._secret = cookie_secret(self.settings)
+        return self._store
 
     def update(self, table: RouterTable) -> int:
         """Ask for ``table`` to be served; returns the update's number (see ``settled``)."""

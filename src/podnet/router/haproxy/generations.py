@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from podnet.files import write_atomic
@@ -50,6 +51,7 @@ class GenerationStore:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         numbers = [int(m.group(1)) for p in self.run_dir.iterdir() if (m := _GEN.match(p.name))]
         self._next = max(numbers, default=0) + 1
+        self._naming = threading.Lock()
         self._live: Generation | None = None  # what ``current`` holds, once written by us
 
     def live_dir(self) -> Path | None:
@@ -59,8 +61,9 @@ class GenerationStore:
 
     def write(self, generation: Generation) -> Path:
         """Write ``generation`` into a new directory, durably; return the directory."""
-        target = self.run_dir / f"gen-{self._next}"
-        self._next += 1
+        with self._naming:  # the driver's applier and a check may write at once
+            target = self.run_dir / f"gen-{self._next}"
+            self._next += 1
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(mode=0o700)
         live, old = self.live_dir(), self._live

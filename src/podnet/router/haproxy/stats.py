@@ -1,9 +1,11 @@
 """Per-route request and error counts from HAProxy's ``show stat`` (CSV).
 
-A backend's requests are its ``req_tot`` (HTTP) or its sessions, ``stot`` (TCP); its
-errors are failed connections to servers (``econ``), failed responses (``eresp``) and 5xx
-answers (``hrsp_5xx``). A reload starts a worker with fresh counters, so ``StatsTotals``
-adds each worker's last counts to the next one's: the totals only grow.
+A backend's requests are its ``req_tot`` (HTTP) or its sessions, ``stot`` (TCP). Its
+errors are, for HTTP, its 5xx answers (``hrsp_5xx``: the pods' own, and HAProxy's
+502/503/504 for a server it could not reach, ``econ``, or that failed, ``eresp``; those
+two would count a request twice, ``econ`` once per retry); for TCP, ``econ`` and
+``eresp``. A reload starts a worker with fresh counters, so ``StatsTotals`` adds each
+worker's last counts to the next one's: the totals only grow.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ def parse_show_stat(text: str) -> dict[str, BackendStats]:
         name = row.get("pxname") or ""
         if row.get("svname") != "BACKEND" or not name.startswith(BACKEND_PREFIXES):
             continue
-        requests = _count(row, "req_tot") if row.get("req_tot") else _count(row, "stot")
-        errors = sum(_count(row, f) for f in ("econ", "eresp", "hrsp_5xx"))
+        if row.get("req_tot"):  # HTTP: every failure is answered with a 5xx, counted once
+            requests, errors = _count(row, "req_tot"), _count(row, "hrsp_5xx")
+        else:  # TCP: sessions, and those whose server could not be reached or failed
+            requests, errors = _count(row, "stot"), _count(row, "econ") + _count(row, "eresp")
         result[name] = BackendStats(name, requests, errors)
     return result
 
