@@ -166,13 +166,16 @@ class HAProxyRouter:
                 await self._watch()
                 continue
             self._wake.clear()
+            if not self.master.running():
+                await self._watch()
             number, table = self._requested, self._desired
             reloaded = False
             try:
                 reloaded = await self._apply(table)
-            except Exception as error:  # keep serving; the next update tries again
+            except Exception as error:  # keep serving the last table; try again soon
                 log.exception("router: applying the table failed")
                 self._record(last_error=f"{type(error).__name__}: {error}")
+                asyncio.get_running_loop().call_later(WATCH_INTERVAL, self._wake.set)
             async with self._settled:
                 self._done = number
                 self._record(applied=number)
@@ -279,13 +282,22 @@ class HAProxyRouter:
                     continue
             self._draining.discard(target)
 
-    async def _reload(self) -> None:
+    async def _save_server_states(self) -> None:
+        """Keep the worker's server states for the next one (best effort: without them
+        the new worker starts every server from its config line)."""
         worker = self.master.worker
-        if worker is not None:
+        if worker is None:
+            return
+        try:
             states = await self.master.cli.to_worker(worker, "show servers state")
-            await asyncio.to_thread(
-                write_atomic, self.settings.state_file, keep_server_states(states), 0o600
-            )
+        except (RuntimeAPIError, OSError, TimeoutError) as error:
+            log.warning("router: could not save server states: %s", error)
+            return
+        text = keep_server_states(states)
+        await asyncio.to_thread(write_atomic, self.settings.state_file, text, 0o600)
+
+    async def _reload(self) -> None:
+        await self._save_server_states()
         started = time.monotonic()
         await self.master.reload()
         self._draining.clear()
