@@ -11,8 +11,9 @@ passthrough). The churn, from this process through the API: every ``--interval``
 Route ``churn-<n>`` (http, to ``web``) is created, and the oldest is deleted once four
 exist, so the router's configuration changes and it reloads; every 15th step the
 endpoints of ``web`` change: a pod web-3 joins (created Ready), or leaves as a rollout
-takes it away (its label changed first, so it leaves the Service's endpoints and the
-router drains it, then the pod is deleted after ``--drain`` s).
+takes it away (its label changed first, so it leaves the Service's endpoints; the pod
+is deleted once 20 requests in a row went to other pods). A new pod is Ready once it
+accepts connections (a readiness check), as in a rollout.
 
 Prints per kind the requests and failures, the reloads counted by the router's metric
 (``podnet_router_reloads_total``, before and after), and the churn steps. The goal is 0
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from podnet.cluster import pods
 from podnet.model.kinds import POD, ROUTE
 from podnet.testing import routerclient as rc
+from podnet.testing.e2e import wait_for
 from routerlab import Lab, host, machine_load, router_cluster
 
 LOAD = Path(__file__).parent / "router_load.py"
@@ -41,8 +43,8 @@ LOAD = Path(__file__).parent / "router_load.py"
 class Churn:
     """Routes added and removed, and web-3 joining and leaving ``web``."""
 
-    def __init__(self, lab: Lab, drain: float) -> None:
-        self.lab, self.drain = lab, drain
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
         self.made: list[str] = []
         self.steps = 0
         self.scaled = 0
@@ -65,7 +67,8 @@ class Churn:
             return
         with pods.admin_api(self.lab.state_dir) as api:  # out of the Service first
             api.patch(POD, "default", "web-3", {"metadata": {"labels": {"app": "leaving"}}})
-        time.sleep(self.drain)  # a rollout's grace period (the endpoints follow the label)
+        # A rollout's grace period: stopped once the router no longer sends it requests.
+        wait_for(lambda: "web-3" not in rc.shares(self.lab.state, host("web"), 20), 60, "drain")
         pods.delete_pod(self.lab.state_dir, "web-3", say=lambda _l: None)
 
 
@@ -100,7 +103,7 @@ def run(lab: Lab, args: argparse.Namespace) -> None:
     before = lab.reloads()
     load = start_load(lab, args.requests)
     started = time.monotonic()
-    churn = Churn(lab, args.drain)
+    churn = Churn(lab)
     try:
         while lab.reloads() - before < args.reloads:
             churn.step()
@@ -124,6 +127,11 @@ def report(
     print(f"\n{machine_load()}; {elapsed:.0f} s")
     for kind, tally in tallies.items():
         line = f"  {kind:<12} {tally['requests']:>7} requests, {tally['failures']} failed"
+        line += (
+            f" ({tally['retries']} retried on a closed kept-alive connection)"
+            if tally["retries"]
+            else ""
+        )
         print(line + (f"  e.g. {tally['samples']}" if tally["failures"] else ""))
     changes = f"{churn.steps} route changes, {churn.scaled} endpoint changes"
     print(f"reloads (router metric): {reloads}; churn: {changes}")
@@ -135,7 +143,6 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--reloads", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.3, help="seconds between route changes")
-    parser.add_argument("--drain", type=float, default=3.0, help="seconds a leaving pod drains")
     args = parser.parse_args()
     with router_cluster() as lab:
         run(lab, args)

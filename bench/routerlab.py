@@ -24,11 +24,12 @@ from typing import Any
 
 from podnet import netns
 from podnet.cluster import lifecycle, pods
+from podnet.cluster.readiness import ReadinessCheck
 from podnet.cluster.router import METRICS_PORT
 from podnet.cluster.routerprocs import pids_in_netns
 from podnet.cluster.state import ClusterState, PodRecord
 from podnet.cluster.underlay import external_netns
-from podnet.model.kinds import ROUTE, SERVICE
+from podnet.model.kinds import POD, ROUTE, SERVICE
 from podnet.testing import routerclient as rc
 from podnet.testing.e2e import load_state, wait_for
 
@@ -79,18 +80,35 @@ class Lab:
     def backend(
         self, name: str, app: str, namespace: str = "default", tls: bool = False
     ) -> PodRecord:
-        """An httpecho pod (HTTP 8080; HTTPS 8443 with its own CA when ``tls``)."""
+        """An httpecho pod (HTTP 8080; HTTPS 8443 with its own CA when ``tls``), Ready
+        once it accepts connections (its readiness check), as a rollout's new pod is."""
         command = [*rc.HTTPECHO, "--name", name, "--port", "8080"]
         ports: list[pods.ContainerPort] = [("http", 8080, "TCP")]
         if tls:
             command += ["--tls-port", "8443", "--self-signed", f"{app}.{namespace}.svc,{host(app)}"]
             ports.append(("https", 8443, "TCP"))
+        ready = ReadinessCheck(tcp_port=8443 if tls else 8080, period=0.2, failures=1)
         pod = pods.run_pod(
-            self.state_dir, name, namespace, "node1", {"app": app}, tuple(command), ports
+            self.state_dir,
+            name,
+            namespace,
+            "node1",
+            {"app": app},
+            tuple(command),
+            ports,
+            readiness=ready,
         )
         for _, port, _ in ports:
             pods.wait_listening(pod, port)
+        wait_for(lambda: self.ready(name, namespace), 60, f"pod {name} Ready")
         return pod
+
+    def ready(self, name: str, namespace: str = "default") -> bool:
+        """Whether the Pod's Ready condition is True."""
+        with pods.admin_api(self.state_dir) as api:
+            status = api.get(POD, namespace, name).get("status") or {}
+        conditions = status.get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     def create(self, kind: Any, obj: dict[str, Any], namespace: str = "default") -> None:
         with pods.admin_api(self.state_dir) as api:
