@@ -120,6 +120,8 @@ def test_killed_routers_haproxy_is_taken_over_and_sigterm_leaves_nothing(
         assert lab.stop_router(signal.SIGKILL) == -signal.SIGKILL
         assert lab.served_by(WWW, https=True) == "a"
         lab.start_router()
+        assert lab.lines is not None
+        lab.lines.wait_for("HAProxy started with 1 routes")  # its first whole table
         assert int((lab.run_dir / "haproxy.pid").read_text().split()[0]) == haproxy
         set_endpoints(api, "web", ["b"])
         wait_for(lambda: lab.served_by(WWW, https=True) == "b", 30, "the new router drives it")

@@ -6,6 +6,7 @@ refuses is left out and marked, the others are served."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,7 +20,7 @@ from podnet.controllers.workqueue import cancel_all
 from podnet.model.kinds import ENDPOINT_SLICE, NAMESPACE, ROUTE, SERVICE
 from podnet.router.admission import age
 from podnet.router.controller import RouterController
-from podnet.router.haproxy import DriverCounters
+from podnet.router.haproxy import ConfigRejected, DriverCounters
 from podnet.router.metrics import ReloadFigures, RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
 from podnet.router.status import admitted_condition, router_entry
@@ -40,6 +41,10 @@ class FakeDriver:
     served: RouterTable | None = None
     counters: DriverCounters = field(default_factory=DriverCounters)
     fail_next: str = ""  # a transient failure of the next update
+    starts: int = 0
+    checks: int = 0
+    history: list[RouterTable] = field(default_factory=list)  # every table served, in order
+    started_with: RouterTable | None = None  # the table of the successful start
 
     @property
     def live_table(self) -> RouterTable | None:
@@ -57,11 +62,28 @@ class FakeDriver:
             self.counters, self.fail_next = replace(self.counters, last_error=self.fail_next), ""
         else:
             self.served = table
+            self.history.append(table)
         self.counters = replace(self.counters, applied=number)
         return number
 
     async def settled(self, update: int | None = None) -> DriverCounters:
         return self.counters
+
+    async def check(self, table: RouterTable) -> None:
+        self.checks += 1
+        bad = sorted(r.key for r in table.routes if r.key in self.refuse)
+        if bad:
+            raise ConfigRejected(f"unable to load certs/{bad[0]}.pem")
+
+    async def start(self, table: RouterTable) -> None:
+        self.starts += 1
+        refused = self.counters.rejected
+        self.update(table)
+        if self.counters.rejected > refused:
+            raise ConfigRejected(self.counters.last_error)
+        if self.served is not table:
+            raise OSError("haproxy: cannot bind socket")
+        self.started_with = table
 
     def route(self, name: str) -> RouteBackend | None:
         return self.served.route(NS, name) if self.served is not None else None
@@ -83,10 +105,11 @@ async def no_stats() -> dict[tuple[str, str], Any]:
     return {}
 
 
-@pytest.fixture
-async def running(registry: Registry, api: InProcessApi) -> AsyncIterator[Running]:
-    await registry.create(NAMESPACE, {"metadata": {"name": NS}})
-    driver = FakeDriver()
+@contextlib.asynccontextmanager
+async def started(
+    registry: Registry, api: InProcessApi, driver: FakeDriver
+) -> AsyncIterator[Running]:
+    """The controller and its status writer running against ``api`` and ``driver``."""
     statuses = RouteStatusWriter(api, "default")
     metrics = RouterMetrics(no_stats, ReloadFigures)
     informers = Informers(api)
@@ -99,6 +122,13 @@ async def running(registry: Registry, api: InProcessApi) -> AsyncIterator[Runnin
         await cancel_all(tasks)
         await statuses.stop()
         await informers.close()
+
+
+@pytest.fixture
+async def running(registry: Registry, api: InProcessApi) -> AsyncIterator[Running]:
+    await registry.create(NAMESPACE, {"metadata": {"name": NS}})
+    async with started(registry, api, FakeDriver()) as made:
+        yield made
 
 
 def service(name: str = "web") -> Obj:
@@ -230,6 +260,10 @@ async def test_route_haproxy_refuses_is_left_out_and_marked_others_serve(running
     assert (await eventually(lambda: condition(registry, "good")))["status"] == "True"
     assert driver.route("good") is not None and driver.route("bad") is None
     assert running.controller.metrics.render_errors._value.get() >= 1
+    # the bisection's probes were only checked: once served, good never left HAProxy
+    assert driver.checks >= 1
+    first = next(i for i, t in enumerate(driver.history) if t.route(NS, "good") is not None)
+    assert all(t.route(NS, "good") is not None for t in driver.history[first:])
 
     # fixed (a new table, which HAProxy takes): admitted and served
     driver.refuse.clear()
@@ -255,3 +289,26 @@ async def test_a_table_haproxy_did_not_take_for_another_reason_is_tried_again(
     assert metrics.reconcile.applies.labels("router", "failed")._value.get() == 1
     assert metrics.render_errors._value.get() == 0  # not a refusal: nothing left out
     assert running.controller.loop.left_out == frozenset()
+
+
+async def test_haproxy_starts_once_with_the_first_whole_table(
+    registry: Registry, api: InProcessApi
+) -> None:
+    """Routes that exist before the router are in HAProxy's first table (an adopted
+    HAProxy is never reloaded with an empty one); a route HAProxy refuses at the start
+    is left out of it like any other time."""
+    await registry.create(NAMESPACE, {"metadata": {"name": NS}})
+    await registry.create(ROUTE, route("good", host="good.example.com"), NS)
+    await registry.create(ROUTE, route("bad", host="bad.example.com"), NS)
+    driver = FakeDriver(refuse={f"{NS}:bad"})
+    async with started(registry, api, driver) as running:
+        refused = await eventually(lambda: condition(registry, "bad"), what="bad marked")
+        assert refused["reason"] == "ExtendedValidationFailed"
+        assert driver.served is not None and [r.name for r in driver.served.routes] == ["good"]
+        assert running.controller.started
+        starts = driver.starts
+        await registry.create(ROUTE, route("late", host="late.example.com"), NS)
+        await eventually(lambda: driver.route("late"), what="late route served")
+    assert starts == driver.starts  # later tables are updates, not starts
+    assert driver.started_with is not None
+    assert [r.name for r in driver.started_with.routes] == ["good"]  # never an empty start

@@ -11,9 +11,10 @@
   (``compile.RouterCompiler``, in a worker thread), and the driver applies it; an equal
   table changes nothing in HAProxy;
 - a table HAProxy refuses (``haproxy -c`` or the reload: a certificate it cannot load) is
-  bisected by route: the routes at fault are left out, the rest is served, and the
-  left-out routes are marked not admitted (``ExtendedValidationFailed``, HAProxy's
-  words as the message);
+  bisected by route with check-only probes (``driver.check``: the live HAProxy keeps
+  serving the last table meanwhile); the routes at fault are left out, the rest is
+  served, and the left-out routes are marked not admitted (``ExtendedValidationFailed``,
+  HAProxy's words as the message);
 - after each pass the routes' Admitted conditions for this router go to
   ``RouteStatusWriter``, which writes only those that differ from what the route's
   status says; an event that changes only a route's status is checked against the last
@@ -22,6 +23,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Sequence
@@ -33,7 +35,9 @@ from podnet.model.kinds import ENDPOINT_SLICE, ROUTE, SERVICE, Kind
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
 from podnet.router.admission import route_key
 from podnet.router.compile import Desired, RouterCompiler, final_verdicts
-from podnet.router.haproxy import DriverCounters
+from podnet.router.haproxy import ConfigRejected, DriverCounters
+from podnet.router.haproxy.master import ReloadFailed
+from podnet.router.haproxy.runtimeapi import RuntimeAPIError
 from podnet.router.inputs import SPEC, STATUS, RouterInputs
 from podnet.router.metrics import RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
@@ -42,11 +46,17 @@ from podnet.router.table import RouterTable
 log = logging.getLogger("podnet.router")
 
 COALESCE_SECONDS = 0.005  # a burst of changes is taken together
+CUT_RETRY_SECONDS = 1.0  # serving a bisection's cut failed: a new pass after this long
 KINDS: tuple[Kind, ...] = (ROUTE, SERVICE, ENDPOINT_SLICE)
 
 
 class Driver(Protocol):
     """What the controller needs of the HAProxy layer (``HAProxyRouter``)."""
+
+    async def start(self, table: RouterTable) -> None:
+        """Start HAProxy serving ``table``, or adopt a running one and reload it;
+        ``ConfigRejected`` when HAProxy refuses the table."""
+        ...
 
     @property
     def counters(self) -> DriverCounters:
@@ -56,6 +66,11 @@ class Driver(Protocol):
     @property
     def live_table(self) -> RouterTable | None:
         """The table HAProxy serves now."""
+        ...
+
+    async def check(self, table: RouterTable) -> None:
+        """Render ``table`` and have HAProxy check it without serving it;
+        ``ConfigRejected`` when refused."""
         ...
 
     def update(self, table: RouterTable) -> int:
@@ -92,6 +107,7 @@ class RouterController:
         self.inputs = RouterInputs()
         self.compiler = RouterCompiler()  # used by the loop's worker thread, one pass at a time
         self.served: Desired | None = None  # the last state applied (whole or cut)
+        self.started = False  # HAProxy starts with the first table, once all have listed
         pacing = Pacing(resync_period, COALESCE_SECONDS, compile_in_thread=True)
         self.loop: ReconcileLoop[Desired] = ReconcileLoop(
             self, pacing, inputs=[k.plural for k in KINDS], metrics=metrics.reconcile
@@ -129,15 +145,55 @@ class RouterController:
         return functools.partial(self.compiler.compute, self.inputs.snapshot())
 
     async def apply(self, desired: Desired) -> None:
-        """The table to HAProxy and wait until it serves it. HAProxy refusing it is the
-        loop's permanent error (bisection follows); any other failure a transient one."""
+        """Serve ``desired``'s table; a bisection probe (a cut) is only checked. HAProxy
+        refusing a table is the loop's permanent error (bisection follows); any other
+        failure a transient one."""
+        if not desired.probe:
+            await self._serve(desired.table)
+            return
+        try:
+            await self.driver.check(desired.table)
+        except ConfigRejected as exc:
+            raise DataPlaneRejected(str(exc)) from exc
+        except OSError as exc:
+            raise DataPlaneError(f"checking a table: {exc}") from exc
+
+    async def _serve(self, table: RouterTable) -> None:
+        """Hand ``table`` to HAProxy and wait until it serves it; the first one starts
+        HAProxy (or reloads the one a killed router left serving its routes)."""
+        if not self.started:
+            await self._start(table)
+            return
         refused = self.driver.counters.rejected
-        counters = await self.driver.settled(self.driver.update(desired.table))
+        counters = await self.driver.settled(self.driver.update(table))
         if counters.rejected > refused:
             self.metrics.render_errors.inc()
             raise DataPlaneRejected(counters.last_error or "HAProxy refused the configuration")
-        if self.driver.live_table != desired.table:
+        if self.driver.live_table != table:
             raise DataPlaneError(counters.last_error or "HAProxy did not take the table")
+
+    async def _start(self, table: RouterTable) -> None:
+        try:
+            await self.driver.start(table)
+        except ConfigRejected as exc:
+            self.metrics.render_errors.inc()
+            raise DataPlaneRejected(str(exc)) from exc
+        except (ReloadFailed, RuntimeAPIError, OSError) as exc:  # HAProxy died or is busy
+            raise DataPlaneError(f"starting HAProxy: {exc}") from exc
+        self.started = True
+        log.info("HAProxy started with %d routes", len(table.routes))
+
+    async def _serve_cut(self, table: RouterTable) -> bool:
+        """Serve a bisection's cut; on failure try again with a new pass, later."""
+        if self.driver.live_table == table:
+            return True
+        try:
+            await self._serve(table)
+        except DataPlaneError as exc:
+            log.error("router: serving the routes HAProxy takes failed: %s", exc)
+            asyncio.get_running_loop().call_later(CUT_RETRY_SECONDS, self.loop.poke)
+            return False
+        return True
 
     def keys(self, desired: Desired) -> Sequence[str]:
         """Routes by ``namespace:name``."""
@@ -151,8 +207,12 @@ class RouterController:
         return f"{len(desired.table.routes)} routes, {servers} servers"
 
     async def after_apply(self, desired: Desired, record: ApplyRecord) -> None:
-        """Log a new table; hand the verdicts to the status writer."""
-        verdicts = final_verdicts(desired, frozenset(record.left_out), record.error)
+        """Serve the cut a bisection found (its probes were only checked); log a new
+        table; hand the verdicts to the status writer."""
+        left_out = frozenset(record.left_out)
+        if left_out and not await self._serve_cut(desired.served_without(left_out)):
+            return
+        verdicts = final_verdicts(desired, left_out, record.error)
         if self.served is None or desired.table != self.served.table:
             log.info("serving %s (%s)", record.what, record.result)
         self.served = desired

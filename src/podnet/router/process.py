@@ -8,11 +8,13 @@ Start:
    else is refused, so a mistyped ``--run-dir`` never loses a file at the stop; so is
    one another running router holds (``router.lock``, flock).
 2. The default certificate: ``--default-certificate`` checked, else a self-signed one.
-3. HAProxy (``podnet.router.haproxy.HAProxyRouter``) starts with no routes (every host
-   503), or adopts the master a killed router left running for this run directory
-   (found by the pid file and checked by its command line, never by a name pattern).
-4. The controller (``podnet.router.controller``), its status writer and the metrics
+3. The controller (``podnet.router.controller``), its status writer and the metrics
    listener (``--metrics``, the loopback by default).
+4. HAProxy (``podnet.router.haproxy.HAProxyRouter``) starts with the controller's first
+   table, once Routes, Services and EndpointSlices have listed, or adopts the master a
+   killed router left running for this run directory (found by the pid file and checked
+   by its command line, never by a name pattern), which serves its last routes until
+   then.
 
 Stop (SIGTERM, SIGINT): the controller and writers end, HAProxy is stopped by PID (soft
 stop, then TERM, then KILL), and the run directory is removed: no process, socket, key
@@ -127,8 +129,7 @@ class RouterProcess:
         self._lock = prepare_run_dir(options.run_dir)
         if options.default_certificate is None:
             ensure_default_certificate(self.settings.default_certificate, f"{options.name}.router")
-        self.driver = HAProxyRouter(self.settings)
-        await self.driver.start()
+        self.driver = HAProxyRouter(self.settings)  # started by the controller's first pass
         self.api = RemoteApi(options.client, agent="podnet-router")
         self.informers = Informers(self.api)
         self.statuses = RouteStatusWriter(self.api, options.name)
