@@ -87,7 +87,7 @@ class Lab:
         if tls:
             command += ["--tls-port", "8443", "--self-signed", f"{app}.{namespace}.svc,{host(app)}"]
             ports.append(("https", 8443, "TCP"))
-        ready = ReadinessCheck(tcp_port=8443 if tls else 8080, period=0.2, failures=1)
+        ready = ReadinessCheck(8443 if tls else 8080, period=0.2, timeout=0.2, failures=1)
         pod = pods.run_pod(
             self.state_dir,
             name,
