@@ -2,9 +2,10 @@
 
 ``update`` only records the newest table; one task applies it. A change of servers only
 goes to the running worker over the runtime API (and into a new generation on disk, so a
-later reload agrees); anything else writes and checks a new generation and reloads. After
-a reload the task waits ``reload_interval`` before the next one, so a burst of updates
-becomes one reload; an update that changes nothing does nothing. A generation HAProxy
+later reload agrees); anything else writes and checks a new generation and reloads. A
+reload begins no sooner than ``reload_interval`` after the last one began, and the task
+takes the newest table each time, so a burst of updates becomes one reload; an update
+that changes nothing does nothing. A generation HAProxy
 refuses is kept aside with the error, and the live one goes on serving.
 """
 
@@ -89,6 +90,7 @@ class HAProxyRouter:
         self._draining: set[str] = set()  # "<backend>/<server>" in maint, not yet deleted
         self._task: asyncio.Task[None] | None = None
         self._totals = StatsTotals()
+        self._last_reload = -float("inf")  # when the last reload began (monotonic)
 
     @property
     def counters(self) -> DriverCounters:
@@ -169,9 +171,8 @@ class HAProxyRouter:
             if not self.master.running():
                 await self._watch()
             number, table = self._requested, self._desired
-            reloaded = False
             try:
-                reloaded = await self._apply(table)
+                await self._apply(table)
             except Exception as error:  # keep serving the last table; try again soon
                 log.exception("router: applying the table failed")
                 self._record(last_error=f"{type(error).__name__}: {error}")
@@ -180,8 +181,6 @@ class HAProxyRouter:
                 self._done = number
                 self._record(applied=number)
                 self._settled.notify_all()
-            if reloaded:
-                await asyncio.sleep(self.settings.reload_interval)
 
     async def _watch(self) -> None:
         """Between updates: delete drained servers; start HAProxy again if it died."""
@@ -219,12 +218,14 @@ class HAProxyRouter:
             raise
         store.activate(directory, generation)
 
-    async def _apply(self, table: RouterTable) -> bool:
-        """Serve ``table``; True if that took a reload."""
+    async def _apply(self, table: RouterTable) -> None:
+        """Serve ``table``: nothing, runtime commands, or a checked generation and a
+        reload (no sooner than ``reload_interval`` after the last one began: updates that
+        come meanwhile wait for the next)."""
         plan = planning.plan_update(self._live, table)
         if plan.unchanged:
             await self._delete_drained()
-            return False
+            return
         if not plan.reload:
             assert self._store is not None
             directory, generation = await self._write(table)
@@ -236,19 +237,21 @@ class HAProxyRouter:
                 self._store.activate(directory, generation)
                 self._live = table
                 self._record(runtime_updates=self._counters.runtime_updates + 1)
-                return False
+                return
         try:
-            await self._write_checked(table)
+            await self._write_checked(table)  # while the interval runs out
         except ConfigRejected as error:
             self._record(rejected=self._counters.rejected + 1, last_error=str(error))
-            return False
+            return
+        wait = self._last_reload + self.settings.reload_interval - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
             await self._reload()
         except ReloadFailed as error:
             self._record(rejected=self._counters.rejected + 1, last_error=str(error))
-            return True
+            return
         self._live = table
-        return True
 
     async def _run_changes(self, changes: tuple[planning.ServerChange, ...]) -> None:
         worker = self.master.worker
@@ -298,7 +301,7 @@ class HAProxyRouter:
 
     async def _reload(self) -> None:
         await self._save_server_states()
-        started = time.monotonic()
+        started = self._last_reload = time.monotonic()
         await self.master.reload()
         self._draining.clear()
         self._record(
