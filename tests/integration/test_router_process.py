@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from podnet.api.pki import Pki
+from podnet.kubeconfig import write_kubeconfig
 from podnet.testing.api import client_for
 from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
@@ -139,3 +141,17 @@ def test_killed_routers_haproxy_is_taken_over_and_sigterm_leaves_nothing(
     pids = subprocess.run(["ip", "netns", "pids", lab.ns], capture_output=True, text=True)
     assert pids.returncode == 0 and pids.stdout.split() == []
     assert lab.status_of(WWW, https=True) == 0
+
+
+def test_a_router_the_api_refuses_exits_1_and_leaves_nothing(lab: RouterNamespace) -> None:
+    """A token the API does not know: the router says so, exits 1, and no HAProxy ever
+    started (nothing to serve before the first listing) nor any file stays."""
+    ca = Pki.at(lab.master.state_dir / "pki").ca_pem()
+    write_kubeconfig(lab.kubeconfig, lab.master.server, ca, "not-a-token")
+    done = subprocess.run(lab.router_argv(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "Unauthorized" in done.stderr.strip().splitlines()[-1]
+    assert not lab.run_dir.exists()
+    pids = subprocess.run(["ip", "netns", "pids", lab.ns], capture_output=True, text=True)
+    assert pids.returncode == 0 and pids.stdout.split() == []

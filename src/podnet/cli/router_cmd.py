@@ -36,7 +36,7 @@ def _address(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
               "default: a self-signed one made in the run dir")  # fmt: skip
 @click.option("--metrics", "metrics_address", default=DEFAULT_METRICS, show_default=True,
               help="HOST:PORT of /metrics (Prometheus)")  # fmt: skip
-@click.option("--reload-interval", default=1.0, show_default=True,
+@click.option("--reload-interval", default=0.5, show_default=True,
               type=click.FloatRange(0.0, 60.0),
               help="seconds between two HAProxy reloads (changes between are merged)")  # fmt: skip
 @click.pass_context

@@ -19,7 +19,8 @@ Start:
 Stop (SIGTERM, SIGINT): the controller and writers end, HAProxy is stopped by PID (soft
 stop, then TERM, then KILL), and the run directory is removed: no process, socket, key
 or pid file is left. A task that fails for good (the API refusing the router's
-identity, say) is logged and stops the process the same way.
+identity, say) is logged and stops the process the same way, which then exits 1 with
+that error.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from podnet.agent.metrics import MetricsServer, split_address
+from podnet.client.errors import ClientError
 from podnet.client.informers import Informers
 from podnet.controllers.remote import RemoteApi
 from podnet.controllers.workqueue import cancel_all
@@ -70,7 +72,7 @@ class RouterOptions:
     run_dir: Path = Path("/run/podnet/router")
     default_certificate: Path | None = None
     metrics_address: str = "127.0.0.1:1936"
-    reload_interval: float = 1.0
+    reload_interval: float = 0.5
     resync_period: float = 300.0
 
 
@@ -121,6 +123,7 @@ class RouterProcess:
         self.metrics_server: MetricsServer | None = None
         self.controller: RouterController | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.failure: Exception | None = None  # what stopped the router, if not a signal
         self._lock: int | None = None
 
     async def start(self) -> None:
@@ -143,12 +146,13 @@ class RouterProcess:
         )
         self.statuses.start()
         for name, run in self.controller.tasks():
-            self._tasks.append(asyncio.create_task(_or_stop(run(), name), name=name))
+            self._tasks.append(asyncio.create_task(self._or_stop(run(), name), name=name))
         server = MetricsServer(metrics.reconcile, options.metrics_address, metrics.refresh)
         await server.start()
         self.metrics_server = server
         log.info(
-            "router %s: HTTP on %s:%d, HTTPS on %s:%d, metrics on %s:%d, run dir %s",
+            "router %s: HTTP on %s:%d, HTTPS on %s:%d (HAProxy starts once Routes, Services"
+            " and EndpointSlices have listed), metrics on %s:%d, run dir %s",
             options.name, options.bind, options.http_port, options.bind, options.https_port,
             server.host, server.port, options.run_dir,
         )  # fmt: skip
@@ -173,6 +177,21 @@ class RouterProcess:
             os.close(self._lock)
             self._lock = None
         log.info("router %s stopped", self.options.name)
+        if self.failure is not None:
+            raise self.failure  # the exit status says the router failed
+
+    async def _or_stop(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run one of the router's tasks; if it fails, log it, keep the error and SIGTERM
+        this process (whose handler stops it cleanly, then ``stop`` raises the error)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            trace = not isinstance(exc, ClientError)  # an API refusal needs no traceback
+            log.error("router task %s failed; the router stops: %s", name, exc, exc_info=trace)
+            self.failure = self.failure or exc
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def route_counts(driver: HAProxyRouter) -> dict[RouteKey, RouteCounts]:
@@ -185,15 +204,3 @@ async def route_counts(driver: HAProxyRouter) -> dict[RouteKey, RouteCounts]:
             seen.requests + stats.requests, seen.errors + stats.errors
         )
     return found
-
-
-async def _or_stop(work: Coroutine[Any, Any, None], name: str) -> None:
-    """Run one of the router's tasks; if it fails, log it and SIGTERM this process
-    (whose handler stops it cleanly)."""
-    try:
-        await work
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("router task %s failed; the router stops", name)
-        os.kill(os.getpid(), signal.SIGTERM)
