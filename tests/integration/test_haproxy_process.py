@@ -184,3 +184,25 @@ def test_check_never_serves_what_it_checks(lab: Lab, router: tuple[LoopThread, H
     fresh = HAProxyRouter(dataclasses.replace(settings, run_dir=lab.work / "fresh"))
     with pytest.raises(ConfigRejected):
         loop.call(fresh.check(RouterTable(routes=(broken,))))
+
+
+def test_runtime_state_survives_a_reload(lab: Lab, router: tuple[LoopThread, HAProxyRouter]):
+    loop, haproxy = router
+    target = "be_http:ns1:web/ept:127.0.0.31:8080"
+
+    async def admin_state() -> int:
+        worker = haproxy.master.worker
+        assert worker is not None
+        text = await haproxy.master.cli.to_worker(worker, "show servers state be_http:ns1:web")
+        rows = [line.split() for line in text.splitlines()[2:] if line.strip()]
+        return next(int(r[6]) for r in rows if f"{r[1]}/{r[3]}" == target)
+
+    # an operator drains the server by hand; the next worker keeps it draining
+    worker = haproxy.master.worker
+    assert worker is not None
+    loop.call(haproxy.master.cli.to_worker(worker, f"set server {target} state drain"))
+    assert loop.call(admin_state()) & 0x08  # SRV_ADMF_FDRAIN
+    extra = RouteBackend("ns1", "extra", "extra.example.com", servers=(A,))
+    assert apply(loop, haproxy, RouterTable(routes=(*ROUTES, extra))).reloads == 1
+    assert haproxy.master.worker != worker
+    assert loop.call(admin_state()) & 0x08
