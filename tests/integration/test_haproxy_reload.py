@@ -152,6 +152,10 @@ def test_endpoint_changes_apply_without_a_reload(
     # a server removed, then back: it comes back ready (not left in maintenance)
     apply(loop, haproxy, with_servers(only_c, "web", C, A))
     assert tags(lab, "web.example.com", 6) == {"a": 3, "c": 3}
+    # new weights in a reload: the config's, not the saved states' old ones
+    heavier_a = with_servers(table, "web", Server(A.ip, A.port, 3), C)
+    assert apply(loop, haproxy, heavier_a).reloads == before.reloads + 2
+    assert tags(lab, "web.example.com", 8) == {"a": 6, "c": 2}
 
 
 def test_a_refused_config_leaves_the_old_one_serving(
