@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,11 +116,11 @@ class HAProxyRouter:
         """Have HAProxy check ``table``'s generation (``haproxy -c``) without serving it;
         ``ConfigRejected`` with HAProxy's words if refused. Usable before ``start``."""
         store = await self._open_store()
-        directory, _ = await self._write(table)
+        directory, _ = await self._write(table, scratch=True)
         try:
             await asyncio.to_thread(store.check, directory)
         finally:
-            await asyncio.to_thread(shutil.rmtree, directory, True)
+            await asyncio.to_thread(store.discard, directory)
 
     async def _open_store(self) -> GenerationStore:
         if self._store is None:
@@ -200,12 +199,13 @@ class HAProxyRouter:
     def _record(self, **changes: Any) -> None:
         self._counters = dataclasses.replace(self._counters, **changes)
 
-    async def _write(self, table: RouterTable) -> tuple[Path, Generation]:
+    async def _write(self, table: RouterTable, scratch: bool = False) -> tuple[Path, Generation]:
         """Render and write ``table``'s generation (in a thread: 10,000 routes take a
         second); not yet live."""
         assert self._store is not None
         generation = await asyncio.to_thread(render, table, self.settings, self._secret)
-        return await asyncio.to_thread(self._store.write, generation), generation
+        directory = await asyncio.to_thread(self._store.write, generation, scratch)
+        return directory, generation
 
     async def _write_checked(self, table: RouterTable) -> None:
         assert self._store is not None

@@ -52,6 +52,7 @@ class GenerationStore:
         numbers = [int(m.group(1)) for p in self.run_dir.iterdir() if (m := _GEN.match(p.name))]
         self._next = max(numbers, default=0) + 1
         self._naming = threading.Lock()
+        self._scratch: set[str] = set()  # generations being checked only: never pruned
         self._live: Generation | None = None  # what ``current`` holds, once written by us
 
     def live_dir(self) -> Path | None:
@@ -59,11 +60,14 @@ class GenerationStore:
         link = self.settings.current
         return link.resolve() if link.is_symlink() else None
 
-    def write(self, generation: Generation) -> Path:
-        """Write ``generation`` into a new directory, durably; return the directory."""
+    def write(self, generation: Generation, scratch: bool = False) -> Path:
+        """Write ``generation`` into a new directory, durably; return the directory.
+        A ``scratch`` one is only checked: ``discard`` removes it, ``activate`` keeps it."""
         with self._naming:  # the driver's applier and a check may write at once
             target = self.run_dir / f"gen-{self._next}"
             self._next += 1
+            if scratch:
+                self._scratch.add(target.name)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(mode=0o700)
         live, old = self.live_dir(), self._live
@@ -110,7 +114,15 @@ class GenerationStore:
         self._live = generation
         self._prune(keep=directory.name)
 
+    def discard(self, directory: Path) -> None:
+        """Remove a scratch generation."""
+        shutil.rmtree(directory, ignore_errors=True)
+        with self._naming:
+            self._scratch.discard(directory.name)
+
     def _prune(self, keep: str) -> None:
+        with self._naming:
+            spare = {keep, *self._scratch}
         for path in self.run_dir.iterdir():
-            if _GEN.match(path.name) and path.name != keep:
+            if _GEN.match(path.name) and path.name not in spare:
                 shutil.rmtree(path, ignore_errors=True)
