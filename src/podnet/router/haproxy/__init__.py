@@ -5,8 +5,9 @@ Public interface (what the router process uses):
 
 - ``HAProxySettings``: addresses, ports, run directory, default certificate, limits.
 - ``HAProxyRouter(settings)``: ``await start(table)``, ``update(table)`` (coalesced),
-  ``await settled()``, ``counters`` (reloads, last reload time, runtime updates, rejected
-  generations, last error), ``await backend_stats()`` (requests/errors per route backend),
+  ``await settled()``, ``await check(table)`` (``haproxy -c`` only, never served),
+  ``counters`` (reloads, last reload time, runtime updates, rejected generations, last
+  error, restarts), ``await backend_stats()`` (requests/errors per route backend),
   ``await stop()``.
 - ``render(table, settings, secret)``: the files of one generation (pure).
 - ``plan_update(live, desired)``: reload, runtime commands, or nothing (pure).
