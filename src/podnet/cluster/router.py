@@ -6,10 +6,10 @@ as a pod of the ``default`` project, published on one node's underlay address.
   0 in multitenant mode, so it reaches every project's pods while isolated projects stay
   isolated from each other (seed 004). Its process is ``podnet router`` (which drives
   HAProxy), run as root in the pod sandbox (a privileged pod, as OpenShift's router is),
-  with the cluster's state hidden except its own files: the volume ``<state>/router``,
-  seen at ``ROUTER_MOUNT``, holds its kubeconfig (the restricted identity
-  ``system:podnet:router:default``, API at ``default/kubernetes``' cluster IP, reached as
-  pods reach it) and its working directory.
+  with the cluster's state hidden except its own files: the volume
+  ``<state>/router/volume``, seen at ``ROUTER_MOUNT``, holds its kubeconfig (the
+  restricted identity ``system:podnet:router:default``, API at ``default/kubernetes``'
+  cluster IP, reached as pods reach it) and HAProxy's run directory.
 - **hostPorts.** The Pod declares ``hostPort`` 80 and 443; the node's CNI chain's
   ``portmap`` plugin publishes them (``podnet.cluster.hostports``): DNAT rules in the node's
   namespace only, from the node's addresses to the pod.
