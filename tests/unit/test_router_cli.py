@@ -14,6 +14,8 @@ from podnet.api.pki import ensure_pki
 from podnet.cli.main import cli
 from podnet.kubeconfig import write_kubeconfig
 from podnet.router.process import foreign_files, prepare_run_dir
+from podnet.testing import tools
+from podnet.testing.routerns import weak_leaf
 
 
 @pytest.fixture
@@ -97,3 +99,19 @@ def test_run_dir_is_made_private_and_locked(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     os.close(prepare_run_dir(run_dir))  # free again once the holder is gone
+
+
+def test_a_default_certificate_haproxy_refuses_fails_the_start(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Parseable, its own key, but a 1024-bit RSA key that HAProxy (OpenSSL's default
+    security level) will not load: the start fails with HAProxy's words, nothing left."""
+    tools.require("haproxy")
+    certificate, key = weak_leaf("router.example")
+    weak = tmp_path / "weak.pem"
+    weak.write_text(certificate + key)
+    run_dir = tmp_path / "run"
+    code, output = run(kubeconfig, "--run-dir", str(run_dir), "--default-certificate", str(weak))
+    assert code == 1 and output.startswith("error: HAProxy refuses the router's base config")
+    assert "weak.pem" in output
+    assert not run_dir.exists()

@@ -7,7 +7,9 @@ Start:
    log, and the default certificate when none is given. A directory holding anything
    else is refused, so a mistyped ``--run-dir`` never loses a file at the stop; so is
    one another running router holds (``router.lock``, flock).
-2. The default certificate: ``--default-certificate`` checked, else a self-signed one.
+2. The default certificate: ``--default-certificate`` checked, else a self-signed one;
+   HAProxy checks the configuration without routes (``haproxy -c``), so what no route
+   can fix fails the start.
 3. The controller (``podnet.router.controller``), its status writer and the metrics
    listener (``--metrics``, the loopback by default).
 4. HAProxy (``podnet.router.haproxy.HAProxyRouter``) starts with the controller's first
@@ -45,9 +47,10 @@ from podnet.controllers.workqueue import cancel_all
 from podnet.kubeconfig import ClientConfig
 from podnet.router.controller import RouterController
 from podnet.router.defaultcert import ensure_default_certificate, load_default_certificate
-from podnet.router.haproxy import HAProxyRouter, HAProxySettings
+from podnet.router.haproxy import ConfigRejected, HAProxyRouter, HAProxySettings
 from podnet.router.metrics import ReloadFigures, RouteCounts, RouteKey, RouterMetrics
 from podnet.router.routestatus import RouteStatusWriter
+from podnet.router.table import RouterTable
 
 log = logging.getLogger("podnet.router")
 
@@ -133,6 +136,10 @@ class RouterProcess:
         if options.default_certificate is None:
             ensure_default_certificate(self.settings.default_certificate, f"{options.name}.router")
         self.driver = HAProxyRouter(self.settings)  # started by the controller's first pass
+        try:  # what no route can fix (the default certificate, say) fails here, not later
+            await self.driver.check(RouterTable())
+        except ConfigRejected as exc:
+            raise ValueError(f"HAProxy refuses the router's base configuration: {exc}") from exc
         self.api = RemoteApi(options.client, agent="podnet-router")
         self.informers = Informers(self.api)
         self.statuses = RouteStatusWriter(self.api, options.name)
