@@ -214,7 +214,7 @@ class RouterController:
             return
         verdicts = final_verdicts(desired, left_out, record.error)
         if self.served is None or desired.table != self.served.table:
-            log.info("serving %s (%s)", record.what, record.result)
+            log.info("router %s: serving %s (%s)", self.router_name, record.what, record.result)
         self.served = desired
         admitted = sum(1 for v in verdicts.values() if v.admitted)
         self.metrics.route_states(admitted, len(verdicts) - admitted)
