@@ -122,6 +122,8 @@ def test_endpoint_changes_apply_without_a_reload(
     after = apply(loop, haproxy, grown)
     assert after.reloads == before.reloads and after.runtime_updates == before.runtime_updates + 1
     assert tags(lab, "web.example.com", 10) == {"a": 5, "c": 5}
+    live_config = (haproxy.settings.current / "haproxy.cfg").read_text()
+    assert "server ept:127.0.0.23:8080 127.0.0.23:8080 weight 1" in live_config  # agrees
     # the added server has a sticky cookie of its own
     cookies = set()
     for _ in range(2):

@@ -69,3 +69,15 @@ def test_numbers_continue_after_a_restart(tmp_path: Path):
     gens.activate(gens.write(first), first)
     again = store(tmp_path)
     assert again.write(first).name == "gen-2"
+
+
+def test_replace_config_rewrites_only_the_live_config(tmp_path: Path):
+    gens = store(tmp_path)
+    first = generation(**{"haproxy.cfg": "old", "m.map": "x 1\n"})
+    live = gens.write(first)
+    gens.activate(live, first)
+    gens.replace_config("new")
+    assert (live / "haproxy.cfg").read_text() == "new"
+    # the next generation links the rewritten config when it is unchanged
+    nxt = gens.write(generation(**{"haproxy.cfg": "new", "m.map": "x 1\n"}))
+    assert os.path.samefile(live / "haproxy.cfg", nxt / "haproxy.cfg")

@@ -1,7 +1,7 @@
 """The router's HAProxy driver: takes ``RouterTable`` updates and makes HAProxy serve them.
 
 ``update`` only records the newest table; one task applies it. A change of servers only
-goes to the running worker over the runtime API (and into a new generation on disk, so a
+goes to the running worker over the runtime API (and into the live ``haproxy.cfg``, so a
 later reload agrees); anything else writes and checks a new generation and reloads. A
 reload begins no sooner than ``reload_interval`` after the last one began, and the task
 takes the newest table each time, so a burst of updates becomes one reload; an update
@@ -22,6 +22,7 @@ from typing import Any
 
 from podnet.files import write_atomic
 from podnet.router.haproxy import plan as planning
+from podnet.router.haproxy.config import render_config
 from podnet.router.haproxy.generations import ConfigRejected, GenerationStore
 from podnet.router.haproxy.master import HAProxyMaster, ReloadFailed
 from podnet.router.haproxy.render import Generation, render
@@ -228,13 +229,13 @@ class HAProxyRouter:
             return
         if not plan.reload:
             assert self._store is not None
-            directory, generation = await self._write(table)
             try:
                 await self._run_changes(plan.changes)
             except (RuntimeAPIError, OSError, TimeoutError) as error:
                 log.warning("router: runtime update failed, reloading instead: %s", error)
-            else:  # the files now say what the worker does
-                self._store.activate(directory, generation)
+            else:  # only the server lines change: the config is rewritten to agree
+                text = await asyncio.to_thread(render_config, table, self.settings, self._secret)
+                await asyncio.to_thread(self._store.replace_config, text)
                 self._live = table
                 self._record(runtime_updates=self._counters.runtime_updates + 1)
                 return

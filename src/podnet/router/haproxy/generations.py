@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+from types import MappingProxyType
 
 from podnet.files import write_atomic
 from podnet.router.haproxy.render import Generation
@@ -113,6 +114,15 @@ class GenerationStore:
             os.close(dir_fd)
         self._live = generation
         self._prune(keep=directory.name)
+
+    def replace_config(self, text: str) -> None:
+        """Rewrite only the live generation's ``haproxy.cfg`` (atomically): after runtime
+        server changes, which change no other file."""
+        live, generation = self.live_dir(), self._live
+        if live is None or generation is None:
+            raise RuntimeError("no live generation to rewrite")
+        write_atomic(live / CONFIG, text, generation.mode(CONFIG))
+        self._live = Generation(MappingProxyType({**generation.files, CONFIG: text}))
 
     def discard(self, directory: Path) -> None:
         """Remove a scratch generation."""
