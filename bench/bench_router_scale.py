@@ -20,7 +20,7 @@ the last one is waited for (served from the external host). Then:
 - **memory**: VmRSS of the router process and of all HAProxy processes in the router
   pod (master and workers, summed), after the changes.
 
-The baseline in the same run is the first size: each line gives the ratio to it.
+Each size's line is printed as soon as it is measured, and all of them at the end.
 """
 
 from __future__ import annotations
@@ -110,6 +110,18 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+def line(size: int, served: list[float], reloads: list[float], rss: dict[str, int]) -> str:
+    """One size's figures."""
+    p99 = percentile(served, 0.99)
+    reload_ms = statistics.median(reloads) * 1000 if reloads else float("nan")
+    return (
+        f"{size:>6} routes: served p50 {statistics.median(served) * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, max {max(served) * 1000:.0f} ms; "
+        f"reload median {reload_ms:.0f} ms over {len(reloads)}; "
+        f"RSS router {rss['router'] / 1024:.0f} MiB, HAProxy {rss['haproxy'] / 1024:.0f} MiB"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--routes", type=int, nargs="+", default=[1000, 10000])
@@ -127,20 +139,9 @@ def main() -> int:
             print(f"== {size} routes")
             have = fill(lab, size, have)
             served, reloads = changes(lab, args.changes, args.gap)
-            rss = lab.rss_kib()
-            rows.append((size, served, reloads, rss))
-            print(f"  {machine_load()}")
-    base = rows[0]
-    for size, served, reloads, rss in rows:
-        p99 = percentile(served, 0.99)
-        reload_ms = statistics.median(reloads) * 1000 if reloads else float("nan")
-        base_p99 = percentile(base[1], 0.99)
-        print(
-            f"{size:>6} routes: served p50 {statistics.median(served) * 1000:.0f} ms, "
-            f"p99 {p99 * 1000:.0f} ms (x{p99 / base_p99:.2f}), max {max(served) * 1000:.0f} ms; "
-            f"reload median {reload_ms:.0f} ms over {len(reloads)}; "
-            f"RSS router {rss['router'] / 1024:.0f} MiB, HAProxy {rss['haproxy'] / 1024:.0f} MiB"
-        )
+            rows.append(line(size, served, reloads, lab.rss_kib()))
+            print(f"  {rows[-1]}\n  {machine_load()}", flush=True)
+    print("\n" + "\n".join(rows))
     return 0
 
 

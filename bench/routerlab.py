@@ -142,7 +142,9 @@ class Lab:
     def metrics(self) -> dict[str, float]:
         """The router's metrics, each name summed over its label sets."""
         url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
-        text = netns.run(self.router_pod.netns, ["curl", "-sS", "-m", "5", url], check=True).stdout
+        # Each scrape reads HAProxy's stats: slow with 10,000 backends on a loaded machine.
+        argv = ["curl", "-sS", "-m", "120", url]
+        text = netns.run(self.router_pod.netns, argv, timeout=150, check=True).stdout
         out: dict[str, float] = {}
         for line in text.splitlines():
             if (match := _SAMPLE.match(line)) and not line.startswith("#"):
