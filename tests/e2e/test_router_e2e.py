@@ -85,10 +85,8 @@ class World:
         return rc.curl(load_state(self.state_dir), url, *options, cacert=cacert)
 
 
-SERVICES = {
-    "web": {"www": 1, "api": 1, "apiv1": 1, "wa": 1, "wb": 1, "scale": 1},
-    "shop": {"shop": 1},
-}
+# Per project, the apps: each one pod <app>-1 (httpecho) behind a Service <app>.
+SERVICES = {"web": ("www", "api", "apiv1", "wa", "wb", "scale"), "shop": ("shop",)}
 
 
 @pytest.fixture(scope="module")
