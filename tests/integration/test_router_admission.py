@@ -1,7 +1,8 @@
 """Admission with a real router (``podnet.testing.routerns``): a younger route for a
 claimed host is not admitted (HostAlreadyClaimed in its status) and the older one keeps
 serving; a broken certificate is refused by the API (422); a route whose certificate
-HAProxy cannot load is left out and marked not admitted while the others serve; the
+HAProxy cannot load is left out and marked not admitted while the others serve, and
+claims no host; the
 router's identity can do no more than read routes and write their status."""
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
         assert answer.status_code == 422 and "spec.tls.certificate" in answer.text
 
         # one HAProxy cannot load: left out and marked; the good edge route next to it serves
-        good = RouteCa.new().issue("good.example.com")
+        ca = RouteCa.new()
+        good = ca.issue("good.example.com")
         tls = edge(good.certificate, good.key)
         assert api.post(ROUTES, json=route("good", "good.example.com", tls=tls)).status_code == 201
         weak = route("weak", "weak.example.com", tls=edge(*weak_leaf("weak.example.com")))
@@ -76,6 +78,18 @@ def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
         assert (wait_for(lambda: admitted(api, "good"), 30, "good's status"))["status"] == "True"
         assert lab.served_by("weak.example.com", https=True) is None
         assert lab.served_by(WWW) == "a"
+
+        # the refused route claims no host: a younger one for it, with a good certificate,
+        # is admitted and served
+        twin = ca.issue("weak.example.com")
+        tls = edge(twin.certificate, twin.key)
+        assert (
+            api.post(ROUTES, json=route("twin", "weak.example.com", "other", tls=tls)).status_code
+            == 201
+        )
+        wait_for(lambda: lab.served_by("weak.example.com", https=True) == "c", 30, "twin serves")
+        assert (wait_for(lambda: admitted(api, "twin"), 30, "twin's status"))["status"] == "True"
+        assert (admitted(api, "weak") or {}).get("reason") == "ExtendedValidationFailed"
 
         # the router's identity reads routes and writes their status, nothing else
         with client_for(lab.kubeconfig) as router_api:

@@ -130,3 +130,30 @@ def test_passes_equal_a_computation_from_scratch(changes: list[tuple[str, str, s
                 "services", WatchEvent(ADDED if value == "True" else DELETED, service(NS, name))
             )
         assert compiler.compute(inputs.snapshot()) == RouterCompiler().compute(inputs.snapshot())
+
+
+def test_a_route_haproxy_refused_claims_no_host_until_it_changes() -> None:
+    older = route("old", "www.example.com", created="2026-01-01T00:00:00Z")
+    younger = route("new", "www.example.com", created="2026-01-02T00:00:00Z")
+    inputs = inputs_with([older, younger])
+    compiler = RouterCompiler()
+    first = compiler.compute(inputs.snapshot())
+    assert first.verdicts[(NS, "new")].reason == "HostAlreadyClaimed"
+    compiler.refuse(frozenset({"shop:old"}), "unable to load certs/shop:old.pem")
+    after = compiler.compute(inputs.snapshot())
+    assert after.verdicts[(NS, "old")].reason == "ExtendedValidationFailed"
+    assert "certs/shop:old.pem" in after.verdicts[(NS, "old")].message
+    assert after.verdicts[(NS, "new")].admitted
+    assert [r.name for r in after.table.routes] == ["new"]
+    # the refused route changes (a new certificate, say): tried again, and it is older
+    fixed = copy.deepcopy(older)
+    fixed["metadata"]["annotations"] = {"certificate": "replaced"}
+    inputs.take("routes", WatchEvent(MODIFIED, fixed))
+    again = compiler.compute(inputs.snapshot())
+    assert again.verdicts[(NS, "old")].admitted
+    assert again.verdicts[(NS, "new")].reason == "HostAlreadyClaimed"
+    # deleted, it is forgotten too
+    compiler.refuse(frozenset({"shop:old"}), "refused again")
+    inputs.take("routes", WatchEvent(DELETED, fixed))
+    assert compiler.compute(inputs.snapshot()).verdicts[(NS, "new")].admitted
+    assert compiler._refused == {}

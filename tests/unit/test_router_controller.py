@@ -312,3 +312,22 @@ async def test_haproxy_starts_once_with_the_first_whole_table(
     assert starts == driver.starts  # later tables are updates, not starts
     assert driver.started_with is not None
     assert [r.name for r in driver.started_with.routes] == ["good"]  # never an empty start
+
+
+async def test_a_younger_route_takes_the_host_of_an_older_one_haproxy_refuses(
+    running: Running,
+) -> None:
+    registry, driver = running.registry, running.driver
+    driver.refuse.add(f"{NS}:old")
+    await registry.create(ROUTE, route("old"), NS)
+    await eventually(lambda: condition(registry, "old"), what="old marked")
+    await registry.create(ROUTE, route("new"), NS)  # refused, old claims nothing
+
+    async def new_admitted() -> bool:
+        found = await condition(registry, "new")
+        return found is not None and found["status"] == "True"
+
+    await eventually(new_admitted, what="the younger route admitted")
+    assert driver.route("new") is not None and driver.route("old") is None
+    refused = await condition(registry, "old")
+    assert refused is not None and refused["reason"] == "ExtendedValidationFailed"

@@ -12,6 +12,11 @@ over 10,000 routes cheap when one endpoint changed:
   make a new endpoints tuple whenever a service's slices change); routes are found by
   object identity, so an unchanged route costs a lookup and a few comparisons.
 
+Routes HAProxy refused (``refuse``, after a bisection) are not admitted while they stay
+the same objects: they claim no host, so a younger route for the same host is served,
+as when OpenShift's router refuses a route before admission. A changed route is tried
+again.
+
 A compiler is used by one pass at a time (the reconcile loop runs them in order).
 """
 
@@ -104,13 +109,27 @@ class RouterCompiler:
     _verdicts: dict[RouteKey, Verdict] = field(default_factory=dict)
     # by id() of the route object: the entry holds the object, so the id stays its own
     _compiled: dict[int, _Compiled] = field(default_factory=dict)
+    _refused: dict[int, tuple[Obj, Verdict]] = field(default_factory=dict)
+
+    def refuse(self, left_out: frozenset[str], error: str) -> None:
+        """HAProxy refused the routes keyed (``ns:name``) in ``left_out``, as last
+        compiled: until such a route changes, it is not admitted and claims no host."""
+        for number, known in self._compiled.items():
+            if f"{known.key[0]}:{known.key[1]}" in left_out:
+                message = f"HAProxy refused the route's configuration: {error}"
+                refusal = Verdict(False, RENDER_REJECTED, message[:MESSAGE_CHARS])
+                self._refused[number] = (known.route, refusal)
 
     def compute(self, snapshot: Snapshot) -> Desired:
         """The verdicts of every route and the table of the admitted ones."""
-        if not _same_objects(snapshot.routes, self._routes):
-            self._routes, self._verdicts = snapshot.routes, admit(snapshot.routes)
+        candidates = self._admission_candidates(snapshot.routes)
+        if not _same_objects(candidates, self._routes):
+            verdicts = admit(candidates)
+            for route, refusal in self._refused.values():
+                verdicts[route_key(route)] = refusal
+            self._routes, self._verdicts = candidates, verdicts
         compiled: dict[int, _Compiled] = {}
-        for route in snapshot.routes:
+        for route in candidates:
             known = self._compiled.get(id(route))
             if known is None or known.route is not route:
                 keys = service_keys(route)
@@ -125,3 +144,16 @@ class RouterCompiler:
         self._compiled = compiled
         table = RouterTable(tuple(c.backend for c in compiled.values() if c.backend is not None))
         return Desired(table, self._verdicts)
+
+    def _admission_candidates(self, routes: tuple[Obj, ...]) -> tuple[Obj, ...]:
+        """The routes but those HAProxy refused as they are now (a changed or deleted
+        route is forgotten: it is tried again)."""
+        if not self._refused:
+            return routes
+        present = {id(route): route for route in routes}
+        self._refused = {
+            number: entry
+            for number, entry in self._refused.items()
+            if present.get(number) is entry[0]
+        }
+        return tuple(route for route in routes if id(route) not in self._refused)

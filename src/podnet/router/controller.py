@@ -210,8 +210,11 @@ class RouterController:
         """Serve the cut a bisection found (its probes were only checked); log a new
         table; hand the verdicts to the status writer."""
         left_out = frozenset(record.left_out)
-        if left_out and not await self._serve_cut(desired.served_without(left_out)):
-            return
+        if left_out:
+            if not await self._serve_cut(desired.served_without(left_out)):
+                return
+            self.compiler.refuse(left_out, record.error)  # next pass: admitted without them
+            self.loop.poke()
         verdicts = final_verdicts(desired, left_out, record.error)
         if self.served is None or desired.table != self.served.table:
             log.info("router %s: serving %s (%s)", self.router_name, record.what, record.result)
