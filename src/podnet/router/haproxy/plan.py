@@ -95,6 +95,8 @@ def plan_update(live: RouterTable | None, desired: RouterTable) -> Plan:
     reasons += [f"route {k} removed" for k in sorted(old.keys() - new.keys())]
     changes: list[ServerChange] = []
     for key in sorted(old.keys() & new.keys()):
+        if old[key] == new[key]:  # most routes: cheap, the fields are shared objects
+            continue
         reason = _route_reason(old[key], new[key])
         if reason:
             reasons.append(reason)
