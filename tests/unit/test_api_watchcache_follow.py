@@ -11,9 +11,10 @@ import pytest
 from podnet.api.cachedobjects import CachedEvent
 from podnet.api.registry import Registry
 from podnet.api.watchcache import WatchCache
-from podnet.model.kinds import NAMESPACE
+from podnet.model import errors
+from podnet.model.kinds import NAMESPACE, NODE
 from podnet.store.memory import MemoryStore
-from podnet.testing.api import namespace
+from podnet.testing.api import namespace, node
 
 
 @pytest.fixture
@@ -73,3 +74,70 @@ async def test_a_cancelled_follower_leaves_the_others_waiting(
         await gone
     await registry.create(NAMESPACE, namespace("after"))
     assert await asyncio.wait_for(stays, 30) == ["after"]
+
+
+async def _small_ring() -> tuple[Registry, WatchCache]:
+    registry = Registry(MemoryStore())
+    cache = WatchCache(registry, capacity=5, coalesce=0)
+    await cache.start()
+    return registry, cache
+
+
+async def _settled(registry: Registry, cache: WatchCache) -> None:
+    assert await cache.wait_for(await registry.store.revision(), 5)
+
+
+async def test_a_kind_follower_sees_its_kind_only(cached: tuple[Registry, WatchCache]) -> None:
+    registry, cache = cached
+    start = await registry.store.revision()
+    nodes = asyncio.create_task(_names(cache.follow(start, 30.0, NODE), 3))
+    for i in range(3):
+        await registry.create(NAMESPACE, namespace(f"ns-{i}"))
+        await registry.create(NODE, node(f"n-{i}", f"192.0.2.{i + 1}"))
+    assert await asyncio.wait_for(nodes, 30) == ["n-0", "n-1", "n-2"]
+
+
+async def _held(registry: Registry, cache: WatchCache) -> list[AsyncIterator[CachedEvent | int]]:
+    """A Node follower and a follower of every kind, each holding the event of Node n-0
+    (suspended where it handed it over) in a ring of 5."""
+    start = await registry.store.revision()
+    followers = [cache.follow(start, 30.0, NODE), cache.follow(start, 30.0)]
+    await registry.create(NODE, node("n-0", "192.0.2.100"))
+    for follower in followers:
+        item = await asyncio.wait_for(anext(follower), 30)
+        assert isinstance(item, CachedEvent) and item.name == "n-0"
+    return followers
+
+
+async def test_other_kinds_overrunning_the_ring_do_not_expire_a_kind_follower() -> None:
+    """Its place left the ring, but no change of its kind did: it reads on, where a
+    follower of every kind must relist."""
+    registry, cache = await _small_ring()
+    try:
+        nodes, everything = await _held(registry, cache)
+        for i in range(12):  # more than the ring holds
+            await registry.create(NAMESPACE, namespace(f"ns-{i}"))
+        await registry.create(NODE, node("n-1", "192.0.2.1"))
+        await _settled(registry, cache)
+        item = await asyncio.wait_for(anext(nodes), 30)
+        assert isinstance(item, CachedEvent) and item.name == "n-1"
+        with pytest.raises(errors.ApiError) as gone:
+            await anext(everything)
+        assert gone.value.code == 410
+    finally:
+        await cache.stop()
+
+
+async def test_a_kind_follower_whose_changes_left_the_ring_must_relist() -> None:
+    registry, cache = await _small_ring()
+    try:
+        nodes, _ = await _held(registry, cache)
+        await registry.create(NODE, node("n-1", "192.0.2.1"))  # then pushed out unread
+        for i in range(12):
+            await registry.create(NAMESPACE, namespace(f"ns-{i}"))
+        await _settled(registry, cache)
+        with pytest.raises(errors.ApiError) as gone:
+            await anext(nodes)
+        assert gone.value.code == 410
+    finally:
+        await cache.stop()

@@ -31,6 +31,7 @@ from podnet.api.cachedobjects import (
     WatchFilter,
 )
 from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher, pinned_name
+from podnet.api.followers import Followers, woken
 from podnet.api.registry import Obj, Registry
 from podnet.model import errors
 from podnet.model.kinds import Kind
@@ -103,6 +104,7 @@ class WatchCache:
         self._start_revision = 0  # changes after this revision are all in the buffer
         self._latest_revision = 0
         self._wakeup: asyncio.Future[None] | None = None
+        self._followers = Followers()  # per-kind wakeups of the in-process followers
         self._dispatch_due = False
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
@@ -135,7 +137,9 @@ class WatchCache:
             self._load_one(objects, kv)
         self._objects = objects
         self._offset += len(self._events)
+        self._followers.dropped(self._events)
         self._events.clear()
+        self._followers.wake_all()
         self._start_revision = self._latest_revision = revision
         self._notify()
         self._schedule()  # watchers behind the new ring are told 410
@@ -184,6 +188,7 @@ class WatchCache:
                 wire = storedform.splice(event.value, event.revision)
                 objects.put(key, CachedObject(wire, event.revision, cached.probe))
             self._append(cached)
+            self._followers.changed(kind)
         self._latest_revision = max(self._latest_revision, event.revision)
         self._notify()
 
@@ -193,6 +198,7 @@ class WatchCache:
         if len(self._events) > self.capacity:
             drop = len(self._events) - self.capacity
             self._start_revision = self._events[drop - 1].revision
+            self._followers.dropped(self._events[:drop])
             del self._events[:drop]
             self._offset += drop
         self._schedule()
@@ -233,6 +239,7 @@ class WatchCache:
         if revision <= self._start_revision:
             return
         cut = bisect.bisect_right(self._events, revision, key=_revision_of)
+        self._followers.dropped(self._events[:cut])
         del self._events[:cut]
         self._offset += cut
         self._start_revision = revision
@@ -324,45 +331,30 @@ class WatchCache:
         self.fanout.remove(watcher)
 
     async def follow(
-        self, after_revision: int, bookmark_every: float | None = None
+        self, after_revision: int, bookmark_every: float | None = None, kind: Kind | None = None
     ) -> AsyncIterator[CachedEvent | int]:
-        """Events after ``after_revision``, then live; an int is a bookmark revision."""
+        """Events after ``after_revision``, then live; an int is a bookmark revision.
+        With ``kind``, only that kind's events, and only they wake the follower
+        (``podnet.api.followers``)."""
         if not self.covers(after_revision):
             raise errors.gone(f"too old resource version: {after_revision}")
-        position = self._position_after(after_revision)
+        position, seen = self._position_after(after_revision), after_revision
         while True:
-            if position < self._offset:
-                raise errors.gone("too old resource version: the watcher fell behind")
-            while position - self._offset < len(self._events):
+            while True:  # the ring may move on while the consumer holds an event
+                if position < self._offset:
+                    if kind is None or self._followers.missed(kind, seen):
+                        raise errors.gone("too old resource version: the watcher fell behind")
+                    position = self._offset  # only other kinds' changes were dropped
+                if position - self._offset >= len(self._events):
+                    break
                 event = self._events[position - self._offset]
-                position += 1
-                yield event
-            assert self._wakeup is not None
-            if not await _woken(self._wakeup, bookmark_every):
+                position, seen = position + 1, event.revision
+                if kind is None or event.kind is kind:
+                    yield event
+            wakeup = self._wakeup if kind is None else self._followers.wakeup(kind)
+            assert wakeup is not None
+            if not await woken(wakeup, bookmark_every):
                 yield self._latest_revision
-
-
-async def _woken(wakeup: asyncio.Future[None], timeout: float | None) -> bool:
-    """Wait for the shared ``wakeup`` (True) or ``timeout`` (False) without cancelling it.
-
-    The same as ``wait_for(shield(wakeup), timeout)`` with one future and one timer
-    instead of four futures: every in-process watch runs this after each write."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def release(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    wakeup.add_done_callback(release)
-    timer = loop.call_later(timeout, release) if timeout is not None else None
-    try:
-        await waiter
-    finally:
-        if timer is not None:
-            timer.cancel()
-        wakeup.remove_done_callback(release)
-    return wakeup.done()
 
 
 def _revision_of(event: CachedEvent) -> int:

@@ -84,7 +84,7 @@ class InProcessApi:
         self, kind: Kind, since: ResourceVersion, namespace: str | None = None
     ) -> AsyncIterator[WatchEvent]:
         if self.cache.covers(since):
-            source = self.cache.follow(since, BOOKMARK_EVERY)
+            source = self.cache.follow(since, BOOKMARK_EVERY, kind)  # woken by kind only
         else:
             source = direct_events(self.registry, since)
         wanted = WatchFilter(kind, namespace)
