@@ -42,8 +42,10 @@ class FakeApi:
         return copy.deepcopy(self.stored[(namespace or "", name)])
 
     async def update_status(self, kind: Kind, obj: Obj) -> Obj:
-        self.puts.append(copy.deepcopy(obj))
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key not in self.stored:
+            raise NotFound("not found", 404, "NotFound")
+        self.puts.append(copy.deepcopy(obj))
         current = self.stored[key]
         if self.conflicts:
             self.conflicts -= 1
@@ -64,7 +66,7 @@ async def written(api: FakeApi, verdict: Verdict, conflicts: int = 0) -> RouteSt
     writer = RouteStatusWriter(api, "default", now=lambda: NOW)  # type: ignore[arg-type]
     writer.start()
     try:
-        writer.sync(dict(api.stored), {KEY: verdict})
+        writer.sync(copy.deepcopy(api.stored), {KEY: verdict})  # as the watch showed them
         await writer.wait_idle()
     finally:
         await writer.stop()

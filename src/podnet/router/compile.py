@@ -12,10 +12,10 @@ over 10,000 routes cheap when one endpoint changed:
   make a new endpoints tuple whenever a service's slices change); routes are found by
   object identity, so an unchanged route costs a lookup and a few comparisons.
 
-Routes HAProxy refused (``refuse``, after a bisection) are not admitted while they stay
-the same objects: they claim no host, so a younger route for the same host is served,
-as when OpenShift's router refuses a route before admission. A changed route is tried
-again.
+Routes HAProxy refused (``refuse``, after a bisection) are not admitted while their
+spec stays the same (a status write does not count): they claim no host, so a younger
+route for the same host is served, as when OpenShift's router refuses a route before
+admission. A changed route is tried again.
 
 A compiler is used by one pass at a time (the reconcile loop runs them in order).
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from podnet.router.admission import RouteKey, Verdict, admit, route_key
 from podnet.router.desired import ServiceEndpoints, ServiceKey, route_backend, route_services
-from podnet.router.inputs import Snapshot
+from podnet.router.inputs import Snapshot, routing_part
 from podnet.router.table import RouteBackend, RouterTable
 
 RENDER_REJECTED = "ExtendedValidationFailed"  # OpenShift's reason for a route it cannot load
@@ -109,24 +109,26 @@ class RouterCompiler:
     _verdicts: dict[RouteKey, Verdict] = field(default_factory=dict)
     # by id() of the route object: the entry holds the object, so the id stays its own
     _compiled: dict[int, _Compiled] = field(default_factory=dict)
-    _refused: dict[int, tuple[Obj, Verdict]] = field(default_factory=dict)
+    # routes HAProxy refused: what of them it saw (``routing_part``), and the verdict
+    _refused: dict[RouteKey, tuple[Any, Verdict]] = field(default_factory=dict)
 
     def refuse(self, left_out: frozenset[str], error: str) -> None:
         """HAProxy refused the routes keyed (``ns:name``) in ``left_out``, as last
-        compiled: until such a route changes, it is not admitted and claims no host."""
-        for number, known in self._compiled.items():
+        compiled: until such a route's spec changes (its status may), it is not
+        admitted and claims no host."""
+        for known in self._compiled.values():
             if f"{known.key[0]}:{known.key[1]}" in left_out:
                 message = f"HAProxy refused the route's configuration: {error}"
                 refusal = Verdict(False, RENDER_REJECTED, message[:MESSAGE_CHARS])
-                self._refused[number] = (known.route, refusal)
+                self._refused[known.key] = (routing_part(known.route), refusal)
 
     def compute(self, snapshot: Snapshot) -> Desired:
         """The verdicts of every route and the table of the admitted ones."""
         candidates = self._admission_candidates(snapshot.routes)
         if not _same_objects(candidates, self._routes):
             verdicts = admit(candidates)
-            for route, refusal in self._refused.values():
-                verdicts[route_key(route)] = refusal
+            for key, (_, refusal) in self._refused.items():
+                verdicts[key] = refusal
             self._routes, self._verdicts = candidates, verdicts
         compiled: dict[int, _Compiled] = {}
         for route in candidates:
@@ -146,14 +148,18 @@ class RouterCompiler:
         return Desired(table, self._verdicts)
 
     def _admission_candidates(self, routes: tuple[Obj, ...]) -> tuple[Obj, ...]:
-        """The routes but those HAProxy refused as they are now (a changed or deleted
-        route is forgotten: it is tried again)."""
+        """The routes but those HAProxy refused as they are now (one whose spec changed,
+        or that was deleted, is forgotten: it is tried again)."""
         if not self._refused:
             return routes
-        present = {id(route): route for route in routes}
-        self._refused = {
-            number: entry
-            for number, entry in self._refused.items()
-            if present.get(number) is entry[0]
-        }
-        return tuple(route for route in routes if id(route) not in self._refused)
+        refused: dict[RouteKey, tuple[Any, Verdict]] = {}
+        candidates = []
+        for route in routes:
+            key = route_key(route)
+            entry = self._refused.get(key)
+            if entry is not None and entry[0] == routing_part(route):
+                refused[key] = entry
+            else:
+                candidates.append(route)
+        self._refused = refused
+        return tuple(candidates)

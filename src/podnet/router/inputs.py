@@ -64,7 +64,7 @@ def object_key(obj: Obj) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def _routing_part(route: Obj) -> tuple[Any, ...]:
+def routing_part(route: Obj) -> tuple[Any, ...]:
     """What of a route the table and admission read: all but status and versions."""
     meta = route.get("metadata") or {}
     identity = (meta.get("uid"), meta.get("creationTimestamp"), meta.get("annotations"))
@@ -114,7 +114,7 @@ class RouterInputs:
         if deleted:
             return SPEC if old is not None else NOTHING
         self.routes[key] = route
-        if old is not None and _routing_part(old) == _routing_part(route):
+        if old is not None and routing_part(old) == routing_part(route):
             return STATUS if old.get("status") != route.get("status") else NOTHING
         return SPEC
 

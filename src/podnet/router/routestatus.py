@@ -8,9 +8,10 @@ coming back on the watch causes nothing, while a status someone else changed is 
 again. There is no write storm: a route is written once per new verdict, plus once per
 foreign change of its entry.
 
-Each write reads the route, puts the new status through ``routes/<name>/status`` with
-the read's resourceVersion and, on a conflict, reads and tries again
-(``controllers.calls.guaranteed_update``); one work item per route
+Each write puts the new status through ``routes/<name>/status`` onto the route as the
+watch last showed it (its resourceVersion the precondition: one call); after a conflict
+it reads the route and tries again (``controllers.calls.guaranteed_update``); one work
+item per route
 (``controllers.workqueue.KeyedQueue``), transient failures retried with backoff. A route
 deleted meanwhile is skipped.
 """
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from podnet.client.errors import has_reason
-from podnet.controllers.calls import ControllerApi, guaranteed_update
+from podnet.controllers.calls import ControllerApi, call, guaranteed_update
 from podnet.controllers.workqueue import KeyedQueue
 from podnet.model.kinds import ROUTE
 from podnet.router.admission import RouteKey, Verdict
@@ -32,7 +33,7 @@ from podnet.router.status import route_status
 log = logging.getLogger("podnet.router.status")
 
 Obj = Mapping[str, Any]
-WORKERS = 4
+WORKERS = 8
 
 
 def rfc3339_now() -> str:
@@ -53,6 +54,7 @@ class RouteStatusWriter:
         self.api, self.router_name, self.now = api, router_name, now
         self.verdicts: dict[RouteKey, Verdict] = {}
         self._checked: dict[RouteKey, Obj] = {}  # the route object each verdict was checked on
+        self._seen: dict[RouteKey, Obj] = {}  # the route object a queued write starts from
         self.writes = 0  # status writes made (tests and logs)
         self.queue = KeyedQueue("route-status", self._write, workers=workers)
 
@@ -84,6 +86,7 @@ class RouteStatusWriter:
         if route is None or verdict is None:
             return
         if route_status(route, self.router_name, verdict, self.now()) is not None:
+            self._seen[key] = route
             self.queue.add(f"{key[0]}/{key[1]}")
 
     async def wait_idle(self) -> None:
@@ -92,18 +95,21 @@ class RouteStatusWriter:
 
     async def _write(self, item: str) -> None:
         namespace, _, name = item.partition("/")
-        verdict = self.verdicts.get((namespace, name))
+        key = (namespace, name)
+        verdict, seen = self.verdicts.get(key), self._seen.pop(key, None)
         if verdict is None:
             return  # deleted since it was queued
 
-        def mutate(route: dict[str, Any]) -> dict[str, Any] | None:
+        def mutate(route: Obj) -> dict[str, Any] | None:
             status = route_status(route, self.router_name, verdict, self.now())
-            if status is None:
-                return None
-            return {**route, "status": status}
+            return None if status is None else {**route, "status": status}
 
         try:
-            written = await guaranteed_update(self.api, ROUTE, namespace, name, mutate, status=True)
+            written = await self._put(seen, mutate) if seen is not None else None
+            if written is None:
+                written = await guaranteed_update(
+                    self.api, ROUTE, namespace, name, mutate, status=True
+                )
         except Exception as exc:
             if has_reason(exc, "NotFound"):
                 return
@@ -112,3 +118,18 @@ class RouteStatusWriter:
             self.writes += 1
             what = "admitted" if verdict.admitted else f"not admitted ({verdict.reason})"
             log.info("route %s/%s: %s", namespace, name, what)
+
+    async def _put(
+        self, seen: Obj, mutate: Callable[[Obj], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        """Write the status onto the route as the watch last showed it (one call); None
+        after a conflict (or when it says the verdict already): read and try again."""
+        new = mutate(seen)
+        if new is None:
+            return None
+        try:
+            return await call(lambda: self.api.update_status(ROUTE, new), "update route status")
+        except Exception as exc:
+            if has_reason(exc, "Conflict"):
+                return None
+            raise
