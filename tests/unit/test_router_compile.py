@@ -145,8 +145,14 @@ def test_a_route_haproxy_refused_claims_no_host_until_it_changes() -> None:
     assert "certs/shop:old.pem" in after.verdicts[(NS, "old")].message
     assert after.verdicts[(NS, "new")].admitted
     assert [r.name for r in after.table.routes] == ["new"]
+    # its status written (a new object, the same spec): still refused, not tried again
+    marked = {**older, "status": {"ingress": [{"routerName": "default", "conditions": []}]}}
+    inputs.take("routes", WatchEvent(MODIFIED, marked))
+    assert compiler.compute(inputs.snapshot()).verdicts[(NS, "old")].reason == (
+        "ExtendedValidationFailed"
+    )
     # the refused route changes (a new certificate, say): tried again, and it is older
-    fixed = copy.deepcopy(older)
+    fixed = copy.deepcopy(marked)
     fixed["metadata"]["annotations"] = {"certificate": "replaced"}
     inputs.take("routes", WatchEvent(MODIFIED, fixed))
     again = compiler.compute(inputs.snapshot())
