@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -174,3 +175,42 @@ async def test_packets_traces_and_evaluate_agree(cluster: OvsCluster) -> None:
 
     await cluster.check(cluster.rules(every, {"y/a": {"pod": "b"}}))  # y/a loses "from-x-b"
     assert all((await cluster.check(cluster.rules([]))).values())
+
+
+async def cached_from(cluster: OvsCluster, node: int, key: str) -> set[str]:
+    """The ufids of the flows ``node``'s datapath caches for IPv4 packets from ``key``."""
+    dump = await cluster.planes[node].runner.appctl("dpctl/dump-flows", "-m")
+    source = re.compile(rf"ipv4\(src={re.escape(str(cluster.ip_of[key]))}[,/)]")
+    return {line.split(",", 1)[0] for line in dump.splitlines() if source.search(line)}
+
+
+def udp_reaches(cluster: OvsCluster, src: str, dst: str, port: int) -> bool:
+    """One UDP echo probe from ``src`` to ``dst`` (a fresh source port)."""
+    target = [[str(cluster.ip_of[dst]), "udp", port, SOURCE_PORTS.take()]]
+    argv = [sys.executable, "-m", "podnet.testing.probe", json.dumps(target)]
+    done = netns.run(cluster.netns_of[src], argv, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return bool(json.loads(done.stdout) == [True])
+
+
+async def test_no_cached_verdict_outlives_a_policy_change(cluster: OvsCluster) -> None:
+    """x/a may send only TCP to x/b, so its UDP/81 datagrams are dropped, and the datapath
+    caches that drop (with the port in its match, from the port rule). Then x/a may send
+    anything: once ``sync_policy`` returns, none of the flows cached before is left (a
+    kept one would answer the next datagram with the old drop until the revalidators get
+    to it), and the next datagram passes."""
+
+    async def apply(policies: list[Obj]) -> None:
+        rules = cluster.rules(policies)
+        for i, plane in cluster.planes.items():
+            await plane.sync_policy(network(cluster.lab, i), rules)
+
+    tcp_only = [{"to": [{"podSelector": sel(pod="b")}], "ports": [{"port": 81}]}]
+    await apply([policy("x", "egress", sel(pod="a"), types=["Egress"], egress=tcp_only)])
+    assert not udp_reaches(cluster, "x/a", "x/b", 81)
+    before = await cached_from(cluster, 1, "x/a")
+    assert before, "the dropped datagrams left no flow in the datapath"
+
+    await apply([policy("x", "egress", sel(pod="a"), types=["Egress"], egress=[{}])])
+    assert not before & await cached_from(cluster, 1, "x/a")
+    assert udp_reaches(cluster, "x/a", "x/b", 81)

@@ -30,11 +30,11 @@ from podnet.dataplane.interface import DataPlaneError, DataPlaneStatus
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.services import ServiceTableSync
 from podnet.dataplane.linux.workers import NamespaceWorker, namespace_id
-from podnet.dataplane.ovs import hostnet, ovspods
+from podnet.dataplane.ovs import hostnet, megaflows, ovspods
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.daemons import OVSDB_SERVER, VSWITCHD, OvsDaemons
 from podnet.dataplane.ovs.flowstate import FlowState, parse_dump
-from podnet.dataplane.ovs.flowsync import FlowSync
+from podnet.dataplane.ovs.flowsync import FlowSync, SyncResult
 from podnet.dataplane.ovs.nodeports import NodePorts, flow_problems
 from podnet.dataplane.ovs.ofctl import OfctlRunner
 from podnet.dataplane.ovs.pipeline import LocalPod
@@ -156,11 +156,17 @@ class OvsDataPlane:
 
     async def sync_policy(self, node: NodeNetwork, rules: RuleSet) -> None:
         """VNIDs and tables 21/80 for ``rules``: one bundle of the groups that changed; the
-        whole table compared when the rules are the last ones again (a resync)."""
+        whole table compared when the rules are the last ones again (a resync). When the
+        verdicts may have changed, the datapath's cached flows go too (``megaflows``), so
+        the policy is in force for every packet once this returns."""
         self._require(node)
-        resync = not self.state.rules_known or rules is self.state.rules
+        same = self.state.rules_known and rules is self.state.rules
+        resync = not self.state.rules_known or same
         self.state.rules, self.state.rules_known = rules, True
-        await self._sync_flows(whole=resync)
+        done = await self._sync_flows(whole=resync)
+        if done is not None and megaflows.verdicts_changed(done.mode, same):
+            # no cached datapath flow may keep the old verdict (see megaflows)
+            await self._within("datapath flow purge", megaflows.forget_verdicts(self.runner))
 
     async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
         """The host's nftables service proxy (the linux data plane's), for tun0."""
@@ -194,12 +200,14 @@ class OvsDataPlane:
         self.state.adopted = parse_dump(await self.runner.dump_flows(t.BRIDGE))
         self._adopted = True
 
-    async def _sync_flows(self, whole: bool = False) -> None:
+    async def _sync_flows(self, whole: bool = False) -> SyncResult | None:
         if self.state.node is None:
-            return
+            return None
         if whole:
             self.flows.forget()
-        await self._within("flow sync", self.flows.sync_groups(self.state.groups()), SETUP_TIMEOUT)
+        return await self._within(
+            "flow sync", self.flows.sync_groups(self.state.groups()), SETUP_TIMEOUT
+        )
 
     async def _flow_problems(self, node: NodeNetwork) -> list[str]:
         known, self.state.node = self.state.node, node
