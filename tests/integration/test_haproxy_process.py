@@ -114,6 +114,10 @@ def test_requests_and_errors_per_route_survive_reloads(
     stats = loop.call(haproxy.backend_stats())
     assert stats["be_http:ns1:web"].requests == 15
     assert stats["be_http:ns1:extra"].requests == 0
+    # requests counted by a worker after the last read are kept across the next reload
+    assert get(lab, "web.example.com", 3) == ["200"] * 3
+    assert apply(loop, haproxy, RouterTable(routes=ROUTES)).reloads == 2
+    assert loop.call(haproxy.backend_stats())["be_http:ns1:web"].requests == 18
 
 
 def test_sockets_and_secrets_are_root_only(lab: Lab, router: tuple[LoopThread, HAProxyRouter]):

@@ -90,6 +90,7 @@ class HAProxyRouter:
         self._draining: set[str] = set()  # "<backend>/<server>" in maint, not yet deleted
         self._task: asyncio.Task[None] | None = None
         self._totals = StatsTotals()
+        self._stats_read = False
         self._last_reload = -float("inf")  # when the last reload began (monotonic)
 
     @property
@@ -157,8 +158,19 @@ class HAProxyRouter:
         worker = self.master.worker
         if worker is None:
             return {}
+        self._stats_read = True
         current = parse_show_stat(await self.master.cli.to_worker(worker, "show stat"))
         return self._totals.add(worker, current)
+
+    async def _keep_counts(self) -> None:
+        """Before a reload, fold in what the worker counted since the last read (once
+        anyone reads the counters): the new worker starts from zero."""
+        if not self._stats_read:
+            return
+        try:
+            await self.backend_stats()
+        except (RuntimeAPIError, OSError, TimeoutError) as error:
+            log.warning("router: could not read counters before the reload: %s", error)
 
     async def _run(self) -> None:
         while True:
@@ -302,6 +314,7 @@ class HAProxyRouter:
 
     async def _reload(self) -> None:
         await self._save_server_states()
+        await self._keep_counts()
         started = self._last_reload = time.monotonic()
         await self.master.reload()
         self._draining.clear()
