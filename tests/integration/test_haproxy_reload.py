@@ -222,7 +222,7 @@ def test_no_failed_request_across_reloads(lab: Lab, router: tuple[LoopThread, HA
         "passthrough": lab.start_load("https", 443, "pt.example.com", 1, keep_alive=False),
     }
     table = RouterTable(routes=base_routes())
-    reloads = 20
+    reloads = 20  # and as many runtime changes; the 20,000-request run is in bench/
     for i in range(reloads):
         extra = RouteBackend("ns2", f"extra{i}", f"extra{i}.example.com", servers=(C,))
         routed = RouterTable(routes=(*table.routes, extra))
