@@ -280,3 +280,16 @@ def test_a_removed_server_finishes_its_requests_then_is_deleted(
     # back again after its deletion: added anew
     apply(loop, haproxy, with_servers(table, "web", A, B))
     assert tags(lab, "web.example.com", 4) == {"a": 2, "b": 2}
+
+
+def test_a_route_without_endpoints_gets_its_first_at_run_time(
+    lab: Lab, router: tuple[LoopThread, HAProxyRouter]
+):
+    loop, haproxy = router
+    empty = RouteBackend("ns1", "empty", "empty.example.com")
+    table = RouterTable(routes=(*base_routes(), empty))
+    assert apply(loop, haproxy, table).reloads == 1
+    assert status(lab, "empty.example.com") == 503
+    counters = apply(loop, haproxy, with_servers(table, "empty", B))
+    assert counters.reloads == 1 and counters.runtime_updates == 1
+    assert tags(lab, "empty.example.com", 2) == {"b": 2}
