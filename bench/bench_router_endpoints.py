@@ -6,12 +6,16 @@ Run: sudo .venv/bin/python bench/bench_router_endpoints.py [--changes 10]
 A 1-node cluster with the router (``routerlab``), Service ``web`` with pod web-0 behind
 the http Route ``web``. Each change:
 
-- **scale-up**: a pod web-<k> starts (``pod run``: created, wired, its process started,
-  marked Ready); from the moment it is Ready, a poller on the external host requests the
-  route (a new connection each, every 5 ms) until web-<k> answers;
-- **scale-down**: web-<k>'s label is changed, so it leaves the Service's endpoints (as a
-  rollout takes a pod out before stopping it); from that write, the poller requests until
-  20 answers in a row come from other pods. Then the pod is deleted.
+- **scale-up**: a pod web-<k> runs, Ready, labelled ``app=standby``; its label becomes
+  ``app=web`` (the endpoints controller puts it in the Service's EndpointSlice, the router
+  adds the server); from just before that API write, a poller on the external host
+  requests the route (a new connection each, every 5 ms) until web-<k> answers;
+- **scale-down**: the label goes back to ``app=standby`` (as a rollout takes a pod out
+  before stopping it); from that write, the poller requests until 20 answers in a row
+  come from other pods. Then the pod is deleted.
+
+A label write is the change because it has a precise moment; a new pod's Ready is
+written by its prober at a moment the bench does not see.
 
 p50, p99 and max of each (the poller's own request time included: it is what a client
 sees). The router takes endpoint changes over HAProxy's runtime API where it can (no
@@ -24,6 +28,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,10 +69,22 @@ for line in sys.stdin:
 """
 
 
-def timed(poller: subprocess.Popen[str], verb: str, pod: str) -> float:
+def relabel(lab: Lab, pod: str, app: str) -> Callable[[], None]:
+    """The change: pod's ``app`` label set to ``app`` (in or out of Service ``web``)."""
+
+    def change() -> None:
+        with pods.admin_api(lab.state_dir) as api:
+            api.patch(POD, "default", pod, {"metadata": {"labels": {"app": app}}})
+
+    return change
+
+
+def timed(poller: subprocess.Popen[str], verb: str, pod: str, change: Callable[[], None]) -> float:
+    """Seconds from just before ``change`` until the poller saw ``pod`` appear or vanish."""
     assert poller.stdin is not None and poller.stdout is not None
     poller.stdin.write(f"{verb} {pod}\n")
     poller.stdin.flush()
+    change()
     return float(poller.stdout.readline())
 
 
@@ -96,11 +113,9 @@ def run(lab: Lab, changes: int) -> tuple[list[float], list[float]]:
         assert poller.stdout is not None and poller.stdout.readline().strip() == "ready"
         for k in range(1, changes + 1):
             name = f"web-{k}"
-            lab.backend(name, "web")
-            ups.append(timed(poller, "appear", name))
-            with pods.admin_api(lab.state_dir) as api:
-                api.patch(POD, "default", name, {"metadata": {"labels": {"app": "gone"}}})
-            downs.append(timed(poller, "vanish", name))
+            lab.backend(name, "standby")  # Ready and serving, outside the Service
+            ups.append(timed(poller, "appear", name, relabel(lab, name, "web")))
+            downs.append(timed(poller, "vanish", name, relabel(lab, name, "standby")))
             pods.delete_pod(lab.state_dir, name, say=lambda _line: None)
             print(f"  {name}: up {ups[-1] * 1000:.0f} ms, down {downs[-1] * 1000:.0f} ms")
     finally:
