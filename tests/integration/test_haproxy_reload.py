@@ -293,3 +293,8 @@ def test_a_route_without_endpoints_gets_its_first_at_run_time(
     counters = apply(loop, haproxy, with_servers(table, "empty", B))
     assert counters.reloads == 1 and counters.runtime_updates == 1
     assert tags(lab, "empty.example.com", 2) == {"b": 2}
+    # passthrough (balance source, hash-type consistent) takes runtime servers too
+    second = Server("127.0.0.25", 8443)
+    grown = with_servers(with_servers(table, "empty", B), "pt", POD_TLS, second)
+    assert apply(loop, haproxy, grown).runtime_updates == 2
+    assert "be_tcp:ns1:pt/ept:127.0.0.25:8443" in server_states(loop, haproxy)
