@@ -9,10 +9,11 @@ the http Route ``web``. Each change:
 - **scale-up**: a pod web-<k> runs, Ready, labelled ``app=standby``; its label becomes
   ``app=web`` (the endpoints controller puts it in the Service's EndpointSlice, the router
   adds the server); from just before that API write, a poller on the external host
-  requests the route (a new connection each, every 5 ms) until web-<k> answers;
+  requests the route (a new connection each, every 5 ms); to the request web-<k>
+  answers first;
 - **scale-down**: the label goes back to ``app=standby`` (as a rollout takes a pod out
-  before stopping it); from that write, the poller requests until 20 answers in a row
-  come from other pods. Then the pod is deleted.
+  before stopping it); from that write to the first of 20 answers in a row from other
+  pods. Then the pod is deleted.
 
 A label write is the change because it has a precise moment; a new pod's Ready is
 written by its prober at a moment the bench does not see.
@@ -56,16 +57,21 @@ def served_by():
 print("ready", flush=True)
 for line in sys.stdin:
     verb, pod = line.split()
-    started, streak = time.monotonic(), 0
+    started, streak, since = time.monotonic(), 0, 0.0
     while time.monotonic() - started < 60:
+        asked = time.monotonic()
         got = served_by()
         if verb == "appear" and got == pod:
+            since = asked
             break
-        streak = streak + 1 if verb == "vanish" and got not in (pod, "error") else 0
+        if verb == "vanish" and got not in (pod, "error"):
+            since, streak = (since if streak else asked), streak + 1
+        else:
+            streak = 0
         if streak >= 20:
             break
         time.sleep(0.005)
-    print(f"{time.monotonic() - started:.4f}", flush=True)
+    print(f"{since - started:.4f}", flush=True)
 """
 
 
