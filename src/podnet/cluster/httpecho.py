@@ -114,15 +114,23 @@ def self_signed_context(names: Sequence[str]) -> tuple[ssl.SSLContext, str]:
     return context, ca_cert.public_bytes(pem).decode()
 
 
+class Server(ThreadingHTTPServer):
+    """A thread per connection; a listen backlog a proxy's bursts of new connections fit
+    in (socketserver's default, 5, drops SYNs and costs a 1 s retransmission)."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+
 def make_servers(
     pod: str, ports: Sequence[int], tls_ports: Sequence[int], context: ssl.SSLContext | None
-) -> list[ThreadingHTTPServer]:
+) -> list[Server]:
     """One listening server per port (plain ``ports``, TLS ``tls_ports``), not yet serving."""
     servers = []
     for port in dict.fromkeys(ports):
-        servers.append(ThreadingHTTPServer(("0.0.0.0", port), handler_class(pod, False)))
+        servers.append(Server(("0.0.0.0", port), handler_class(pod, False)))
     for port in dict.fromkeys(tls_ports):
-        server = ThreadingHTTPServer(("0.0.0.0", port), handler_class(pod, True))
+        server = Server(("0.0.0.0", port), handler_class(pod, True))
         assert context is not None
         # The handshake happens in the connection's own thread, at its first read
         # (bounded by the handler's timeout), not in the accepting thread.
@@ -130,8 +138,6 @@ def make_servers(
             server.socket, server_side=True, do_handshake_on_connect=False
         )
         servers.append(server)
-    for server in servers:
-        server.daemon_threads = True
     return servers
 
 
