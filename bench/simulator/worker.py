@@ -99,6 +99,8 @@ class Worker:
                 done.append(time.monotonic())
             except Failed as exc:
                 failures.append(str(exc))
+            except Exception as exc:  # a timeout or a broken connection: a failure too
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
         starting = [asyncio.create_task(one(a)) for a in self.agents]
         self.tasks.extend(starting)
