@@ -11,11 +11,11 @@ echo "== pytest"
 .venv/bin/pytest -n "${PODNET_TEST_WORKERS:-4}" --dist loadfile -q -p no:cacheprovider "$@"
 if [ "$#" -eq 0 ]; then
   # The same e2e suites once more on the Open vSwitch data plane (issue 11): the full mesh
-  # (vxlan and host-gw) with an agent SIGKILL under traffic, the pod attacks (tunnel
-  # injection, IP and MAC spoofing), and podman through the CNI plugin.
-  # Not yet here: tests/e2e/test_policy_e2e.py passes on ovs (48/48) in most runs, but an
-  # egress case fails intermittently (traffic blocked where trace allows; issue 11 open).
+  # (vxlan and host-gw) with an agent SIGKILL under traffic, every NetworkPolicy case and
+  # multitenant join/isolate/global, the pod attacks (tunnel injection, IP and MAC
+  # spoofing), and podman through the CNI plugin.
   echo "== pytest: e2e again with PODNET_TEST_DATAPLANE=ovs"
   PODNET_TEST_DATAPLANE=ovs .venv/bin/pytest -n 3 --dist loadfile -q -p no:cacheprovider \
-    tests/e2e/test_cluster_e2e.py tests/e2e/test_attacks_pods.py tests/e2e/test_runtime.py
+    tests/e2e/test_cluster_e2e.py tests/e2e/test_policy_e2e.py tests/e2e/test_attacks_pods.py \
+    tests/e2e/test_runtime.py
 fi
