@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 
 # asyncio's TLS transport keeps a read buffer of SSLProtocol.max_size (256 KiB) per
 # connection: 1.3 GB for 5,000 watch connections. One TLS record (16 KiB) is enough.
-# (`podnet master` runs on uvloop, whose TLS layer allocates its buffer without zeroing
-# it: about 60 kB per idle watch connection; this is for servers on asyncio's own loop.)
 SSL_READ_BUFFER = 16 * 1024
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/version"})
 ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))

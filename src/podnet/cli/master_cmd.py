@@ -219,11 +219,7 @@ def master(
         route_suffix=_route_suffix(route_suffix),
     )
     log_to_stderr()
-    import uvloop  # here, not at the top: other commands do not pay its import
-
-    # uvloop: libuv and a TLS layer in C, where asyncio's are Python per read and write
-    # (about 13% less master CPU per API create and get, bench/bench_api.py).
-    uvloop.run(run_until_signalled(Master(options), "podnet.master"))
+    asyncio.run(run_until_signalled(Master(options), "podnet.master"))
 
 
 def _route_suffix(value: str) -> str:
