@@ -8,7 +8,7 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
-.venv/bin/pytest -n "${PODNET_TEST_WORKERS:-4}" --dist loadfile -q -p no:cacheprovider "$@"
+.venv/bin/pytest -n "${PODNET_TEST_WORKERS:-4}" --dist loadfile -q -p no:cacheprovider --durations=15 "$@"
 if [ "$#" -eq 0 ]; then
   # The same e2e suites once more on the Open vSwitch data plane (issue 11): the full mesh
   # (vxlan and host-gw) with an agent SIGKILL under traffic, every NetworkPolicy case and
