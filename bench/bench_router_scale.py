@@ -12,8 +12,9 @@ the last one is waited for (served from the external host). Then:
   and a poller on the external host (told the host just before the create) requests it
   every 5 ms until the router answers 200; the time from the create to the first 200;
   then it is deleted, and the next change waits ``--gap`` s: the router merges the
-  changes of one reload interval (``podnet router --reload-interval``, 1 s), so a change
-  right behind another waits for the interval to end, which ``--gap 0`` shows. p50, p99
+  changes of one reload interval (``podnet router --reload-interval``, 0.5 s by
+  default), so a change right behind another waits for the interval to end, which
+  ``--gap 0`` shows. p50, p99
   and max (the goal: p99 < 1 s at 1,000 routes);
 - **reload time**: the router's ``podnet_router_last_reload_seconds`` after each of those
   changes (each one reloads HAProxy: a new backend), median and max;
