@@ -12,6 +12,7 @@ import pytest
 from podnet.store.etcd_process import EtcdProcess, start_etcd
 from podnet.testing import tools
 from podnet.testing.processes import MasterProcess, launch_master
+from podnet.testing.routerns import RouterNamespace, router_namespace
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +40,13 @@ def master(etcd: EtcdProcess, tmp_path: Path, prefix: str) -> Iterator[MasterPro
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def router_lab(master: MasterProcess, tmp_path: Path) -> Iterator[RouterNamespace]:
+    """``podnet router``'s test namespace beside ``master`` (``podnet.testing.routerns``)."""
+    with router_namespace(master, tmp_path) as made:
+        yield made
 
 
 @pytest.fixture

@@ -25,18 +25,8 @@ pytestmark = [pytest.mark.root]
 A = Server("127.0.0.31", 8080)
 NOBODY_LISTENS = Server("127.0.0.32", 8080)
 CA = LabCA.create("process-ca")
-ROUTES = (
-    RouteBackend("ns1", "web", "web.example.com", servers=(A,)),
-    RouteBackend("ns1", "down", "down.example.com", servers=(NOBODY_LISTENS,)),
-    RouteBackend(
-        "ns1",
-        "edge",
-        "edge.example.com",
-        termination="edge",
-        certificate_pem=CA.issue("edge.example.com"),
-        servers=(A,),
-    ),
-)
+WEB, EDGE = haproxylab.web_and_edge(CA, web=(A,), edge=(A,))
+ROUTES = (WEB, RouteBackend("ns1", "down", "down.example.com", servers=(NOBODY_LISTENS,)), EDGE)
 CONNECT = """
 import socket, sys
 s = socket.socket(socket.AF_UNIX)

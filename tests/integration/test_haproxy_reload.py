@@ -29,18 +29,9 @@ CA = LabCA.create("reload-ca")
 
 
 def _routes() -> tuple[RouteBackend, ...]:
-    return (
-        RouteBackend("ns1", "web", "web.example.com", servers=(A,)),
-        RouteBackend(
-            "ns1",
-            "edge",
-            "edge.example.com",
-            termination="edge",
-            certificate_pem=CA.issue("edge.example.com"),
-            servers=(A, B),
-        ),
-        RouteBackend("ns1", "pt", "pt.example.com", termination="passthrough", servers=(POD_TLS,)),
-    )
+    web, edge = haproxylab.web_and_edge(CA, web=(A,), edge=(A, B))
+    pt = RouteBackend("ns1", "pt", "pt.example.com", termination="passthrough", servers=(POD_TLS,))
+    return (web, edge, pt)
 
 
 ROUTES = _routes()  # made once: each certificate issued is a new one

@@ -8,14 +8,11 @@ router's identity can do no more than read routes and write their status."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from podnet.testing.api import client_for
 from podnet.testing.e2e import wait_for
-from podnet.testing.processes import MasterProcess
 from podnet.testing.routecerts import RouteCa
 from podnet.testing.routerns import (
     CORE,
@@ -24,7 +21,6 @@ from podnet.testing.routerns import (
     admitted,
     edge,
     route,
-    router_namespace,
     service_with_endpoints,
     weak_leaf,
 )
@@ -33,21 +29,15 @@ pytestmark = [pytest.mark.root]
 WWW = "www.example.com"
 
 
-@pytest.fixture
-def lab(master: MasterProcess, tmp_path: Path) -> Iterator[RouterNamespace]:
-    with router_namespace(master, tmp_path) as made:
-        yield made
-
-
 def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
-    lab: RouterNamespace,
+    router_lab: RouterNamespace,
 ) -> None:
-    lab.start_router()
-    with client_for(lab.master.kubeconfig) as api:
+    router_lab.start_router()
+    with client_for(router_lab.master.kubeconfig) as api:
         service_with_endpoints(api, "web", ["a"])
         service_with_endpoints(api, "other", ["c"])
         first = api.post(ROUTES, json=route("first", WWW)).json()
-        wait_for(lambda: lab.served_by(WWW) == "a", 30, "first served")
+        wait_for(lambda: router_lab.served_by(WWW) == "a", 30, "first served")
         # make the next route younger by its creation time (whole seconds), not by uid
         created = first["metadata"]["creationTimestamp"]
         now = lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # noqa: E731
@@ -57,7 +47,7 @@ def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
         assert refused["status"] == "False" and refused["reason"] == "HostAlreadyClaimed"
         assert "first" in refused["message"]
         assert (admitted(api, "first") or {}).get("status") == "True"
-        assert {lab.served_by(WWW) for _ in range(4)} == {"a"}
+        assert {router_lab.served_by(WWW) for _ in range(4)} == {"a"}
 
         # a broken certificate never gets in: 422 from the API, naming the field
         broken = route("broken", "broken.example.com", tls=edge("not a certificate", "no key"))
@@ -74,10 +64,12 @@ def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
         marked = wait_for(lambda: admitted(api, "weak"), 60, "weak route's status")
         assert marked["status"] == "False" and marked["reason"] == "ExtendedValidationFailed"
         assert "shop:weak" in marked["message"]
-        wait_for(lambda: lab.served_by("good.example.com", https=True) == "a", 30, "good route")
+        wait_for(
+            lambda: router_lab.served_by("good.example.com", https=True) == "a", 30, "good route"
+        )
         assert (wait_for(lambda: admitted(api, "good"), 30, "good's status"))["status"] == "True"
-        assert lab.served_by("weak.example.com", https=True) is None
-        assert lab.served_by(WWW) == "a"
+        assert router_lab.served_by("weak.example.com", https=True) is None
+        assert router_lab.served_by(WWW) == "a"
 
         # the refused route claims no host: a younger one for it, with a good certificate,
         # is admitted and served
@@ -87,12 +79,14 @@ def test_conflicts_and_certificates_haproxy_refuses_leave_the_others_serving(
             api.post(ROUTES, json=route("twin", "weak.example.com", "other", tls=tls)).status_code
             == 201
         )
-        wait_for(lambda: lab.served_by("weak.example.com", https=True) == "c", 30, "twin serves")
+        wait_for(
+            lambda: router_lab.served_by("weak.example.com", https=True) == "c", 30, "twin serves"
+        )
         assert (wait_for(lambda: admitted(api, "twin"), 30, "twin's status"))["status"] == "True"
         assert (admitted(api, "weak") or {}).get("reason") == "ExtendedValidationFailed"
 
         # the router's identity reads routes and writes their status, nothing else
-        with client_for(lab.kubeconfig) as router_api:
+        with client_for(router_lab.kubeconfig) as router_api:
             assert router_api.get(ROUTES).status_code == 200
             mine = route("mine", "mine.example.com")
             assert router_api.post(ROUTES, json=mine).status_code == 403

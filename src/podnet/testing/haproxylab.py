@@ -30,7 +30,7 @@ from cryptography.x509.oid import NameOID
 
 from podnet import netns
 from podnet.router.haproxy import DriverCounters, HAProxyRouter, HAProxySettings
-from podnet.router.table import RouterTable
+from podnet.router.table import RouteBackend, RouterTable, Server
 from podnet.testing.lab import unique_run
 from podnet.testing.processes import stop_process
 
@@ -268,3 +268,21 @@ def apply(loop: LoopThread, router: HAProxyRouter, table: RouterTable) -> Driver
         return await router.settled(router.update(table))
 
     return loop.call(update())
+
+
+def web_and_edge(
+    ca: LabCA, web: tuple[Server, ...], edge: tuple[Server, ...]
+) -> tuple[RouteBackend, RouteBackend]:
+    """The labs' two usual routes in ``ns1``: plain HTTP ``web.example.com`` and edge TLS
+    ``edge.example.com`` with a certificate from ``ca``."""
+    return (
+        RouteBackend("ns1", "web", "web.example.com", servers=web),
+        RouteBackend(
+            "ns1",
+            "edge",
+            "edge.example.com",
+            termination="edge",
+            certificate_pem=ca.issue("edge.example.com"),
+            servers=edge,
+        ),
+    )
