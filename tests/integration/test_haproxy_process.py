@@ -162,13 +162,7 @@ def test_check_never_serves_what_it_checks(lab: Lab, router: tuple[LoopThread, H
     live = settings.current.resolve()
     extra = RouteBackend("ns1", "extra", "extra.example.com", servers=(A,))
     loop.call(haproxy.check(RouterTable(routes=(*ROUTES, extra))))
-    broken = RouteBackend(
-        "ns1",
-        "broken",
-        "broken.example.com",
-        termination="edge",
-        certificate_pem="-----BEGIN CERTIFICATE-----\nbm9wZQ==\n-----END CERTIFICATE-----\n",
-    )
+    broken = haproxylab.broken_edge()
     with pytest.raises(ConfigRejected, match=r"ns1:broken\.pem"):
         loop.call(haproxy.check(RouterTable(routes=(*ROUTES, broken))))
     assert haproxy.counters.reloads == 0 and settings.current.resolve() == live

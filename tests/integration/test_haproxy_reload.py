@@ -156,14 +156,7 @@ def test_a_refused_config_leaves_the_old_one_serving(
 ):
     loop, haproxy = router
     before = haproxy.counters
-    broken = RouteBackend(
-        "ns1",
-        "broken",
-        "broken.example.com",
-        termination="edge",
-        certificate_pem="-----BEGIN CERTIFICATE-----\nbm9wZQ==\n-----END CERTIFICATE-----\n",
-        servers=(B,),
-    )
+    broken = haproxylab.broken_edge(B)
     live = haproxy.settings.current.resolve()
     after = apply(loop, haproxy, RouterTable(routes=(*base_routes(), broken)))
     assert after.rejected == before.rejected + 1 and after.reloads == before.reloads

@@ -286,3 +286,16 @@ def web_and_edge(
             servers=edge,
         ),
     )
+
+
+def broken_edge(*servers: Server) -> RouteBackend:
+    """``ns1/broken``: an edge route whose certificate is PEM armour around no
+    certificate, which the API would refuse and HAProxy does (``ns1:broken.pem``)."""
+    return RouteBackend(
+        "ns1",
+        "broken",
+        "broken.example.com",
+        termination="edge",
+        certificate_pem="-----BEGIN CERTIFICATE-----\nbm9wZQ==\n-----END CERTIFICATE-----\n",
+        servers=servers,
+    )
