@@ -32,6 +32,12 @@ CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.keepalive_time_ms": 10000,
     "grpc.keepalive_timeout_ms": 5000,
     "grpc.lb_policy_name": "pick_first",
+    # gRPC refuses answers over 4 MiB by default. One watch response holds every event of
+    # a revision (a transaction of many keys), and a watcher catching up gets up to 1,000
+    # revisions in one: over 4 MiB the stream fails at the same revision on every retry,
+    # and the master's watch cache stops there for good. kube-apiserver's etcd client
+    # takes answers of any size (MaxCallRecvMsgSize = MaxInt32); so does this one.
+    "grpc.max_receive_message_length": 2**31 - 1,
 }
 
 
