@@ -44,6 +44,7 @@ from podnet.controllers.leader import EtcdLeaderElector
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
 from podnet.controllers.supervisor import Supervisor
 from podnet.files import write_atomic
+from podnet.heap import HeapGovernor
 from podnet.kubeconfig import write_kubeconfig
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
@@ -74,6 +75,9 @@ class MasterOptions:
     advertise_address: str = ""
     advertise_port: int = 0
     master_service_interval: float = 10.0
+    # (freeze every, thaw every) seconds for ``podnet.heap``; None: CPython's collector
+    # as it is (a master inside another process, such as a test's, leaves it alone)
+    heap: tuple[float, float] | None = None
 
     @property
     def tokens_path(self) -> Path:
@@ -104,6 +108,7 @@ class Master:
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None
         self.master_service: MasterServiceReconciler | None = None
+        self.heap: HeapGovernor | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def _ready(self) -> bool:
@@ -128,6 +133,9 @@ class Master:
         if opts.run_controllers:
             self._start_controllers(self.server)
         self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
+        if opts.heap is not None:
+            self.heap = HeapGovernor(self.metrics.registry, *opts.heap)
+            self.heap.start()
 
     def _certificate_hosts(self) -> list[str]:
         """The serving certificate's names: the listen and advertised addresses, the
@@ -202,6 +210,8 @@ class Master:
         if self.server:
             await self.server.stop()
         await self.store.close()
+        if self.heap:
+            await self.heap.stop()
 
 
 def node_credentials(state_dir: Path, node: str, server: str, out: Path) -> Path:

@@ -175,6 +175,21 @@ def _listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="run the controllers in this process (--no-controllers: `podnet controllers` does)",
 )
+@click.option(
+    "--gc-freeze-every",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.0),
+    help="seconds between freezes of the long-lived heap, which keep the garbage "
+    "collector's pauses short (0: CPython's collector as it is)",
+)
+@click.option(
+    "--gc-thaw-every",
+    default=1800.0,
+    show_default=True,
+    type=click.FloatRange(0.0, min_open=True),
+    help="seconds between full collections of the whole heap, frozen part included",
+)
 def master(
     etcd_endpoints: tuple[str, ...],
     etcd_cafile: Path | None,
@@ -194,6 +209,8 @@ def master(
     route_suffix: str,
     advertise_port: int,
     run_controllers: bool,
+    gc_freeze_every: float,
+    gc_thaw_every: float,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
     from podnet.master import Master, MasterOptions
@@ -217,9 +234,21 @@ def master(
         advertise_address=_advertise_address(advertise_address),
         advertise_port=advertise_port,
         route_suffix=_route_suffix(route_suffix),
+        heap=_heap_schedule(gc_freeze_every, gc_thaw_every),
     )
     log_to_stderr()
     asyncio.run(run_until_signalled(Master(options), "podnet.master"))
+
+
+def _heap_schedule(freeze_every: float, thaw_every: float) -> tuple[float, float] | None:
+    if not freeze_every:
+        return None
+    if thaw_every < freeze_every:
+        raise click.BadParameter(
+            f"{thaw_every} is shorter than --gc-freeze-every {freeze_every}",
+            param_hint="--gc-thaw-every",
+        )
+    return freeze_every, thaw_every
 
 
 def _route_suffix(value: str) -> str:
