@@ -17,8 +17,9 @@ and the event loop, so every watcher, stood still for seconds each time.
 - Every ``thaw_every`` seconds it unfreezes everything, runs one full collection, which
   reclaims such cycles (a closed connection's objects, say), and freezes again: one long
   pause per period instead of one every 30 s.
-- The youngest generation's threshold is raised, so a request's short-lived objects are
-  mostly freed before a collection could promote them.
+- A full collection that took longer than ``SLOW_FULL`` (the heap grew fast since the
+  last freeze: a burst of new objects or connections) is followed at once by a freeze,
+  so the next one walks only what comes after it.
 
 Each collection's pause is observed in ``podnet_gc_pause_seconds`` (by generation), and
 the frozen objects are counted in ``podnet_gc_frozen_objects``.
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 FREEZE_EVERY = 30.0
 THAW_EVERY = 1800.0
-YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
+SLOW_FULL = 0.05  # seconds: a full collection this long freezes what it walked
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 Step = Literal["freeze", "thaw"]
@@ -95,10 +96,8 @@ class HeapGovernor:
         )
         self._task: asyncio.Task[None] | None = None
         self._began = 0.0
-        self._thresholds = gc.get_threshold()
 
     def start(self) -> None:
-        gc.set_threshold(YOUNG_THRESHOLD, *self._thresholds[1:])
         gc.callbacks.append(self._observe)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="heap")
 
@@ -109,7 +108,6 @@ class HeapGovernor:
                 await self._task
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(self._observe)
-        gc.set_threshold(*self._thresholds)
 
     async def _run(self) -> None:
         while True:
@@ -133,7 +131,12 @@ class HeapGovernor:
             )
 
     def _observe(self, phase: str, info: dict[str, Any]) -> None:
+        """A ``gc.callbacks`` hook (in whichever thread collects)."""
         if phase == "start":
             self._began = time.perf_counter()
-        else:
-            self.pauses.labels(str(info["generation"])).observe(time.perf_counter() - self._began)
+            return
+        pause = time.perf_counter() - self._began
+        self.pauses.labels(str(info["generation"])).observe(pause)
+        if info["generation"] == 2 and pause > SLOW_FULL:
+            gc.freeze()  # the collection is over: its survivors move to the permanent one
+            self.frozen.set(gc.get_freeze_count())

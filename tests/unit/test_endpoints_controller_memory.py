@@ -240,3 +240,26 @@ async def test_a_restarted_controller_repairs_what_changed_while_it_was_down(
         assert await slices_of(registry, "old") == []
     finally:
         await successor.stop()
+
+
+async def test_each_resync_lists_the_controllers_own_kinds_again_but_not_every_pod(
+    registry: Registry, api: InProcessApi
+) -> None:
+    """A resync lists Services, Endpoints and slices again (their drift is repaired), but
+    not the pods, of which there may be 150,000: their stream is whole."""
+    listed: list[str] = []
+
+    class Counting(InProcessApi):
+        async def list(self, kind: Any, namespace: str | None = None) -> Any:
+            listed.append(kind.plural)
+            return await super().list(kind, namespace)
+
+    counting = Counting(api.registry, api.cache)
+    running = EndpointsController(counting, resync_period=0.05)
+    await running.start()
+    try:
+        await eventually(lambda: listed.count("services") >= 3, what="two resyncs")
+    finally:
+        await running.stop()
+    assert listed.count("pods") == 1
+    assert listed.count("endpoints") >= 2 and listed.count("endpointslices") >= 2

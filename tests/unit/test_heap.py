@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
+from podnet import heap as heap_module
 from podnet.heap import HeapGovernor, Schedule
 
 
@@ -38,6 +39,7 @@ GOVERNOR = HeapGovernor(REGISTRY, freeze_every=1, thaw_every=2)
 
 @pytest.fixture
 def governor() -> Iterator[HeapGovernor]:
+    gc.unfreeze()
     gc.callbacks.append(GOVERNOR._observe)
     try:
         yield GOVERNOR
@@ -82,21 +84,35 @@ def test_every_collection_pause_is_observed() -> None:
         gc.collect(2)
     finally:
         gc.callbacks.remove(heap._observe)
+        gc.unfreeze()  # a slow full collection froze the heap
     for generation in ("0", "2"):
         labels = {"generation": generation}
         assert registry.get_sample_value("podnet_gc_pause_seconds_count", labels) == 1
         assert registry.get_sample_value("podnet_gc_pause_seconds_sum", labels) > 0
 
 
-async def test_start_and_stop_leave_the_collector_as_they_found_it() -> None:
-    before = gc.get_threshold()
+def test_a_slow_full_collection_freezes_what_it_walked(
+    governor: HeapGovernor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gc.collect(1)
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(heap_module, "SLOW_FULL", 1.0)
+    gc.collect(2)  # quick: nothing frozen
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(heap_module, "SLOW_FULL", 0.0)
+    gc.collect(1)  # a younger generation's collection freezes nothing either
+    assert gc.get_freeze_count() == 0
+    gc.collect(2)
+    assert gc.get_freeze_count() > 0
+    assert REGISTRY.get_sample_value("podnet_gc_frozen_objects") == gc.get_freeze_count()
+
+
+async def test_start_and_stop_hook_and_unhook_the_collector() -> None:
     heap = HeapGovernor(CollectorRegistry(), freeze_every=60, thaw_every=60)
     heap.start()
     try:
-        assert gc.get_threshold()[0] > before[0]
         assert heap._observe in gc.callbacks
     finally:
         await heap.stop()
         gc.unfreeze()
-    assert gc.get_threshold() == before
     assert heap._observe not in gc.callbacks

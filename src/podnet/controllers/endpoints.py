@@ -82,7 +82,12 @@ class EndpointsController(Controller):
         """Services first, so that pods listed next find the Services selecting them."""
         return [
             Watch(SERVICE, self._on_service),
-            Watch(POD, self._on_pod),
+            # Pods are not listed again each resync period: there may be 150,000, and
+            # listing them stopped the master's event loop (every watcher too) for
+            # seconds every 5 minutes. Their stream comes from the watch cache whole;
+            # a 410 still brings a new listing, and the controller's own objects
+            # (Endpoints, slices) are still listed again, which repairs their drift.
+            Watch(POD, self._on_pod, resync=False),
             Watch(ENDPOINTS, self._on_endpoints),
             Watch(ENDPOINT_SLICE, self._on_slice),
         ]
