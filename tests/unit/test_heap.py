@@ -107,12 +107,15 @@ def test_a_slow_full_collection_freezes_what_it_walked(
     assert REGISTRY.get_sample_value("podnet_gc_frozen_objects") == gc.get_freeze_count()
 
 
-async def test_start_and_stop_hook_and_unhook_the_collector() -> None:
+async def test_start_and_stop_leave_the_collector_as_they_found_it() -> None:
+    before = gc.get_threshold()
     heap = HeapGovernor(CollectorRegistry(), freeze_every=60, thaw_every=60)
     heap.start()
     try:
+        assert gc.get_threshold() == (heap_module.YOUNG_THRESHOLD, *before[1:])
         assert heap._observe in gc.callbacks
     finally:
         await heap.stop()
         gc.unfreeze()
+    assert gc.get_threshold() == before
     assert heap._observe not in gc.callbacks
