@@ -99,6 +99,11 @@ class HeapGovernor:
             "Objects in the permanent generation, which collections do not walk",
             registry=registry,
         )
+        # The callback runs inside whatever allocation started a collection, which may be
+        # inside prometheus_client's own code with the metric's lock held (a /metrics
+        # render copying its children): it must not call ``labels()``, which takes that
+        # (non-reentrant) lock. The children are made here, once.
+        self._pause_of = [self.pauses.labels(str(g)) for g in range(3)]
         self._task: asyncio.Task[None] | None = None
         self._began = 0.0
         self._thresholds = gc.get_threshold()
@@ -144,7 +149,7 @@ class HeapGovernor:
             self._began = time.perf_counter()
             return
         pause = time.perf_counter() - self._began
-        self.pauses.labels(str(info["generation"])).observe(pause)
+        self._pause_of[info["generation"]].observe(pause)
         if info["generation"] == 2 and pause > SLOW_FULL:
             gc.freeze()  # the collection is over: its survivors move to the permanent one
             self.frozen.set(gc.get_freeze_count())

@@ -4,6 +4,7 @@ collector: a cycle frozen before it died outlives collections until a thaw."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -119,3 +120,21 @@ async def test_start_and_stop_leave_the_collector_as_they_found_it() -> None:
         gc.unfreeze()
     assert gc.get_threshold() == before
     assert heap._observe not in gc.callbacks
+
+
+def test_a_collection_while_the_metrics_lock_is_held_does_not_deadlock(
+    governor: HeapGovernor,
+) -> None:
+    """A collection can start inside prometheus_client's code while it holds the
+    histogram's lock (a /metrics render copying the children): the hook must not take
+    that lock again."""
+    finished = threading.Event()
+
+    def collect_under_the_lock() -> None:
+        with governor.pauses._lock:
+            gc.collect(0)
+        finished.set()
+
+    worker = threading.Thread(target=collect_under_the_lock, daemon=True)
+    worker.start()
+    assert finished.wait(10), "the gc hook deadlocked on the metric's lock"
