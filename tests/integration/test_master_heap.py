@@ -17,10 +17,13 @@ from podnet.testing.processes import launch_master
 
 
 def _sample(metrics: str, name: str) -> float | None:
-    for line in metrics.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    """The value of ``name``, summed over its labels; None if it is not there."""
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    ]
+    return sum(values) if values else None
 
 
 def test_a_master_freezes_its_heap_and_counts_pauses(etcd: EtcdProcess, tmp_path: Path) -> None:
