@@ -33,6 +33,14 @@ def key() -> str:
     return f"/contract-{uuid.uuid4().hex[:8]}/"
 
 
+async def follow(store: Store, key: str, start: int, seen: list[WatchEvent], count: int) -> None:
+    """Watch ``key`` after ``start`` into ``seen`` until it holds ``count`` events."""
+    async for event in store.watch(key, start):
+        seen.append(event)
+        if len(seen) == count:
+            return
+
+
 async def test_conditions_guard_every_write(store: Store, key: str) -> None:
     first = await store.commit([Absent(f"{key}a")], [Put(f"{key}a", b"1")])
     assert first is not None
@@ -67,14 +75,7 @@ async def test_watch_replays_then_follows_and_reports_previous_values(
     await store.commit([], [Put(f"{key}x", b"2")])
     await store.commit([], [Delete(f"{key}x")])
     seen: list[WatchEvent] = []
-
-    async def follow() -> None:
-        async for event in store.watch(key, start):
-            seen.append(event)
-            if len(seen) == 3:
-                return
-
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(follow(store, key, start, seen, 3))
     await eventually(lambda: len(seen) == 2, what="the replay")  # then y comes live
     await store.commit([], [Put(f"{key}y", b"3")])
     await asyncio.wait_for(task, 5)
@@ -126,14 +127,7 @@ async def test_a_watch_catching_up_over_grpcs_message_limit_gets_every_event(
     for i in range(12):
         assert await store.commit([], [Put(f"{key}{i:02d}", big + bytes([i]))]) is not None
     seen: list[WatchEvent] = []
-
-    async def follow() -> None:
-        async for event in store.watch(key, start):
-            seen.append(event)
-            if len(seen) == 12:
-                return
-
-    await asyncio.wait_for(follow(), 30)
+    await asyncio.wait_for(follow(store, key, start, seen, 12), 30)
     assert [e.key for e in seen] == [f"{key}{i:02d}" for i in range(12)]
     assert all(e.value == big + bytes([i]) for i, e in enumerate(seen))
 
