@@ -290,6 +290,13 @@ async def bench_fanout(
         f"{percentile(fan.first_ms(), 50):.0f} ms",
         flush=True,
     )
+    for start, n, p50, p99, top in fan.timeline():
+        print(
+            f"     writes from {start:4.0f} s: {n} events, p50 {p50:.0f} ms, p99 {p99:.0f} "
+            f"ms, max {top:.0f} ms",
+            flush=True,
+        )
+    print(f"   last watcher of the events over 1 s, most often: {fan.slowest_nodes()}", flush=True)
     print(
         f"   410 relists {out['expired']}, reconnects {fan.total('reconnects')}, request "
         f"retries {fan.total('retries')}, heartbeats {fan.total('heartbeats')}, errors "

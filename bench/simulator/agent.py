@@ -60,23 +60,25 @@ class AgentSpec:
 @dataclass
 class Tally:
     """What the watchers of one worker saw, merged: per pod event, how many watchers
-    saw it and when the first and the last did (``time.monotonic``, system-wide)."""
+    saw it, when the first and the last did (``time.monotonic``, system-wide) and which
+    node was the last."""
 
-    per_version: dict[int, list[float]] = field(default_factory=dict)
+    per_version: dict[int, list[Any]] = field(default_factory=dict)
     expired: int = 0  # 410 Gone answers (each followed by a relist)
     reconnects: int = 0  # watches the server ended that were opened again
     errors: dict[str, int] = field(default_factory=dict)
     retries: int = 0  # requests retried after a 5xx, 429 or a broken connection
     heartbeats: int = 0
 
-    def seen(self, version: int) -> None:
+    def seen(self, version: int, node: str) -> None:
         now = time.monotonic()
         entry = self.per_version.get(version)
         if entry is None:
-            self.per_version[version] = [1, now, now]
+            self.per_version[version] = [1, now, now, node]
         else:
             entry[0] += 1
             entry[2] = now
+            entry[3] = node
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -334,7 +336,7 @@ class SimAgent:
                 return
             self.counts[plural] += 1
             if plural == "pods":
-                self.tally.seen(version)
+                self.tally.seen(version, self.spec.name)
 
         delay = RETRY[0]
         while True:

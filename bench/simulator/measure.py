@@ -53,14 +53,17 @@ class FanOut:
     watchers: int  # pod watchers (one per agent)
     writes: dict[int, float]  # resourceVersion -> when its write was sent
     reports: list[dict[str, Any]]
-    per_version: dict[int, list[float]] = field(default_factory=dict)  # rv -> [n, first, last]
+    # rv -> [n, first, last, the node that was last]
+    per_version: dict[int, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for report in self.reports:
-            for version, count, first, last in report["per_version"]:
-                entry = self.per_version.setdefault(int(version), [0, first, last])
+            for version, count, first, last, node in report["per_version"]:
+                entry = self.per_version.setdefault(int(version), [0, first, last, node])
                 if entry[0]:
-                    entry[1], entry[2] = min(entry[1], first), max(entry[2], last)
+                    entry[1] = min(entry[1], first)
+                    if last > entry[2]:
+                        entry[2], entry[3] = last, node
                 entry[0] += count
 
     def counts(self, kind: str = "pods") -> list[int]:
@@ -84,6 +87,34 @@ class FanOut:
             for v, sent in self.writes.items()
             if self.per_version.get(v, [0])[0] >= self.watchers
         ]
+
+    def timeline(self, window: float = 30.0) -> list[tuple[float, int, float, float, float]]:
+        """Per ``window`` seconds of writes: (start s, events, p50, p99, max ms) of the
+        write -> last watcher latency: a tail spread over the run, or one burst."""
+        if not self.writes:
+            return []
+        origin = min(self.writes.values())
+        buckets: dict[int, list[float]] = {}
+        for version, sent in self.writes.items():
+            entry = self.per_version.get(version)
+            if entry and entry[0] >= self.watchers:
+                buckets.setdefault(int((sent - origin) // window), []).append(
+                    (entry[2] - sent) * 1000
+                )
+        return [
+            (b * window, len(v), percentile(v, 50), percentile(v, 99), max(v))
+            for b, v in sorted(buckets.items())
+        ]
+
+    def slowest_nodes(self, over_ms: float = 1000.0, top: int = 5) -> list[tuple[str, int]]:
+        """The nodes that were most often the last watcher of an event later than
+        ``over_ms``: a few slow watchers, or everyone now and then."""
+        late: dict[str, int] = {}
+        for version, sent in self.writes.items():
+            entry = self.per_version.get(version)
+            if entry and entry[0] >= self.watchers and (entry[2] - sent) * 1000 > over_ms:
+                late[entry[3]] = late.get(entry[3], 0) + 1
+        return sorted(late.items(), key=lambda kv: -kv[1])[:top]
 
     def first_ms(self) -> list[float]:
         return [

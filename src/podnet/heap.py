@@ -25,19 +25,27 @@ and the event loop, so every watcher, stood still for seconds each time.
   promote them: registering 5,000 nodes took 40 % less of the master's CPU. Young
   collections get longer (tens of milliseconds), and much rarer.
 
-Each collection's pause is observed in ``podnet_gc_pause_seconds`` (by generation), and
-the frozen objects are counted in ``podnet_gc_frozen_objects``.
+- After each step it hands the C heap's free pages back to the kernel (glibc's
+  ``malloc_trim``). A TLS handshake's temporary memory is freed between the long-lived
+  objects of the connections made with it; those holes stay in the process's resident
+  set otherwise (a third of what 2,000 watch connections cost, measured).
+
+Each collection's pause is observed in ``podnet_gc_pause_seconds`` (by generation), each
+trim's in ``podnet_malloc_trim_seconds``, and the frozen objects are counted in
+``podnet_gc_frozen_objects``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
@@ -50,6 +58,18 @@ YOUNG_THRESHOLD = 10_000  # allocations between young collections (CPython: 700)
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 Step = Literal["freeze", "thaw"]
+
+
+class _Trim(Protocol):
+    def __call__(self, pad: int) -> int: ...
+
+
+def malloc_trim() -> _Trim | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    with contextlib.suppress(OSError, AttributeError):
+        trim: _Trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return trim
+    return None
 
 
 @dataclass
@@ -104,6 +124,13 @@ class HeapGovernor:
         # render copying its children): it must not call ``labels()``, which takes that
         # (non-reentrant) lock. The children are made here, once.
         self._pause_of = [self.pauses.labels(str(g)) for g in range(3)]
+        self.trims = Histogram(
+            "podnet_malloc_trim_seconds",
+            "Pauses handing the C heap's free pages back to the kernel",
+            registry=registry,
+            buckets=PAUSE_BUCKETS,
+        )
+        self._trim = malloc_trim()
         self._task: asyncio.Task[None] | None = None
         self._began = 0.0
         self._thresholds = gc.get_threshold()
@@ -135,6 +162,9 @@ class HeapGovernor:
         found = gc.collect()
         gc.freeze()
         self.frozen.set(gc.get_freeze_count())
+        if self._trim is not None:
+            with self.trims.time():
+                self._trim(0)
         if step == "thaw":
             log.info(
                 "full collection: %d unreachable, %.0f ms; %d objects frozen",

@@ -198,7 +198,7 @@ async def test_a_stalled_watcher_falls_behind_alone(cached: tuple[Registry, Watc
 
 async def test_a_watcher_behind_the_ring_is_told_410(cached: tuple[Registry, WatchCache]) -> None:
     registry, cache = cached
-    cache.capacity = 3
+    cache.capacity, cache.history = 3, 0.0
     start = await settle(registry, cache)
     for i in range(5):
         await registry.create(POD, pod(f"p{i}"))
@@ -234,3 +234,51 @@ async def test_changes_close_together_go_out_in_one_write(
     assert len(sink.chunks) == 2
     names = [e["object"]["metadata"]["name"] for e in sink.events()]
     assert names == ["first", "second", "third", "fourth"]
+
+
+async def test_bookmark_rounds_deal_every_watcher_one_bookmark_per_period(
+    cached: tuple[Registry, WatchCache],
+) -> None:
+    """Each round of a period writes to its share of the watchers only (no stall of one
+    write per watcher at once); over the period's rounds each gets exactly one BOOKMARK,
+    at the cache's revision, and a watcher that did not ask gets none."""
+    registry, cache = cached
+    start = await settle(registry, cache)
+    asking = [FakeSink() for _ in range(6)]
+    for sink in asking:
+        cache.watch(WatchFilter(POD), sink, start, bookmarks=True)
+    silent = FakeSink()
+    cache.watch(WatchFilter(POD), silent, start, bookmarks=False)
+    end = cache._offset + len(cache._events)
+    for turn in range(3):
+        cache.fanout.bookmark(start, end, turn, 3)
+        assert sum(len(sink.chunks) for sink in asking) == 2 * (turn + 1)
+    for sink in asking:
+        (event,) = sink.events()
+        assert event["type"] == "BOOKMARK"
+        assert event["object"]["metadata"]["resourceVersion"] == str(start)
+    assert silent.chunks == []
+
+
+async def test_the_ring_keeps_recent_history_beyond_its_capacity(
+    cached: tuple[Registry, WatchCache],
+) -> None:
+    """A burst of other writes (5,000 Leases renewed) must not push a pod event out
+    while it is younger than the history: a watcher reconnecting from it still resumes.
+    Older events beyond the capacity go."""
+    registry, cache = cached
+    cache.capacity, cache.history = 3, 3600.0
+    start = await settle(registry, cache)
+    for i in range(8):
+        await registry.create(POD, pod(f"p{i}"))
+    await settle(registry, cache)
+    assert cache.covers(start)
+    sink = FakeSink()
+    cache.watch(WatchFilter(POD), sink, start, False)
+    await settle(registry, cache)
+    assert [e["object"]["metadata"]["name"] for e in sink.events()] == [f"p{i}" for i in range(8)]
+    cache.history = 0.0  # now every event beyond the capacity is too old
+    await registry.create(POD, pod("last"))
+    await settle(registry, cache)
+    assert not cache.covers(start)
+    assert len(cache._events) == 3

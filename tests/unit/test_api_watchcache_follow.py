@@ -78,7 +78,7 @@ async def test_a_cancelled_follower_leaves_the_others_waiting(
 
 async def _small_ring() -> tuple[Registry, WatchCache]:
     registry = Registry(MemoryStore())
-    cache = WatchCache(registry, capacity=5, coalesce=0)
+    cache = WatchCache(registry, capacity=5, history=0, coalesce=0)
     await cache.start()
     return registry, cache
 

@@ -95,6 +95,10 @@ class RecordingApi:
         self.calls.add(("delete", kind, None, namespace, name))
         await self.api.delete(kind, namespace, name, resource_version=resource_version)
 
+    async def namespaces_in_use(self, kind: Kind) -> set[str]:
+        self.calls.add(("list", kind, None, None, None))  # as the HTTPS API does it
+        return await self.api.namespaces_in_use(kind)
+
     async def finalize_namespace(self, name: str) -> None:
         self.calls.add(("get", NAMESPACE, None, None, name))  # as the HTTPS API does it
         self.calls.add(("update", NAMESPACE, "finalize", None, name))

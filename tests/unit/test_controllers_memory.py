@@ -445,27 +445,58 @@ async def test_objects_of_a_namespace_that_is_gone_entirely_are_removed(
 async def test_a_failed_orphan_sweep_is_retried_and_never_ends_the_controller(
     registry: Registry, api: InProcessApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sweep whose cluster-wide pod list fails (it times out under load) is logged and
+    """A sweep whose cluster-wide read fails (it times out under load) is logged and
     tried again; the controller stays up (a failed task would end the leader's term)."""
     monkeypatch.setattr(namespaces_module, "SWEEP_RETRY_SECONDS", 0.01)
     pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
     await registry.create(NAMESPACE, {"metadata": {"name": "ghost"}})
     await registry.create(POD, pod, "ghost")
     await registry.store.commit([], [Delete(registry.key(NAMESPACE, None, "ghost"))])
-    failures = [TimeoutError("list pods timed out"), TimeoutError("again")]
-    real_list = api.list
+    failures = [TimeoutError("read timed out"), TimeoutError("again")]
+    real_read = api.namespaces_in_use
 
-    async def flaky_list(kind: Kind, namespace: str | None = None) -> Any:
-        if kind is POD and namespace is None and failures:
+    async def flaky_read(kind: Kind) -> set[str]:
+        if kind is POD and failures:
             raise failures.pop(0)
-        return await real_list(kind, namespace)
+        return await real_read(kind)
 
-    monkeypatch.setattr(api, "list", flaky_list)
+    monkeypatch.setattr(api, "namespaces_in_use", flaky_read)
     controller = NamespaceCleanupController(api, resync_period=None)
     await controller.start()
     try:
         await eventually(lambda: _empty(registry, "ghost"))
         assert failures == []
+        assert all(not task.done() for task in controller._tasks)
+    finally:
+        await controller.stop()
+
+
+async def test_the_orphan_sweep_reads_namespaces_from_cache_keys_not_a_list_of_every_object(
+    registry: Registry, api: InProcessApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """150,000 pods decoded every resync stalled the master for seconds and doubled its
+    heap: the sweep asks only which namespaces hold objects, answered from the watch
+    cache's keys. A cluster-wide list here fails the test."""
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    for ns in ("a", "a-b", "a0", "ghost"):
+        await registry.create(NAMESPACE, {"metadata": {"name": ns}})
+        for name in ("p", "q"):
+            await registry.create(POD, pod | {"metadata": {"name": name}}, ns)
+    await registry.store.commit([], [Delete(registry.key(NAMESPACE, None, "ghost"))])
+    assert await api.namespaces_in_use(POD) == {"a", "a-b", "a0", "ghost"}
+    assert await api.namespaces_in_use(SERVICE) == set()
+    real_list = api.list
+
+    async def no_cluster_wide_list(kind: Kind, namespace: str | None = None) -> Any:
+        assert namespace or not kind.namespaced, f"the sweep listed every {kind.plural}"
+        return await real_list(kind, namespace)
+
+    monkeypatch.setattr(api, "list", no_cluster_wide_list)
+    controller = NamespaceCleanupController(api, resync_period=None)
+    await controller.start()
+    try:
+        await eventually(lambda: _empty(registry, "ghost"))
+        assert await api.namespaces_in_use(POD) == {"a", "a-b", "a0"}
         assert all(not task.done() for task in controller._tasks)
     finally:
         await controller.stop()

@@ -20,25 +20,16 @@ from typing import Any
 from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
 from podnet.api.events import EventLimits, EventQuota, EventSweeper, admit_event
 from podnet.api.identity import User
+from podnet.api.listing import CONSISTENT_WAIT
+from podnet.api.podaddresses import pod_ips
 from podnet.api.registry import Obj, Registry
+from podnet.api.watchcache import WatchCache
 from podnet.model import errors
 from podnet.model.kinds import EVENT, HOST_SUBNET, NODE, POD, Kind
 
 
 def _same(kind: Kind | None, other: Kind) -> bool:
     return kind is not None and (kind.group, kind.plural) == (other.group, other.plural)
-
-
-def pod_ips(pod: Mapping[str, Any] | None) -> set[str]:
-    """Every address a pod's status claims (``podIP`` and ``podIPs``)."""
-    status = (pod or {}).get("status")
-    if not isinstance(status, Mapping):
-        return set()
-    ips = {status.get("podIP")}
-    for entry in status.get("podIPs") or []:
-        if isinstance(entry, Mapping):
-            ips.add(entry.get("ip"))
-    return {str(ip) for ip in ips if ip}
 
 
 def _host_ip(pod: Mapping[str, Any] | None) -> Any:
@@ -49,8 +40,14 @@ def _host_ip(pod: Mapping[str, Any] | None) -> Any:
 class Admission:
     """The registry-backed admission step, and the event quota it keeps."""
 
-    def __init__(self, registry: Registry, limits: EventLimits | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        limits: EventLimits | None = None,
+        cache: WatchCache | None = None,
+    ) -> None:
         self.registry = registry
+        self.cache = cache  # answers "who holds this address" without reading every pod
         self.quota = EventQuota(limits or EventLimits.from_env())
         self.sweeper = EventSweeper(registry, self.quota)
 
@@ -101,18 +98,33 @@ class Admission:
         if not ips:
             return
         meta = pod.get("metadata") or {}
-        me = (meta.get("namespace"), meta.get("name"))
+        me = f"{meta.get('namespace')}/{meta.get('name')}"
+        holders = await self._holders(ips)
+        for ip in sorted(ips):
+            others = sorted(holders.get(ip, set()) - {me})
+            if others:
+                # AlreadyExists, not Conflict: a Conflict is a stale write, retried at once.
+                message = (
+                    f'pods "{meta.get("name")}": podIP {ip} is already used by pod {others[0]}'
+                )
+                raise errors.ApiError(message, 409, "AlreadyExists", "pods", str(meta.get("name")))
+
+    async def _holders(self, ips: set[str]) -> dict[str, set[str]]:
+        """``ns/name`` of the pods claiming each of ``ips``, as of etcd's current revision:
+        from the watch cache's address index once it has caught up with that revision,
+        else (no cache, or it lags) from a read of every pod."""
+        if self.cache is not None:
+            current = await self.registry.store.revision()
+            if await self.cache.wait_for(current, CONSISTENT_WAIT):
+                return {ip: self.cache.pod_addresses.holders(ip) for ip in ips}
         pods, _ = await self.registry.list(POD)
+        holders: dict[str, set[str]] = {}
         for other in pods:
             other_meta = other["metadata"]
-            if (other_meta.get("namespace"), other_meta.get("name")) == me:
-                continue
-            taken = ips & pod_ips(other)
-            if taken:
-                holder = f"{other_meta.get('namespace')}/{other_meta.get('name')}"
-                # AlreadyExists, not Conflict: a Conflict is a stale write, retried at once.
-                message = f'pods "{me[1]}": podIP {min(taken)} is already used by pod {holder}'
-                raise errors.ApiError(message, 409, "AlreadyExists", "pods", str(me[1]))
+            key = f"{other_meta.get('namespace')}/{other_meta.get('name')}"
+            for ip in ips & pod_ips(other):
+                holders.setdefault(ip, set()).add(key)
+        return holders
 
     async def _owner_is_this_node(self, node: str, pod: Mapping[str, Any]) -> None:
         owners = (pod.get("metadata") or {}).get("ownerReferences") or []

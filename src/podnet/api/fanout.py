@@ -64,6 +64,7 @@ class Watcher:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     sent: int = 0  # events written
+    turn: int = 0  # which share of the bookmark rounds is its (set by ``Fanout.add``)
 
     def finish(self, outcome: errors.ApiError | None) -> None:
         if not self.done.done():
@@ -91,6 +92,7 @@ class Fanout:
         self._pending: dict[Watcher, None] = {}
         self._end = 0  # absolute index: every grouped watcher has had the events before it
         self._count = 0
+        self._added = 0  # watchers ever added: deals them bookmark turns in rotation
         self.expired = 0
 
     def __len__(self) -> int:
@@ -98,6 +100,8 @@ class Fanout:
 
     def add(self, watcher: Watcher) -> None:
         self._count += 1
+        watcher.turn = self._added
+        self._added += 1
         if watcher.position == self._end:
             self._join(watcher)
         else:
@@ -202,14 +206,16 @@ class Fanout:
             if batch[1]:
                 self._write(watcher, batch[0], batch[1])
 
-    def bookmark(self, revision: int, end: int) -> None:
-        """A BOOKMARK at ``revision`` to every caught-up watcher that asked for them."""
+    def bookmark(self, revision: int, end: int, turn: int = 0, turns: int = 1) -> None:
+        """A BOOKMARK at ``revision`` to every caught-up watcher that asked for them and
+        whose share this round is (``watcher.turn % turns == turn``): the rounds of one
+        period deal the writes out, so 10,000 watchers never cost one long stall."""
         watchers = [w for w in self._pending if w.position >= end]
         if self._end >= end:
             watchers += [w for members in self._groups.values() for w in members]
         chunks: dict[Kind, bytes] = {}
         for watcher in watchers:
-            if not watcher.bookmarks:
+            if not watcher.bookmarks or watcher.turn % turns != turn % turns:
                 continue
             kind = watcher.filter.kind
             chunk = chunks.get(kind)

@@ -50,7 +50,7 @@ class ResourceHandlers:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
-        self.admission = Admission(registry)  # podnet.api.admission: after authorization
+        self.admission = Admission(registry, cache=cache)  # podnet.api.admission: after authz
         self.watches = WatchServer(registry, cache, metrics)
 
     # ---- routing ----------------------------------------------------------------------

@@ -32,50 +32,34 @@ from podnet.api.cachedobjects import (
 )
 from podnet.api.fanout import BACKLOG_LIMIT, Fanout, Sink, Watcher, pinned_name
 from podnet.api.followers import Followers, woken
-from podnet.api.registry import Obj, Registry
+from podnet.api.podaddresses import PodAddresses
+from podnet.api.registry import Registry
+from podnet.api.storeevents import direct_events, to_cached
 from podnet.model import errors
-from podnet.model.kinds import Kind
+from podnet.model.kinds import POD, Kind
 from podnet.model.selectors import FieldRequirement, LabelSelector
 from podnet.store.base import Compacted, KeyValue, WatchEvent
 
 __all__ = ["BOOKMARK_EVERY", "CachedEvent", "WatchCache", "WatchFilter", "direct_events"]
 log = logging.getLogger(__name__)
-BOOKMARK_EVERY = 10.0
+BOOKMARK_EVERY = 10.0  # seconds of silence before a single watcher's stream bookmarks
+# The fan-out's watchers get a BOOKMARK every BOOKMARK_PERIOD seconds, dealt out over
+# BOOKMARK_TURNS rounds so that each round writes to a share of them (10,000 watchers in
+# one round stalled the loop for a quarter of a second). The period stays well inside the
+# ring's HISTORY, so a watcher that reconnects from its last bookmark is still in the ring.
+BOOKMARK_PERIOD = 30.0
+BOOKMARK_TURNS = 30
+# The ring keeps CAPACITY events, and beyond that every event younger than HISTORY seconds
+# (kube-apiserver's watch cache keeps 75 s): 5,000 nodes renewing Leases write 500 events a
+# second, which would push pod events out of 20,000 slots in 40 s. MAX_EVENTS bounds it.
+CAPACITY = 20_000
+HISTORY = 75.0
+MAX_EVENTS = 200_000
 # With at least COALESCE_FROM watchers, changes that arrive within COALESCE seconds of
 # the last dispatch wait for the next one: several events per watcher per write (fewer
 # TLS records) when a round of writes is expensive; with fewer, every change goes at once.
 COALESCE = 0.1
 COALESCE_FROM = 500
-
-
-def to_cached(
-    registry: Registry, event: WatchEvent, prev_probe: Obj | None = None
-) -> CachedEvent | None:
-    """A store event as an API event, or None for non-object keys.
-
-    ``prev_probe`` is the probe of the object before the change when the caller knows
-    it (the cache does); otherwise it is made from the event's previous value.
-    """
-    parsed = registry.parse_key(event.key)
-    if parsed is None:
-        return None
-    kind, namespace, name = parsed
-    if prev_probe is None and event.prev_value:
-        prev_probe = storedform.probe(kind, storedform.decode(event.prev_value, 0))
-    if event.type == "DELETE":
-        value = event.prev_value or storedform.encode(
-            {"metadata": {"name": name, **({"namespace": namespace} if namespace else {})}}
-        )
-        if prev_probe is None:
-            prev_probe = storedform.probe(kind, storedform.decode(value, 0))
-        return CachedEvent(
-            event.revision, kind, namespace, name, "DELETED", value, prev_probe, prev_probe
-        )
-    probe = storedform.probe(kind, storedform.decode(event.value, 0))
-    change = "ADDED" if event.create_revision == event.revision else "MODIFIED"
-    return CachedEvent(
-        event.revision, kind, namespace, name, change, event.value, probe, prev_probe
-    )
 
 
 class WatchCache:
@@ -84,14 +68,18 @@ class WatchCache:
     def __init__(
         self,
         registry: Registry,
-        capacity: int = 20000,
+        capacity: int = CAPACITY,
+        history: float = HISTORY,
         backlog_limit: int = BACKLOG_LIMIT,
         coalesce: float = COALESCE,
         coalesce_from: int = COALESCE_FROM,
         observe: Callable[[float], None] | None = None,
+        bookmark_period: float = BOOKMARK_PERIOD,
     ) -> None:
         self.registry = registry
+        self.bookmark_period = bookmark_period
         self.capacity = capacity
+        self.history = history
         self.fanout = Fanout(backlog_limit)
         self.coalesce = coalesce
         self.coalesce_from = coalesce_from
@@ -99,6 +87,7 @@ class WatchCache:
         self._last_dispatch = 0.0
         self._dispatched = 0  # absolute index of the first event not dispatched yet
         self._objects: dict[Kind, KindObjects] = {}
+        self.pod_addresses = PodAddresses()  # podnet.api.admission's address check
         self._events: list[CachedEvent] = []
         self._offset = 0  # absolute index of self._events[0]
         self._start_revision = 0  # changes after this revision are all in the buffer
@@ -133,6 +122,7 @@ class WatchCache:
         """Read every object at one revision; start the ring empty at that revision."""
         kvs, revision = await self.registry.store.list(self.registry.prefix)
         objects: dict[Kind, KindObjects] = {}
+        self.pod_addresses = PodAddresses()
         for kv in kvs:
             self._load_one(objects, kv)
         self._objects = objects
@@ -149,10 +139,16 @@ class WatchCache:
         parsed = self.registry.parse_key(kv.key)
         if parsed is None:
             return
-        kind = parsed[0]
-        probe = storedform.probe(kind, storedform.decode(kv.value, 0))
-        cached = CachedObject(storedform.splice(kv.value, kv.mod_revision), kv.mod_revision, probe)
-        objects.setdefault(kind, KindObjects()).put(self._relative(kv.key, kind), cached)
+        kind, key = parsed[0], self._relative(kv.key, parsed[0])
+        obj = storedform.decode(kv.value, 0)
+        cached = CachedObject(
+            storedform.splice(kv.value, kv.mod_revision),
+            kv.mod_revision,
+            storedform.probe(kind, obj),
+        )
+        objects.setdefault(kind, KindObjects()).put(key, cached)
+        if kind == POD:
+            self.pod_addresses.put(key, obj)
 
     def _relative(self, key: str, kind: Kind) -> str:
         return key[len(self.registry.kind_prefix(kind)) :]
@@ -184,9 +180,12 @@ class WatchCache:
             assert cached is not None
             if event.type == "DELETE":
                 objects.delete(key)
+                self.pod_addresses.remove(key)
             else:
                 wire = storedform.splice(event.value, event.revision)
                 objects.put(key, CachedObject(wire, event.revision, cached.probe))
+                if kind == POD:
+                    self.pod_addresses.put(key, storedform.decode(event.value, 0))
             self._append(cached)
             self._followers.changed(kind)
         self._latest_revision = max(self._latest_revision, event.revision)
@@ -195,13 +194,21 @@ class WatchCache:
     def _append(self, event: CachedEvent) -> None:
         event.arrived = asyncio.get_running_loop().time()
         self._events.append(event)
-        if len(self._events) > self.capacity:
-            drop = len(self._events) - self.capacity
+        beyond = len(self._events) - self.capacity
+        if beyond > 0 and self._events[0].arrived < event.arrived - self.history:
+            cutoff = event.arrived - self.history
+            drop = bisect.bisect_left(self._events, cutoff, hi=beyond, key=_arrived)
+            self._drop_oldest(max(drop, len(self._events) - MAX_EVENTS))
+        elif len(self._events) > MAX_EVENTS:
+            self._drop_oldest(len(self._events) - MAX_EVENTS)
+        self._schedule()
+
+    def _drop_oldest(self, drop: int) -> None:
+        if drop > 0:
             self._start_revision = self._events[drop - 1].revision
             self._followers.dropped(self._events[:drop])
             del self._events[:drop]
             self._offset += drop
-        self._schedule()
 
     def _schedule(self) -> None:
         """Dispatch soon: events that arrive meanwhile go out in the same writes."""
@@ -230,9 +237,12 @@ class WatchCache:
             wakeup.set_result(None)
 
     async def _bookmarks(self) -> None:
+        turn = 0
         while True:
-            await asyncio.sleep(BOOKMARK_EVERY)
-            self.fanout.bookmark(self._latest_revision, self._offset + len(self._events))
+            await asyncio.sleep(self.bookmark_period / BOOKMARK_TURNS)
+            end = self._offset + len(self._events)
+            self.fanout.bookmark(self._latest_revision, end, turn, BOOKMARK_TURNS)
+            turn = (turn + 1) % BOOKMARK_TURNS
 
     def forget_before(self, revision: int) -> None:
         """Drop buffered events at or before ``revision`` (after a compaction)."""
@@ -276,6 +286,20 @@ class WatchCache:
             keys = [key] if key in items else []
         selected = [(key, items[key]) for key in keys if wf.selects(items[key].probe)]
         return selected, self._latest_revision
+
+    def namespaces(self, kind: Kind) -> tuple[set[str], int]:
+        """The namespaces holding an object of the namespaced ``kind``, from the sorted
+        keys alone (one jump per namespace, nothing decoded), and the cache's revision."""
+        kind_objects = self._objects.get(kind)
+        found: set[str] = set()
+        if kind_objects is not None:
+            keys = kind_objects.sorted_keys()
+            at = 0
+            while at < len(keys):
+                namespace = keys[at].partition("/")[0]
+                found.add(namespace)
+                at = bisect.bisect_left(keys, namespace + "/\xff", at)
+        return found, self._latest_revision
 
     def current(self, kind: Kind, namespace: str | None, name: str) -> CachedObject | None:
         """The cached object of that name, if any (it may trail etcd, as ``objects``)."""
@@ -361,14 +385,5 @@ def _revision_of(event: CachedEvent) -> int:
     return event.revision
 
 
-async def direct_events(
-    registry: Registry, after_revision: int
-) -> AsyncIterator[CachedEvent | int]:
-    """Events straight from the store, for a revision older than the cache's window."""
-    try:
-        async for event in registry.store.watch(registry.prefix, after_revision):
-            cached = to_cached(registry, event)
-            if cached is not None:
-                yield cached
-    except Compacted as exc:
-        raise errors.gone(f"too old resource version: {after_revision} ({exc})") from exc
+def _arrived(event: CachedEvent) -> float:
+    return event.arrived

@@ -1,7 +1,9 @@
 """The object API the controllers use, and the calls they make with it.
 
-``ControllerApi`` is ``ObjectApi`` plus the two writes only the master's controllers make:
-a status update (a Node's conditions) and the finalization of a Terminating Namespace.
+``ControllerApi`` is ``ObjectApi`` plus the two writes only the master's controllers make
+(a status update of a Node's conditions, the finalization of a Terminating Namespace) and
+one read, the namespaces holding objects of a kind (the orphan sweep's, which must not
+decode every pod of the cluster to learn a few hundred names).
 
 Every call goes through ``call``: a timeout per attempt, transient failures (no answer,
 5xx, 429) retried with jittered backoff until a deadline, anything else raised at once.
@@ -40,6 +42,10 @@ class ControllerApi(ObjectApi, Protocol):
 
     async def finalize_namespace(self, name: str) -> None:
         """Remove a Terminating Namespace for good (its contents are gone)."""
+        ...
+
+    async def namespaces_in_use(self, kind: Kind) -> set[str]:
+        """The namespaces that hold at least one object of the namespaced ``kind``."""
         ...
 
 

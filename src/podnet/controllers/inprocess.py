@@ -80,6 +80,15 @@ class InProcessApi:
             await asyncio.sleep(0)  # a list of every pod decodes for seconds: let others in
         return Listing(items, revision)
 
+    async def namespaces_in_use(self, kind: Kind) -> set[str]:
+        """The namespaces holding an object of ``kind``, read as consistently as ``list``
+        from the cache's keys: no object is decoded (150,000 pods cost milliseconds)."""
+        current = await _translated(self.registry.store.revision())
+        if not await self.cache.wait_for(current, CONSISTENT_WAIT):
+            items, _ = await _translated(self.registry.list(kind))
+            return {obj["metadata"]["namespace"] for obj in items}
+        return self.cache.namespaces(kind)[0]
+
     async def watch(
         self, kind: Kind, since: ResourceVersion, namespace: str | None = None
     ) -> AsyncIterator[WatchEvent]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from podnet.client.watch import DELETED
@@ -118,7 +119,8 @@ class NamespaceCleanupController(Controller):
         """Every namespace that holds at least one object of the cleaned-up kinds."""
         names: set[str] = set()
         for kind in self.kinds:
-            names |= {obj["metadata"]["namespace"] for obj in await self._list(kind)}
+            ask = partial(self.api.namespaces_in_use, kind)
+            names |= await call(ask, f"namespaces holding {kind.plural}")
         return names
 
     async def _list(self, kind: Kind, namespace: str | None = None) -> list[Obj]:

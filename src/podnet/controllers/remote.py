@@ -7,7 +7,7 @@ token; every read, write and watch goes through the API server like any client's
 from __future__ import annotations
 
 from podnet.client.aio import AsyncApiClient
-from podnet.model.kinds import NAMESPACE
+from podnet.model.kinds import NAMESPACE, Kind
 
 
 class RemoteApi(AsyncApiClient):
@@ -17,3 +17,8 @@ class RemoteApi(AsyncApiClient):
         """PUT ``namespaces/<name>/finalize``: remove a Terminating Namespace for good."""
         namespace = await self.get(NAMESPACE, None, name)
         await self.update(NAMESPACE, namespace, subresource="finalize")
+
+    async def namespaces_in_use(self, kind: Kind) -> set[str]:
+        """The namespaces holding an object of ``kind``, from a list of the kind."""
+        listing = await self.list(kind)
+        return {obj["metadata"]["namespace"] for obj in listing.items}
