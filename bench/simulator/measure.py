@@ -88,23 +88,36 @@ class FanOut:
             if self.per_version.get(v, [0])[0] >= self.watchers
         ]
 
-    def timeline(self, window: float = 30.0) -> list[tuple[float, int, float, float, float]]:
-        """Per ``window`` seconds of writes: (start s, events, p50, p99, max ms) of the
-        write -> last watcher latency: a tail spread over the run, or one burst."""
+    def timeline(self, window: float = 30.0) -> list[tuple[float, int, float, float, float, float]]:
+        """Per ``window`` seconds of writes: (start s, events, p50, p99, max ms of the
+        write -> last watcher latency, p50 ms of write -> first watcher): a tail spread
+        over the run or one burst, and whether the master had the change late (the
+        first watcher late too) or some watchers had it late."""
         if not self.writes:
             return []
         origin = min(self.writes.values())
-        buckets: dict[int, list[float]] = {}
+        buckets: dict[int, list[tuple[float, float]]] = {}
         for version, sent in self.writes.items():
             entry = self.per_version.get(version)
             if entry and entry[0] >= self.watchers:
                 buckets.setdefault(int((sent - origin) // window), []).append(
-                    (entry[2] - sent) * 1000
+                    ((entry[2] - sent) * 1000, (entry[1] - sent) * 1000)
                 )
-        return [
-            (b * window, len(v), percentile(v, 50), percentile(v, 99), max(v))
-            for b, v in sorted(buckets.items())
-        ]
+        rows = []
+        for b, pairs in sorted(buckets.items()):
+            last = [p[0] for p in pairs]
+            first = [p[1] for p in pairs]
+            rows.append(
+                (
+                    b * window,
+                    len(pairs),
+                    percentile(last, 50),
+                    percentile(last, 99),
+                    max(last),
+                    percentile(first, 50),
+                )
+            )
+        return rows
 
     def slowest_nodes(self, over_ms: float = 1000.0, top: int = 5) -> list[tuple[str, int]]:
         """The nodes that were most often the last watcher of an event later than

@@ -37,6 +37,13 @@ class ApiMetrics:
             ["resource"],
             registry=self.registry,
         )
+        self.watches_from_store = Counter(
+            "podnet_apiserver_watches_from_store",
+            "Watches from a revision older than the watch cache's history, served by an "
+            "etcd watch of their own",
+            ["resource"],
+            registry=self.registry,
+        )
         self.watch_dispatch = Histogram(
             "podnet_apiserver_watch_dispatch_seconds",
             "From a change reaching the watch cache to its bytes handed to every watcher",

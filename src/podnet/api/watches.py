@@ -62,6 +62,7 @@ class WatchServer:
             await listing.check_not_compacted(self.registry, revision, "watch")
             await self.cache.wait_for(revision, listing.FRESH_WAIT)
             if not self.cache.covers(revision):
+                self.metrics.watches_from_store.labels(wf.kind.plural).inc()
                 return await self._stream(
                     request, wf, params, as_table, direct_events(self.registry, revision)
                 )
