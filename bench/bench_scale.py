@@ -253,6 +253,7 @@ async def bench_fanout(
             flush=True,
         )
         usage.begin()
+        before = await master_figures(cluster)
         writes = await make_changes(api, args)
         out["write rate"] = len(writes) / (time.monotonic() - started - out["watches open s"])
         deadline = time.monotonic() + args.drain
@@ -296,7 +297,12 @@ async def bench_fanout(
             f"ms, max {top:.0f} ms; first watcher p50 {first:.0f} ms",
             flush=True,
         )
-    print(f"   last watcher of the events over 1 s, most often: {fan.slowest_nodes()}", flush=True)
+    slowest = fan.slowest_nodes()
+    print(f"   last watcher of the events over 1 s, most often: {slowest}", flush=True)
+    origin = min(writes.values(), default=0.0)
+    for node, _ in slowest[:2]:
+        opens = {k: [round(t - origin, 1) for t in v] for k, v in fan.opened(node).items()}
+        print(f"     {node}: watches opened at (s from the first write) {opens}", flush=True)
     print(
         f"   410 relists {out['expired']}, reconnects {fan.total('reconnects')}, request "
         f"retries {fan.total('retries')}, heartbeats {fan.total('heartbeats')}, errors "
@@ -304,7 +310,9 @@ async def bench_fanout(
         flush=True,
     )
     print(f"   {usage.summary()} (goal RSS < 2048 MB)", flush=True)
-    print(f"   master: {await master_figures(cluster)}", flush=True)
+    after = await master_figures(cluster)
+    deltas = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+    print(f"   master, during the fan-out: {deltas}", flush=True)
 
 
 MASTER_FIGURES = (
@@ -318,7 +326,7 @@ MASTER_FIGURES = (
 )
 
 
-async def master_figures(cluster: Cluster) -> str:
+async def master_figures(cluster: Cluster) -> dict[str, float]:
     """The master's own view from /metrics: watches served from etcd, dispatch rounds
     over 0.5 s, collector and trim pauses."""
     async with (
@@ -326,15 +334,16 @@ async def master_figures(cluster: Cluster) -> str:
         api.get("/metrics") as answer,
     ):
         text = await answer.text()
-    picked = []
+    picked: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
         if name not in MASTER_FIGURES:
             continue
         if name.endswith("_bucket") and 'le="0.5"' not in line and 'le="+Inf"' not in line:
             continue
-        picked.append(line)
-    return "; ".join(picked)
+        series, _, value = line.rpartition(" ")
+        picked[series.replace("podnet_", "")] = float(value)
+    return picked
 
 
 async def run(args: argparse.Namespace, work: Path) -> Results:
@@ -364,6 +373,10 @@ async def run(args: argparse.Namespace, work: Path) -> Results:
             sampler.cancel()
         if fleet is not None:
             await fleet.stop()
+        etcd_log = cluster.etcd.data_dir / "etcd.log"
+        if etcd_log.exists():  # removed with etcd's data
+            Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+            shutil.copy(etcd_log, Path(args.log_dir) / "etcd.log")
         cluster.stop()
         keep_logs(work, Path(args.log_dir))
     return out

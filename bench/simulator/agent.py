@@ -141,6 +141,7 @@ class SimAgent:
         self.subnet_wait = subnet_wait  # "watch" (the agent since objectwait) or "poll"
         self.counts: dict[str, int] = {}  # kind plural -> events seen (bookmarks aside)
         self.versions: dict[str, int] = {}  # kind plural -> last resourceVersion seen
+        self.opened: dict[str, list[float]] = {}  # kind plural -> when each watch opened
         self.subnet = ""
         self._session: aiohttp.ClientSession | None = None
         self._lease: Obj | None = None  # the Lease as last written
@@ -358,6 +359,7 @@ class SimAgent:
                 stream = None
             if stream is not None and stream.status == 200:
                 opened.set()
+                self.opened.setdefault(plural, []).append(time.monotonic())
                 self._streams.add(stream)
                 try:
                     await stream.done

@@ -129,6 +129,13 @@ class FanOut:
                 late[entry[3]] = late.get(entry[3], 0) + 1
         return sorted(late.items(), key=lambda kv: -kv[1])[:top]
 
+    def opened(self, node: str) -> dict[str, list[float]]:
+        """When each of ``node``'s watches opened (time.monotonic), by kind."""
+        for report in self.reports:
+            if node in report.get("opened", {}):
+                return dict(report["opened"][node])
+        return {}
+
     def first_ms(self) -> list[float]:
         return [
             (e[1] - self.writes[v]) * 1000 for v, e in self.per_version.items() if v in self.writes

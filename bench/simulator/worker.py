@@ -133,6 +133,7 @@ class Worker:
             "event": "report",
             "per_version": [[v, *e] for v, e in sorted(tally.per_version.items())],
             "counts": {k: [a.counts.get(k, 0) for a in self.agents] for k in kinds},
+            "opened": {a.spec.name: a.opened for a in self.agents},
             "expired": tally.expired,
             "reconnects": tally.reconnects,
             "errors": tally.errors,
