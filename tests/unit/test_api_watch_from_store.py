@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -28,16 +29,24 @@ async def test_a_watch_older_than_the_cache_is_served_from_the_store_and_counted
     await cache.start()
     metrics = ApiMetrics()
     server = WatchServer(registry, cache, metrics)
+    prefixes: list[str] = []
+    real_watch = registry.store.watch
+
+    def recording_watch(prefix: str, after: int) -> Any:
+        prefixes.append(prefix)
+        return real_watch(prefix, after)
+
     try:
         start = await registry.store.revision()
         for i in range(5):
             await registry.create(POD, pod(f"p{i}"))
         current = await registry.store.revision()
         assert await cache.wait_for(current, 5) and not cache.covers(start)
+        registry.store.watch = recording_watch  # type: ignore[method-assign]
 
         async def handler(request: web.Request) -> web.StreamResponse:
             params = QueryParams(watch=True, resource_version=start, timeout_seconds=1)
-            return await server.serve(request, WatchFilter(POD), params, False)
+            return await server.serve(request, WatchFilter(POD, "default"), params, False)
 
         app = web.Application()
         app.router.add_get("/watch", handler)
@@ -56,6 +65,8 @@ async def test_a_watch_older_than_the_cache_is_served_from_the_store_and_counted
     finally:
         await cache.stop()
     assert names == ["p0", "p1", "p2", "p3", "p4", "live"]
+    # etcd replays the pods of the watched namespace only, not every change since.
+    assert prefixes == [registry.kind_prefix(POD, "default")]
     counted = metrics.registry.get_sample_value(
         "podnet_apiserver_watches_from_store_total", {"resource": "pods"}
     )

@@ -282,3 +282,32 @@ async def test_the_ring_keeps_recent_history_beyond_its_capacity(
     await settle(registry, cache)
     assert not cache.covers(start)
     assert len(cache._events) == 3
+
+
+async def test_a_bookmark_round_goes_out_while_changes_wait_for_their_dispatch() -> None:
+    """Under a steady stream of writes some change is always waiting to be dispatched:
+    the round still goes out, at the last dispatched revision (never one the watcher
+    has not had), and the waiting change follows it."""
+    registry = Registry(MemoryStore())
+    await registry.create(NAMESPACE, namespace("default"))
+    cache = WatchCache(registry, coalesce=30.0, coalesce_from=1, bookmark_period=1e6)
+    await cache.start()
+    try:
+        start = await settle(registry, cache)
+        sink = FakeSink()
+        cache.watch(WatchFilter(POD), sink, start, bookmarks=True)
+        cache._last_dispatch = 0.0  # the window is over: the first change goes at once
+        first = await registry.create(POD, pod("first"))
+        while not sink.chunks:
+            await asyncio.sleep(0.01)
+        await registry.create(POD, pod("waiting"))  # held back by the 30 s window
+        await settle(registry, cache)
+        cache._bookmark(0)
+        events = sink.events()
+        assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+        version = first["metadata"]["resourceVersion"]
+        assert events[1]["object"]["metadata"]["resourceVersion"] == version
+        cache._dispatch()
+        assert [e["object"]["metadata"]["name"] for e in sink.events()[2:]] == ["waiting"]
+    finally:
+        await cache.stop()

@@ -9,6 +9,7 @@ from podnet.api import storedform
 from podnet.api.cachedobjects import CachedEvent
 from podnet.api.registry import Obj, Registry
 from podnet.model import errors
+from podnet.model.kinds import Kind
 from podnet.store.base import Compacted, WatchEvent
 
 
@@ -43,11 +44,14 @@ def to_cached(
 
 
 async def direct_events(
-    registry: Registry, after_revision: int
+    registry: Registry, after_revision: int, kind: Kind | None = None, namespace: str | None = None
 ) -> AsyncIterator[CachedEvent | int]:
-    """Events straight from the store, for a revision older than the cache's window."""
+    """Events straight from the store, for a revision older than the cache's window: of
+    ``kind`` (in ``namespace``) only when given, so that etcd replays that kind's history
+    alone, not every Lease renewal of the cluster since ``after_revision``."""
+    prefix = registry.kind_prefix(kind, namespace) if kind is not None else registry.prefix
     try:
-        async for event in registry.store.watch(registry.prefix, after_revision):
+        async for event in registry.store.watch(prefix, after_revision):
             cached = to_cached(registry, event)
             if cached is not None:
                 yield cached

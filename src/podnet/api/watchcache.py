@@ -240,9 +240,19 @@ class WatchCache:
         turn = 0
         while True:
             await asyncio.sleep(self.bookmark_period / BOOKMARK_TURNS)
-            end = self._offset + len(self._events)
-            self.fanout.bookmark(self._latest_revision, end, turn, BOOKMARK_TURNS)
+            self._bookmark(turn)
             turn = (turn + 1) % BOOKMARK_TURNS
+
+    def _bookmark(self, turn: int) -> None:
+        """A round of BOOKMARKs at the revision of the last event dispatched, which every
+        grouped watcher has had. (At the latest one, a round waited for nothing to be
+        undispatched: under steady Lease renewals no bookmark ever went out.)"""
+        end = self._dispatched
+        if end < self._offset:  # undispatched events left the ring: the next dispatch drops
+            return
+        at = end - self._offset - 1
+        revision = self._events[at].revision if at >= 0 else self._start_revision
+        self.fanout.bookmark(revision, end, turn, BOOKMARK_TURNS)
 
     def forget_before(self, revision: int) -> None:
         """Drop buffered events at or before ``revision`` (after a compaction)."""

@@ -64,7 +64,11 @@ class WatchServer:
             if not self.cache.covers(revision):
                 self.metrics.watches_from_store.labels(wf.kind.plural).inc()
                 return await self._stream(
-                    request, wf, params, as_table, direct_events(self.registry, revision)
+                    request,
+                    wf,
+                    params,
+                    as_table,
+                    direct_events(self.registry, revision, wf.kind, wf.namespace),
                 )
         if as_table:
             bookmarks = BOOKMARK_EVERY if params.allow_bookmarks else None

@@ -95,7 +95,7 @@ class InProcessApi:
         if self.cache.covers(since):
             source = self.cache.follow(since, BOOKMARK_EVERY, kind)  # woken by kind only
         else:
-            source = direct_events(self.registry, since)
+            source = direct_events(self.registry, since, kind, namespace)
         wanted = WatchFilter(kind, namespace)
         try:
             while True:
