@@ -14,7 +14,7 @@ from podnet.api import listing
 from podnet.api.cachedobjects import WatchFilter
 from podnet.api.params import ContinueToken, QueryParams
 from podnet.api.registry import Registry
-from podnet.api.watchcache import WatchCache
+from podnet.api.watchcache import COALESCE_MAX, WatchCache, coalescing_window
 from podnet.model import errors
 from podnet.model.kinds import NAMESPACE, POD
 from podnet.model.selectors import FieldRequirement, parse_label_selector
@@ -311,3 +311,13 @@ async def test_a_bookmark_round_goes_out_while_changes_wait_for_their_dispatch()
         assert [e["object"]["metadata"]["name"] for e in sink.events()[2:]] == ["waiting"]
     finally:
         await cache.stop()
+
+
+def test_the_coalescing_window_grows_with_the_watchers_up_to_its_cap() -> None:
+    """Few watchers: every change at once. From the threshold, at least the base
+    window, longer as a round of writes gets dearer, never past the cap."""
+    assert coalescing_window(499, 0.1, 500) == 0.0
+    assert coalescing_window(500, 0.1, 500) == 0.1
+    assert 0.1 < coalescing_window(6000, 0.1, 500) < COALESCE_MAX
+    assert coalescing_window(10_000, 0.1, 500) == COALESCE_MAX == coalescing_window(10**6, 0.1, 500)
+    assert coalescing_window(10_000, 1.0, 1) == 1.0  # a longer base stands

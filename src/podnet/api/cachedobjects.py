@@ -8,6 +8,7 @@ field selectors are answered without decoding. A decoded object is made only on 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,18 @@ class KindObjects:
             items = self.items
             self._joined = b",".join([items[key].wire for key in self.sorted_keys()])
         return self._joined
+
+    def namespaces(self) -> set[str]:
+        """The namespaces of the keys (``ns/name``): one jump over each namespace's run
+        of sorted keys, so 150,000 pods in 150 namespaces cost 150 bisections."""
+        keys = self.sorted_keys()
+        found: set[str] = set()
+        at = 0
+        while at < len(keys):
+            namespace = keys[at].partition("/")[0]
+            found.add(namespace)
+            at = bisect.bisect_left(keys, namespace + "/\xff", at)
+        return found
 
     def sorted_keys(self) -> list[str]:
         """Every key in order (kept until a key is added or removed)."""

@@ -21,6 +21,7 @@ import bisect
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from operator import attrgetter
 
 from podnet.api import storedform
 from podnet.api.cachedobjects import (
@@ -43,10 +44,9 @@ from podnet.store.base import Compacted, KeyValue, WatchEvent
 __all__ = ["BOOKMARK_EVERY", "CachedEvent", "WatchCache", "WatchFilter", "direct_events"]
 log = logging.getLogger(__name__)
 BOOKMARK_EVERY = 10.0  # seconds of silence before a single watcher's stream bookmarks
-# The fan-out's watchers get a BOOKMARK every BOOKMARK_PERIOD seconds, dealt out over
-# BOOKMARK_TURNS rounds so that each round writes to a share of them (10,000 watchers in
-# one round stalled the loop for a quarter of a second). The period stays well inside the
-# ring's HISTORY, so a watcher that reconnects from its last bookmark is still in the ring.
+# Fan-out watchers get a BOOKMARK every BOOKMARK_PERIOD s, dealt out over BOOKMARK_TURNS
+# rounds (10,000 writes at once stalled the loop); well inside HISTORY, so a watcher
+# reconnecting from its last bookmark is still in the ring.
 BOOKMARK_PERIOD = 30.0
 BOOKMARK_TURNS = 30
 # The ring keeps CAPACITY events, and beyond that every event younger than HISTORY seconds
@@ -55,11 +55,13 @@ BOOKMARK_TURNS = 30
 CAPACITY = 20_000
 HISTORY = 75.0
 MAX_EVENTS = 200_000
-# With at least COALESCE_FROM watchers, changes that arrive within COALESCE seconds of
-# the last dispatch wait for the next one: several events per watcher per write (fewer
-# TLS records) when a round of writes is expensive; with fewer, every change goes at once.
+# From COALESCE_FROM watchers, changes within the coalescing window of the last dispatch
+# wait for the next: several events per write. The window grows with the watchers (a
+# round costs a TLS write and a send each) from COALESCE up to COALESCE_MAX.
 COALESCE = 0.1
 COALESCE_FROM = 500
+COALESCE_PER_WATCHER = 25e-6
+COALESCE_MAX = 0.25
 
 
 class WatchCache:
@@ -197,7 +199,7 @@ class WatchCache:
         beyond = len(self._events) - self.capacity
         if beyond > 0 and self._events[0].arrived < event.arrived - self.history:
             cutoff = event.arrived - self.history
-            drop = bisect.bisect_left(self._events, cutoff, hi=beyond, key=_arrived)
+            drop = bisect.bisect_left(self._events, cutoff, hi=beyond, key=attrgetter("arrived"))
             self._drop_oldest(max(drop, len(self._events) - MAX_EVENTS))
         elif len(self._events) > MAX_EVENTS:
             self._drop_oldest(len(self._events) - MAX_EVENTS)
@@ -216,8 +218,9 @@ class WatchCache:
             return
         self._dispatch_due = True
         loop = asyncio.get_running_loop()
-        delay = self._last_dispatch + self.coalesce - loop.time()
-        if delay > 0 and len(self.fanout) >= self.coalesce_from:
+        window = coalescing_window(len(self.fanout), self.coalesce, self.coalesce_from)
+        delay = self._last_dispatch + window - loop.time()
+        if delay > 0:
             loop.call_later(delay, self._dispatch)
         else:
             loop.call_soon(self._dispatch)
@@ -298,17 +301,10 @@ class WatchCache:
         return selected, self._latest_revision
 
     def namespaces(self, kind: Kind) -> tuple[set[str], int]:
-        """The namespaces holding an object of the namespaced ``kind``, from the sorted
-        keys alone (one jump per namespace, nothing decoded), and the cache's revision."""
+        """The namespaces holding an object of the namespaced ``kind`` (from its keys,
+        nothing decoded), and the cache's revision."""
         kind_objects = self._objects.get(kind)
-        found: set[str] = set()
-        if kind_objects is not None:
-            keys = kind_objects.sorted_keys()
-            at = 0
-            while at < len(keys):
-                namespace = keys[at].partition("/")[0]
-                found.add(namespace)
-                at = bisect.bisect_left(keys, namespace + "/\xff", at)
+        found = kind_objects.namespaces() if kind_objects is not None else set()
         return found, self._latest_revision
 
     def current(self, kind: Kind, namespace: str | None, name: str) -> CachedObject | None:
@@ -391,9 +387,12 @@ class WatchCache:
                 yield self._latest_revision
 
 
+def coalescing_window(watchers: int, base: float, since: int) -> float:
+    """Seconds after a dispatch during which new changes wait for the next one."""
+    if watchers < since:
+        return 0.0
+    return max(base, min(COALESCE_MAX, watchers * COALESCE_PER_WATCHER))
+
+
 def _revision_of(event: CachedEvent) -> int:
     return event.revision
-
-
-def _arrived(event: CachedEvent) -> float:
-    return event.arrived
