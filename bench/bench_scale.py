@@ -351,8 +351,17 @@ async def run(args: argparse.Namespace, work: Path) -> Results:
     raise_file_limit()
     out: Results = {}
     cluster_network = "10.128.0.0/9:8"  # 32,768 node subnets of /24
+    etcd_dir = None
+    if args.etcd_in_memory:  # a private directory on the tmpfs, removed with etcd's data
+        etcd_dir = Path(tempfile.mkdtemp(prefix="podnet-scale-etcd-", dir="/dev/shm"))
     cluster = start_cluster(
-        work, args.nodes, "--network-plugin", "networkpolicy", "--cluster-network", cluster_network
+        work,
+        args.nodes,
+        "--network-plugin",
+        "networkpolicy",
+        "--cluster-network",
+        cluster_network,
+        etcd_dir=etcd_dir,
     )
     fleet: Fleet | None = None
     sampler: asyncio.Task[None] | None = None
@@ -378,6 +387,8 @@ async def run(args: argparse.Namespace, work: Path) -> Results:
             Path(args.log_dir).mkdir(parents=True, exist_ok=True)
             shutil.copy(etcd_log, Path(args.log_dir) / "etcd.log")
         cluster.stop()
+        if etcd_dir is not None:
+            shutil.rmtree(etcd_dir, ignore_errors=True)
         keep_logs(work, Path(args.log_dir))
     return out
 
@@ -411,6 +422,11 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", default=",".join(AGENT_KINDS), help="kinds each agent watches")
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase, seconds")
     parser.add_argument("--no-fanout", action="store_true", help="stop after registration")
+    parser.add_argument(
+        "--etcd-in-memory",
+        action="store_true",
+        help="etcd's data on /dev/shm: no disk waits (how much of a figure is the disk's)",
+    )
     parser.add_argument("--log-dir", default="/tmp/podnet-scale-logs", help="logs kept here")
     return parser.parse_args(argv)
 

@@ -54,9 +54,12 @@ class Cluster:
             self.etcd.stop(remove_data=True)
 
 
-def start_cluster(work: Path, nodes: int, *master_args: str) -> Cluster:
-    """etcd and a master whose token file already holds a token for each of ``nodes``."""
-    etcd = start_etcd(work / "etcd")
+def start_cluster(
+    work: Path, nodes: int, *master_args: str, etcd_dir: Path | None = None
+) -> Cluster:
+    """etcd and a master whose token file already holds a token for each of ``nodes``.
+    ``etcd_dir`` puts etcd's data elsewhere (a tmpfs: how much of a figure is the disk's)."""
+    etcd = start_etcd(etcd_dir or work / "etcd")
     try:
         state = work / "master"
         tokens = write_node_tokens(state / "tokens.csv", node_names(nodes))
