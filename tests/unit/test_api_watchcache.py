@@ -67,6 +67,13 @@ async def settle(registry: Registry, cache: WatchCache) -> int:
     return revision
 
 
+async def create_pods(registry: Registry, cache: WatchCache, count: int) -> None:
+    """Pods p0, p1, ... created, and the cache caught up with them."""
+    for i in range(count):
+        await registry.create(POD, pod(f"p{i}"))
+    await settle(registry, cache)
+
+
 def names(cache: WatchCache, *args: Any, **kwargs: Any) -> list[str]:
     return [o.obj["metadata"]["name"] for _, o in cache.objects(*args, **kwargs)[0]]
 
@@ -120,9 +127,7 @@ async def test_list_revision_rules(cached: tuple[Registry, WatchCache]) -> None:
 
 async def test_pages_and_an_expired_continue_token(cached: tuple[Registry, WatchCache]) -> None:
     registry, cache = cached
-    for i in range(5):
-        await registry.create(POD, pod(f"p{i}"))
-    await settle(registry, cache)
+    await create_pods(registry, cache, 5)
     seen: list[str] = []
     revisions = set()
     params = QueryParams(limit=2)
@@ -200,9 +205,7 @@ async def test_a_watcher_behind_the_ring_is_told_410(cached: tuple[Registry, Wat
     registry, cache = cached
     cache.capacity, cache.history = 3, 0.0
     start = await settle(registry, cache)
-    for i in range(5):
-        await registry.create(POD, pod(f"p{i}"))
-    await settle(registry, cache)
+    await create_pods(registry, cache, 5)
     assert not cache.covers(start)
     too_late = cache.watch(WatchFilter(POD), FakeSink(), start, False)
     outcome = too_late.done.result()
@@ -269,9 +272,7 @@ async def test_the_ring_keeps_recent_history_beyond_its_capacity(
     registry, cache = cached
     cache.capacity, cache.history = 3, 3600.0
     start = await settle(registry, cache)
-    for i in range(8):
-        await registry.create(POD, pod(f"p{i}"))
-    await settle(registry, cache)
+    await create_pods(registry, cache, 8)
     assert cache.covers(start)
     sink = FakeSink()
     cache.watch(WatchFilter(POD), sink, start, False)

@@ -14,12 +14,16 @@ from podnet.store.base import Compacted, WatchEvent
 
 
 def to_cached(
-    registry: Registry, event: WatchEvent, prev_probe: Obj | None = None
+    registry: Registry,
+    event: WatchEvent,
+    prev_probe: Obj | None = None,
+    decoded: Obj | None = None,
 ) -> CachedEvent | None:
     """A store event as an API event, or None for non-object keys.
 
     ``prev_probe`` is the probe of the object before the change when the caller knows
     it (the cache does); otherwise it is made from the event's previous value.
+    ``decoded`` is the new value already decoded by the caller (not decoded twice).
     """
     parsed = registry.parse_key(event.key)
     if parsed is None:
@@ -36,7 +40,7 @@ def to_cached(
         return CachedEvent(
             event.revision, kind, namespace, name, "DELETED", value, prev_probe, prev_probe
         )
-    probe = storedform.probe(kind, storedform.decode(event.value, 0))
+    probe = storedform.probe(kind, decoded or storedform.decode(event.value, 0))
     change = "ADDED" if event.create_revision == event.revision else "MODIFIED"
     return CachedEvent(
         event.revision, kind, namespace, name, change, event.value, probe, prev_probe

@@ -178,7 +178,10 @@ class WatchCache:
             objects = self._objects.setdefault(kind, KindObjects())
             key = self._relative(event.key, kind)
             before = objects.items.get(key)
-            cached = to_cached(self.registry, event, before.probe if before else None)
+            pod = None  # a pod's new value, decoded once for its probe and its addresses
+            if kind == POD and event.type != "DELETE":
+                pod = storedform.decode(event.value, 0)
+            cached = to_cached(self.registry, event, before.probe if before else None, pod)
             assert cached is not None
             if event.type == "DELETE":
                 objects.delete(key)
@@ -186,8 +189,8 @@ class WatchCache:
             else:
                 wire = storedform.splice(event.value, event.revision)
                 objects.put(key, CachedObject(wire, event.revision, cached.probe))
-                if kind == POD:
-                    self.pod_addresses.put(key, storedform.decode(event.value, 0))
+                if pod is not None:
+                    self.pod_addresses.put(key, pod)
             self._append(cached)
             self._followers.changed(kind)
         self._latest_revision = max(self._latest_revision, event.revision)
@@ -247,9 +250,8 @@ class WatchCache:
             turn = (turn + 1) % BOOKMARK_TURNS
 
     def _bookmark(self, turn: int) -> None:
-        """A round of BOOKMARKs at the revision of the last event dispatched, which every
-        grouped watcher has had. (At the latest one, a round waited for nothing to be
-        undispatched: under steady Lease renewals no bookmark ever went out.)"""
+        """BOOKMARKs at the last dispatched revision, which every grouped watcher has had
+        (at the latest one, under steady Lease renewals, no round ever went out)."""
         end = self._dispatched
         if end < self._offset:  # undispatched events left the ring: the next dispatch drops
             return
