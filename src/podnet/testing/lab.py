@@ -64,6 +64,14 @@ def ping(ns: str, ip: IPv4Address | str, *extra: str, count: int = 3) -> bool:
     return netns.run(ns, argv, timeout=15).returncode == 0
 
 
+def reaches(ns: str, ip: IPv4Address | str, within: float = 10.0) -> bool:
+    """Whether one echo from ``ns`` is answered within ``within`` seconds: a first contact
+    that may wait on ARP (the pod's, and a switch's for the tunnel's next hop), which a
+    loaded machine can stretch past a short ``ping``."""
+    argv = ["ping", "-n", "-q", "-c", "1", "-i", "0.2", "-w", f"{within:g}", str(ip)]
+    return netns.run(ns, argv, timeout=within + 5).returncode == 0
+
+
 TCP_PORT = 18080
 
 
