@@ -267,7 +267,7 @@ async def test_check_reports_drift_and_ensure_repairs_it(cluster: tuple[Lab, Nod
     changed = await one.setup.ensure(one.underlay)
     assert changed and await one.setup.check(one.underlay) == []
     assert UNDERLAY_BRIDGE not in ip(one.ns, "-4 route show table main")
-    assert ping(one.pod_ns, two.pod_ip)
+    assert reaches(one.pod_ns, two.pod_ip)  # first contact in this test
 
 
 async def test_restarted_vswitchd_is_restored(cluster: tuple[Lab, Node, Node]) -> None:
