@@ -133,7 +133,13 @@ def test_deleting_a_namespace_deletes_its_routes(master: MasterProcess) -> None:
             return api.get("/apis/route.openshift.io/v1/routes").json()["items"] == []
 
         wait_for(gone, 30, "the namespace's routes deleted")
-        assert api.get("/api/v1/namespaces/shop").status_code == 404
+        # The finalizer removes the Namespace itself only after its contents are gone,
+        # so the routes go first and the 404 follows, a moment later.
+        wait_for(
+            lambda: api.get("/api/v1/namespaces/shop").status_code == 404,
+            30,
+            "the Terminating namespace finalized",
+        )
 
 
 BAD_ROUTES = [
