@@ -40,7 +40,8 @@ def to_cached(
         return CachedEvent(
             event.revision, kind, namespace, name, "DELETED", value, prev_probe, prev_probe
         )
-    probe = storedform.probe(kind, decoded or storedform.decode(event.value, 0))
+    obj = decoded if decoded is not None else storedform.decode(event.value, 0)
+    probe = storedform.probe(kind, obj)
     change = "ADDED" if event.create_revision == event.revision else "MODIFIED"
     return CachedEvent(
         event.revision, kind, namespace, name, change, event.value, probe, prev_probe
