@@ -7,7 +7,8 @@ Run (root): .venv/bin/python bench/bench_dns.py [--runs 3] [--seconds 5] [--name
 One node set up by the linux data plane in a project-made namespace lab, one pod on it.
 In the node's namespace run, side by side:
 - podnet's cluster DNS (``podnet.testing.dnsrunner serve``: the agent's ``ClusterDns``,
-  on the gateway 10.128.0.1 port 53, bound to br0), fed ``--names`` services;
+  on the gateway 10.128.0.1 port 53, bound to br0), fed ``--names`` services, its
+  per-client limits out of reach (checked on every query, never refusing one);
 - Debian's dnsmasq on the same address, port 5353, serving the same names from an
   addn-hosts file (``--local-ttl`` as our TTL), started with ``--conf-file=/dev/null``
   and its pid file in the run's temporary directory, stopped by PID.
@@ -94,6 +95,8 @@ def write_inputs(tmp: Path, names: int) -> None:
 def start_ours(node_ns: str, tmp: Path) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "podnet.testing.dnsrunner", "serve", "--subnet"]
     argv += ["10.128.0.0/23", "--objects", str(tmp / "objects.json")]
+    # the server's capacity: dnsperf is one client, which the per-client limits would cap
+    argv += ["--client-qps", "1e9", "--client-uncached-qps", "1e9"]
     process = subprocess.Popen(
         netns.command(node_ns, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )

@@ -6,7 +6,8 @@ Run: sudo .venv/bin/python bench/bench_router_throughput.py [--rounds 5] [--seco
 
 A 1-node cluster with the router (``routerlab``); one httpecho pod (HTTP 8080, HTTPS
 8443 with its own CA) behind a Service, an http Route (``web``) and an edge Route
-(``edge``: TLS ends at HAProxy, plain HTTP to the pod). The paths per round:
+(``edge``: TLS ends at HAProxy, plain HTTP to the pod), both to the Service's port
+``http`` (``routerclient.echo_routes``). The paths per round:
 
 - HTTP through the router: ``http://web.apps.podnet.test/`` (node1:80, DNAT, HAProxy, pod);
 - HTTP direct: ``http://<pod IP>:8080/`` (node1 routes the external host to the pod);
@@ -23,7 +24,6 @@ costs on top of it.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -31,25 +31,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from podnet.testing import routerclient as rc
+from podnet.testing.wrk import command as wrk_command
+from podnet.testing.wrk import parse as parse_wrk
 from routerlab import Lab, host, machine_load, router_cluster
-
-_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
 def wrk(lab: Lab, url: str, seconds: int, connections: int) -> tuple[float, float]:
-    """Requests/s and p99 (ms) of one wrk run against ``url`` from the external host."""
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
-    done = lab.in_ext(argv, timeout=seconds + 30)
+    """Requests/s and p99 (ms) of one wrk run against ``url`` from the external host;
+    errors of any class are printed (a run with errors measures something else)."""
+    done = lab.in_ext(wrk_command(url, seconds, connections), timeout=seconds + 30)
     if done.returncode != 0:
         raise RuntimeError(f"wrk failed: {done.stderr or done.stdout}")
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
-    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", done.stdout, re.M)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", done.stdout)
-    if rate is None or p99 is None:
-        raise RuntimeError(f"unexpected wrk output:\n{done.stdout}")
-    if errors is not None:
-        print(f"    wrk {url}: {errors.group(0)}")
-    return float(rate.group(1)), float(p99.group(1)) * _UNITS[p99.group(2)]
+    run = parse_wrk(done.stdout)
+    if any(run.errors.values()):
+        shown = ", ".join(f"{name} {count}" for name, count in run.errors.items())
+        print(f"    wrk {url}: {run.requests} answers; errors: {shown}")
+    return run.rate, run.p99_ms
 
 
 Sample = tuple[float, float]  # requests/s, p99 ms
@@ -91,8 +88,8 @@ def main() -> int:
     with router_cluster() as lab:
         pod = lab.backend("web-1", "web", tls=True)
         lab.service("web", tls=True)
-        lab.route(rc.route("web", host("web"), "web"))
-        lab.route(rc.route("edge", host("edge"), "web", tls={"termination": "edge"}))
+        for route in rc.echo_routes("web", host("web"), host("edge")):
+            lab.route(route)
         lab.served(f"http://{host('web')}/")
         lab.served(f"https://{host('edge')}/")
         with lab.direct_route(pod) as ip:

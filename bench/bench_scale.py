@@ -316,7 +316,7 @@ async def bench_fanout(
 
 
 MASTER_FIGURES = (
-    "podnet_apiserver_watches_from_store_total",
+    "podnet_apiserver_watches_expired_total",
     "podnet_apiserver_watch_dispatch_seconds_count",
     "podnet_apiserver_watch_dispatch_seconds_bucket",
     "podnet_gc_pause_seconds_count",
@@ -327,8 +327,8 @@ MASTER_FIGURES = (
 
 
 async def master_figures(cluster: Cluster) -> dict[str, float]:
-    """The master's own view from /metrics: watches served from etcd, dispatch rounds
-    over 0.5 s, collector and trim pauses."""
+    """The master's own view from /metrics: watches told 410 before or during their
+    replay, dispatch rounds over 0.5 s, collector and trim pauses."""
     async with (
         aiohttp_session_for(cluster.master.kubeconfig, 1) as api,
         api.get("/metrics") as answer,

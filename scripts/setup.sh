@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(etcd-server nftables iproute2 iperf3 iputils-ping containernetworking-plugins procps gcc libc6-dev podman runc busybox-static iptables
-  bind9-dnsutils dnsmasq-base dnsperf conntrack openvswitch-switch ethtool haproxy wrk apache2-utils)
+  bind9-dnsutils dnsmasq-base dnsperf conntrack openvswitch-switch ethtool haproxy wrk apache2-utils
+  systemd)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -34,7 +35,7 @@ elif [ "$kubectl_minor" -lt 28 ]; then
   echo "!! The kubectl tests fail (they never skip) until it is replaced." >&2
 fi
 
-# The real interpreter, not a pyenv shim (shims cost ~70 ms per start, see REFERENCE.md).
+# The real interpreter, not a pyenv shim (a shim costs ~70 ms on every interpreter start).
 PYTHON="${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}"
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv with $PYTHON"

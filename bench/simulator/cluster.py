@@ -63,7 +63,9 @@ def start_cluster(
     try:
         state = work / "master"
         tokens = write_node_tokens(state / "tokens.csv", node_names(nodes))
-        master = launch_master(etcd, state, "/scale/", *master_args)
+        # Every simulated node connects from 127.0.0.1: one source, thousands of clients.
+        unbounded = ("--max-connections-per-source", "0")
+        master = launch_master(etcd, state, "/scale/", *unbounded, *master_args)
     except BaseException:
         etcd.stop(remove_data=True)
         raise

@@ -4,7 +4,11 @@ Start order: connect to etcd, make the PKI and the admin credentials, serve the 
 clients and `/readyz` work at once), then run the controllers under leader election.
 The controllers reach the objects through the in-process object API: the registry for
 writes and the API server's watch cache for watches, so they add no etcd watch.
-`/readyz` answers 200 once the controllers' first sync is done. With
+`/readyz` answers 200 while the API serves and etcd answers, once the cluster is set up:
+this master's controllers went through their first sync, or another master leads. A
+standby is ready, as in Kubernetes (a load balancer keeps it); leadership is
+``/leaderz`` (200 on the leader only) and the ``podnet_master_leader`` gauge of
+``/metrics``. With
 ``run_controllers=False`` (``podnet master --no-controllers``) the master only serves the
 API, and ``podnet controllers`` runs them as their own process over HTTPS.
 """
@@ -19,6 +23,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import Gauge
+
+from podnet.api.audit import AuditLog, AuditOptions
 from podnet.api.auth import (
     TokenFile,
     ensure_admin_token,
@@ -27,8 +34,9 @@ from podnet.api.auth import (
     ensure_router_token,
     node_user,
 )
-from podnet.api.identity import ROUTER_USER_PREFIX
+from podnet.api.identity import ROUTER_USER_PREFIX, controllers_user
 from podnet.api.kubernetesservice import MasterServiceReconciler
+from podnet.api.limits import RequestLimits
 from podnet.api.masterleases import EtcdMasterLeases
 from podnet.api.masterservice import SERVICE_NAMES
 from podnet.api.metrics import ApiMetrics
@@ -40,12 +48,13 @@ from podnet.api.servicealloc import ServiceRanges, kubernetes_service_ip
 from podnet.api.serviceallocator import ServiceAllocator
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.inprocess import InProcessApi
-from podnet.controllers.leader import EtcdLeaderElector
+from podnet.controllers.leader import EtcdLeaderElector, holder_identity
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
 from podnet.controllers.supervisor import Supervisor
 from podnet.files import write_atomic
 from podnet.heap import HeapGovernor
 from podnet.kubeconfig import write_kubeconfig
+from podnet.listener import ConnectionLimits
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_pki import EtcdTls
@@ -78,6 +87,10 @@ class MasterOptions:
     # (freeze every, thaw every) seconds for ``podnet.heap``; None: CPython's collector
     # as it is (a master inside another process, such as a test's, leaves it alone)
     heap: tuple[float, float] | None = None
+    # what one identity may hold at once, and one source's connections (issue 19)
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    audit: AuditOptions = field(default_factory=AuditOptions)  # podnet.api.audit
 
     @property
     def tokens_path(self) -> Path:
@@ -97,7 +110,8 @@ class Master:
 
     def __init__(self, options: MasterOptions) -> None:
         self.options = options
-        self.store = EtcdStore(options.etcd, tls=options.etcd_tls)
+        # fail_fast: during an etcd outage the API answers 503 at once (podnet.store.health)
+        self.store = EtcdStore(options.etcd, tls=options.etcd_tls, fail_fast=True)
         services = options.services or ServiceRanges(options.network.service_network)
         self.registry_ranges = services
         suffix = options.route_suffix
@@ -109,12 +123,39 @@ class Master:
         self.server: ApiServer | None = None
         self.master_service: MasterServiceReconciler | None = None
         self.heap: HeapGovernor | None = None
+        self.audit: AuditLog | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._set_up = not options.run_controllers  # the cluster is set up (see _readiness)
+        leader = Gauge(
+            "podnet_master_leader",
+            "1 while this master leads (holds the election, its controllers synced), else 0",
+            registry=self.metrics.registry,
+        )
+        leader.set_function(lambda: float(self.leading))
 
-    def _ready(self) -> bool:
-        if not self.options.run_controllers:
-            return True
+    @property
+    def leading(self) -> bool:
+        """Whether this master leads, its controllers through their first sync."""
         return self.controllers is not None and self.controllers.ready
+
+    @property
+    def leader_key(self) -> str:
+        return f"{self.options.etcd_prefix}leader"
+
+    async def _readiness(self) -> str | None:
+        """Why ``/readyz`` is 503 besides etcd, or None. Until the cluster is set up (this
+        master's controllers synced, or another master holds the election: a standby),
+        and never after: a change of leader leaves every serving master ready."""
+        if self._set_up or self.leading:
+            self._set_up = True
+            return None
+        if self.options.leader_elect:
+            kv = await self.store.get(self.leader_key)
+            holder = None if kv is None else holder_identity(kv.value)
+            if holder is not None and holder != self.options.identity:
+                self._set_up = True
+                return None
+        return "controllers starting"
 
     async def start(self) -> None:
         opts = self.options
@@ -122,8 +163,16 @@ class Master:
         await self.store.connect()
         pki = ensure_pki(opts.pki_dir, self._certificate_hosts())
         admin_token = ensure_admin_token(opts.tokens_path)
+        self.audit = AuditLog.from_options(opts.audit, opts.state_dir)
         self.server = ApiServer(
-            self.registry, TokenFile(opts.tokens_path), self.metrics, self._ready
+            self.registry,
+            TokenFile(opts.tokens_path),
+            self.metrics,
+            self._readiness,
+            opts.request_limits,
+            opts.connection_limits,
+            leading=lambda: self.leading,
+            audit=self.audit,
         )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
         server = opts.kubeconfig_server or self.server.address
@@ -163,11 +212,10 @@ class Master:
         opts = self.options
         elector = None
         if opts.leader_elect:
-            key = f"{opts.etcd_prefix}leader"
             elector = EtcdLeaderElector(
-                self.store, key, opts.identity, renewal_store=self._renewal_store
+                self.store, self.leader_key, opts.identity, renewal_store=self._renewal_store
             )
-        api = InProcessApi(self.registry, server.cache)
+        api = InProcessApi(self.registry, server.cache, controllers_user(opts.identity))
         failures = self.metrics.controller_errors  # a failed controller, counted by name
         supervisor = Supervisor(on_failure=lambda name: failures.labels(name).inc())
         self.controllers = ControllerManager(api, opts.network, elector, supervisor=supervisor)
@@ -212,6 +260,8 @@ class Master:
         await self.store.close()
         if self.heap:
             await self.heap.stop()
+        if self.audit:
+            self.audit.close()
 
 
 def node_credentials(state_dir: Path, node: str, server: str, out: Path) -> Path:

@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,16 @@ from typing import Any
 import pytest
 
 from podnet import netns
-from podnet.cluster import lifecycle, nodes, pods
+from podnet.cluster import lifecycle, nodes, pods, underlay
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.interface import pod_mac
-from podnet.model.kinds import NETWORK_POLICY
+from podnet.model.kinds import HOST_SUBNET, NETWORK_POLICY
+from podnet.model.underlaymac import UNDERLAY_MAC_ANNOTATION
 from podnet.testing import planeview, spoof
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
+from podnet.testing.lab import link_mac
+from podnet.testing.underlayforge import Spoof
+from podnet.testing.underlayforge import inject as forge
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -168,6 +172,38 @@ def test_forged_vxlan_to_the_own_node_is_dropped(cluster: Cluster) -> None:
     # ovs also checks that a peer sends only its own pods' addresses (tun_src vs nw_src).
     inject(cluster.state.nodes["node3"].netns, frame(cluster, "node1", node1, "target1", "control"))
     assert tokens(receiver) == ["control"]
+
+
+def test_underlay_injection_forging_a_peer_s_address_is_dropped(cluster: Cluster) -> None:
+    """Issue 19, finding 7: the outside host writes VXLAN whose outer source is node3's
+    address, to node2. With its own MAC: dropped by node2, since node3 published its
+    underlay MAC (through the real master: Node, HostSubnet, agent). With node3's MAC as
+    well (what no node can tell from node3: the residual risk, see the lab tests in
+    tests/integration/test_underlay_injection.py): dropped by the local cluster's
+    underlay switch, whose ports take only their own host's MAC (port security)."""
+    test_policy_denies_the_attacker_and_lets_the_victim_in(cluster)
+    outside = cluster.state.external
+    assert outside is not None
+    uplink = underlay.uplink_name(cluster.state)
+    node2, node3 = cluster.state.nodes["node2"], cluster.state.nodes["node3"]
+    node3_mac = link_mac(node3.netns, uplink)
+    with pods.admin_api(cluster.state_dir) as api:
+        published = api.get(HOST_SUBNET, None, "node3")["metadata"]["annotations"]
+    assert published.get(UNDERLAY_MAC_ANNOTATION) == node3_mac
+    inner = frame(cluster, "node2", cluster.node_ip("node2"), "target2", "control")
+
+    def spoofed(src_mac: str, token: str) -> Spoof:
+        forgery = replace(inner, token=token)
+        return Spoof(
+            uplink, src_mac, link_mac(node2.netns, uplink), cluster.node_ip("node3"), forgery
+        )
+
+    receiver = Receiver(cluster.pod_ns("target2"), TARGET_PORT, stop="control")
+    forge(outside.netns, spoofed(link_mac(outside.netns, uplink), "forged-peer-address"))
+    forge(outside.netns, spoofed(node3_mac, "forged-peer-address-and-mac"))
+    time.sleep(LATE)
+    forge(node3.netns, spoofed(node3_mac, "control"))
+    assert list(dict.fromkeys(tokens(receiver))) == ["control"]
 
 
 # --- anti-spoofing of a pod's IP and MAC -----------------------------------------------

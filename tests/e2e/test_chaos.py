@@ -33,12 +33,20 @@ import pytest
 
 from podnet import netns
 from podnet.cluster import lifecycle, nodes
+from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.ovs.pipeline import pod_cookie
 from podnet.dataplane.wiring import host_veth_name
 from podnet.testing import planeview
 from podnet.testing.chaos import IFNAME, Churn, Runtime, Sandbox
-from podnet.testing.chaoscheck import check_all, leak_problems, wait_api_agrees
+from podnet.testing.chaoscheck import (
+    api_side_problems,
+    check_all,
+    leak_problems,
+    node_side_problems,
+    orphan_problems,
+    wait_api_agrees,
+)
 from podnet.testing.chaoskill import KINDS as CONTROL_KINDS
 from podnet.testing.chaoskill import (
     Victim,
@@ -75,6 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             etcd_members=ETCD_MEMBERS,
             masters=MASTERS,
             dataplane=TEST_DATAPLANE,
+            plugin="multitenant",
         )
         lifecycle.cluster_up(state_dir, spec, say=print)
         yield state_dir
@@ -108,10 +117,16 @@ def logs(state_dir: Path) -> str:
 
 
 def iteration(
-    state_dir: Path, runtime: Runtime, victim: Victim, kill_at: float, rng: random.Random
+    state_dir: Path,
+    runtime: Runtime,
+    victim: Victim,
+    kill_at: float,
+    rng: random.Random,
+    number: int = 0,
 ) -> list[str]:
     """One crash during churn, then restart, DEL retries, GC; the invariants' problems."""
     names = sorted(load(state_dir).nodes)
+    problems = orphan_some(state_dir, runtime, names, number, rng)
     churn = Churn(runtime, names, rng)
     with churn:
         churn.halt.wait(kill_at)  # the kill point: a random moment of the churn
@@ -120,14 +135,35 @@ def iteration(
             restart(state_dir, victim)
         except (RuntimeError, TimeoutError, AssertionError) as exc:  # wait_for: Assertion
             return [f"restart failed: {exc}"]
-    problems = churn.errors + runtime.retry_deletes()
+    problems += churn.errors + runtime.retry_deletes()
     # Not a failure (GC is the runtime's remedy), but worth knowing: what only GC fixed.
     runtime.stats["differences left for GC"] += len(leak_problems(state_dir, runtime))
     for name in names:
         answer = runtime.gc(name)
         if not answer.ok:
             problems.append(f"GC on {name} failed: {answer.text.strip()}")
-    return problems + check_all(state_dir, runtime)
+    with ThreadPoolExecutor(1) as pool:  # the orphans' probes must time out: meanwhile,
+        orphaned = pool.submit(orphan_problems, state_dir, runtime)  # the API side
+        problems += api_side_problems(state_dir, runtime)
+        problems += orphaned.result()
+    problems += runtime.release_orphans()
+    return problems + node_side_problems(state_dir, runtime)
+
+
+def orphan_some(
+    state_dir: Path, runtime: Runtime, names: list[str], number: int, rng: random.Random
+) -> list[str]:
+    """Every other iteration a live sandbox's Pod object force-deleted, every tenth a
+    namespace holding a sandbox deleted; the sandboxes run on (issue 19)."""
+    problems = []
+    live = runtime.snapshot()
+    if number % 2 == 0 and live:
+        runtime.orphan(rng.choice(live))
+    if number % 10 == 5:
+        with admin_api(state_dir) as api:
+            problem = runtime.orphan_by_namespace(rng.choice(names), api)
+        problems += [problem] if problem else []
+    return problems
 
 
 def reset(state_dir: Path, runtime: Runtime) -> list[str]:
@@ -135,7 +171,7 @@ def reset(state_dir: Path, runtime: Runtime) -> list[str]:
     clean instead of reporting the same difference again; what still differs."""
     for sandbox in runtime.snapshot():
         runtime.delete(sandbox)
-    problems = runtime.retry_deletes()
+    problems = runtime.release_orphans() + runtime.retry_deletes()
     for name in sorted(load(state_dir).nodes):
         runtime.gc(name)
     return problems + leak_problems(state_dir, runtime)
@@ -157,7 +193,7 @@ def test_sigkill_during_churn_leaks_nothing_and_pods_keep_talking(
             victim = pick(rng, load(cluster), KINDS)
             kill_at = round(rng.uniform(0.05, CHURN_WINDOW), 3)
             t0 = time.monotonic()
-            problems = iteration(cluster, runtime, victim, kill_at, rng)
+            problems = iteration(cluster, runtime, victim, kill_at, rng, i)
             took = time.monotonic() - t0
             print(f"iteration {i}: {victim} killed at {kill_at}s; {took:.1f}s", flush=True)
             if not problems:

@@ -256,7 +256,11 @@ def test_a_pod_cannot_read_or_rewrite_its_nodes_upstream_resolvers(cluster: Clus
     path = nodes.node_paths(cluster.state_dir, "node1").upstream_resolv_conf
     before = path.read_text()
     assert before == f"nameserver {EXTERNAL_IP}\n"
-    for attack in (f"cat {path}", f"echo nameserver 6.6.6.6 > {path}", f"rm -f {path}"):
+    # Each attack must fail, and the pod must not even see the file (its sandbox hides
+    # the cluster's state and has its own /tmp): so ``rm``, as ``rm -f`` of a path that
+    # is not there succeeds.
+    attacks = (f"test -e {path}", f"cat {path}", f"echo nameserver 6.6.6.6 > {path}", f"rm {path}")
+    for attack in attacks:
         tried = cluster.run("ask1", "sh", "-c", attack)
         assert tried.returncode != 0 and "nameserver" not in tried.stdout, attack
-    assert path.read_text() == before
+        assert path.read_text() == before, attack

@@ -236,22 +236,23 @@ def test_tcp_readiness_follows_the_port_and_endpoints_follow(cluster: Cluster) -
 
 
 def test_command_readiness_runs_in_the_pod_as_its_user(cluster: Cluster) -> None:
-    flag = Path("/tmp") / f"pn-ready-{uuid.uuid4().hex[:8]}"
-    # The check passes only as nobody, in the pod's network namespace (lo and eth0) and
-    # its sandbox (the pod's resolv.conf), once the flag exists.
+    flag = Path("/tmp") / f"pn-ready-{uuid.uuid4().hex[:8]}"  # in the pod's own /tmp
+    # The check passes only as the pod's user (its command is PID 2 of the pod's PID
+    # namespace), in the pod's network namespace (lo and eth0) and its sandbox (the pod's
+    # resolv.conf and /tmp), once the pod has written the flag.
     where = (
-        'test "$(id -u)" = 65534 && test "$(grep -c : /proc/net/dev)" = 2'
+        'test "$(id -u)" != 0 && test "$(id -u)" = "$(stat -c %u /proc/2)"'
+        ' && test "$(grep -c : /proc/net/dev)" = 2'
         f' && grep -q "nameserver {cluster.gateway}" /etc/resolv.conf'
     )
-    try:
-        cluster.run("cmdgate", readiness=fast(command=f"{where} && test -f {flag}"))
-        wait_condition(cluster, "cmdgate", "False")
-        flag.write_text("ok")
-        wait_condition(cluster, "cmdgate", "True")
-        flag.unlink()
-        wait_condition(cluster, "cmdgate", "False")
-    finally:
-        flag.unlink(missing_ok=True)
+    cluster.run("cmdgate", readiness=fast(command=f"{where} && test -f {flag}"))
+    wait_condition(cluster, "cmdgate", "False")
+    assert not flag.exists(), "the host's /tmp is not the pod's"
+    touched = pods.exec_pod(cluster.state_dir, "cmdgate", ["touch", str(flag)], NS)
+    assert touched.returncode == 0, touched.stderr
+    wait_condition(cluster, "cmdgate", "True")
+    pods.exec_pod(cluster.state_dir, "cmdgate", ["rm", str(flag)], NS)
+    wait_condition(cluster, "cmdgate", "False")
 
 
 def test_a_dead_process_is_not_ready_and_its_prober_ends(cluster: Cluster) -> None:

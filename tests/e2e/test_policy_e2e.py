@@ -41,7 +41,7 @@ from podnet.policy.evaluate import evaluate
 from podnet.policy.model import RuleSet
 from podnet.policy.trace import fetch_objects
 from podnet.testing import planeview
-from podnet.testing.cli import run_podnet
+from podnet.testing.cli import run_kubectl, run_podnet
 from podnet.testing.e2e import TEST_DATAPLANE
 from podnet.testing.netpol import CASES, KEYS, NAMESPACES, Case, container_ports, expected
 from podnet.testing.probe import SourcePorts, probe_pairs
@@ -433,6 +433,35 @@ def test_multitenant_join_isolate_global(multitenant: Cluster) -> None:
     assert mt_matrix(multitenant) == EVERYONE
     adm(multitenant, "isolate-projects", "b")
     assert mt_matrix(multitenant) == isolated
+
+
+def test_a_pod_whose_object_is_deleted_reaches_nobody(multitenant: Cluster) -> None:
+    """Issue 19, the fail-open: ``kubectl delete pod --force --grace-period=0`` removes the
+    object while the sandbox runs on, wired. Its address has no live owner any more, so it
+    reaches no project (not even its own, nor the global one) and nobody reaches it."""
+    orphan = "a/orphan"
+    pods.run_pod(
+        multitenant.state_dir, "orphan", "a", "node1", {"app": "orphan"}, ports=[(None, 80, "TCP")]
+    )
+    try:
+        keys = [*MT_PODS, orphan]
+        multitenant.converge()
+        before = multitenant.probe(keys, [("TCP", 80)])
+        assert before[(orphan, "a/p1", "TCP", 80)] and before[(orphan, "default/p1", "TCP", 80)]
+        assert before[("a/p2", orphan, "TCP", 80)]
+        done = run_kubectl(
+            multitenant.kubeconfig, "delete", "pod", "orphan", "-n", "a",
+            "--force", "--grace-period=0",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        rules = multitenant.converge()
+        assert multitenant.ip(orphan) not in rules.owned
+        after = multitenant.probe(keys, [("TCP", 80)])
+        leaks = [k for k, ok in after.items() if ok and orphan in k[:2]]
+        assert not leaks, leaks
+        assert after[("a/p1", "a/p2", "TCP", 80)] and after[("b/p1", "default/p1", "TCP", 80)]
+    finally:
+        pods.delete_pod(multitenant.state_dir, "orphan", "a", say=lambda _: None)
 
 
 def test_trace_cli_probes_agree_with_the_data_plane(netpol: Cluster) -> None:

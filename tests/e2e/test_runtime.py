@@ -3,7 +3,9 @@
 A 2-node vxlan cluster (etcd, master, agents in node namespaces, linux data plane). The
 CNI calls run inside node1's namespace exactly as a runtime makes them. podman runs on
 its CNI backend inside node1's namespace with the conflist the agent installed (podnet,
-then the reference portmap plugin), confined to a temporary folder.
+then the reference portmap plugin), confined to a temporary folder. Issue 19, finding
+10, with that runtime: a podman container gets a mirror Pod from the agent, and
+``podman rm`` (its CNI DEL) removes it for good.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +26,7 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
+from podnet.model.kinds import POD
 from podnet.testing import planeview, tools
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
 from podnet.testing.podman import IMAGE, PodmanEnv
@@ -243,3 +247,40 @@ def tcp_echo(namespace: str, ip: str, port: int, text: str) -> str:
     result = netns.run(namespace, [sys.executable, "-c", code], timeout=20)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+MIRROR = "kubernetes.io/config.mirror"
+
+
+def mirror_pods(state_dir: Path) -> list[dict[str, Any]]:
+    """Every mirror Pod, over every namespace."""
+    with pods.admin_api(state_dir) as api:
+        items = api.list(POD)["items"]
+    return [p for p in items if MIRROR in (p["metadata"].get("annotations") or {})]
+
+
+def with_ip(state_dir: Path, ip: str) -> dict[str, Any] | None:
+    found = [p for p in mirror_pods(state_dir) if (p.get("status") or {}).get("podIP") == ip]
+    return found[0] if found else None
+
+
+def test_a_podman_containers_mirror_pod_goes_with_its_del(
+    cluster: Path,
+    podman: PodmanEnv,
+) -> None:
+    node_ns = node_record(cluster, "node1").netns
+    run = ("run", "-d", "--name", "ghost", "--network", "podnet", IMAGE, "sleep", "600")
+    podman.podman(node_ns, *run)
+    ip = container_ip(podman, node_ns, "ghost")
+    mirror = wait_for(lambda: with_ip(cluster, ip), 60, "the mirror Pod with its IP")
+    assert mirror["spec"]["nodeName"] == "node1" and mirror["status"]["phase"] == "Running"
+    podman.podman(node_ns, "rm", "-f", "-t", "0", "ghost")
+    key = (mirror["metadata"]["namespace"], mirror["metadata"]["name"])
+
+    def gone() -> bool:
+        left = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in mirror_pods(cluster)}
+        return key not in left
+
+    wait_for(gone, 60, "the mirror Pod deleted after podman's DEL")
+    time.sleep(3)  # no retried status write re-creates it
+    assert gone()

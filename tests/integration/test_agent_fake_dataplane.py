@@ -25,7 +25,7 @@ import pytest
 from podnet.cni.build import install_shim
 from podnet.controllers.config import NETWORKPOLICY
 from podnet.master import node_credentials
-from podnet.policy.compile import compile_rules, hostsubnet_addresses
+from podnet.policy.compile import cluster_pod_networks, compile_rules, hostsubnet_addresses
 from podnet.policy.model import RuleSet
 from podnet.store.etcd_process import EtcdProcess
 from podnet.testing.api import client_for, namespace, pod
@@ -354,6 +354,7 @@ def _cluster_rules(master: MasterProcess, plugin: str) -> RuleSet:
     }
     with client_for(master.kubeconfig) as api:
         items = {name: api.get(path).json()["items"] for name, path in paths.items()}
+        network = api.get("/apis/network.openshift.io/v1/clusternetworks/default").json()
     ips = [hs["hostIP"] for hs in items["hostsubnets"]]
     return compile_rules(
         plugin,
@@ -363,6 +364,7 @@ def _cluster_rules(master: MasterProcess, plugin: str) -> RuleSet:
         items["policies"],
         node_ips=ips,
         node_addresses=[pair for hs in items["hostsubnets"] for pair in hostsubnet_addresses(hs)],
+        pod_networks=cluster_pod_networks(network),
     )
 
 

@@ -16,7 +16,7 @@ from podnet.api.auth import ensure_proxy_token, ensure_router_token
 from podnet.kubeconfig import write_kubeconfig
 from podnet.master import controllers_credentials, node_credentials
 from podnet.testing.api import client_for
-from podnet.testing.cli import run_kubectl
+from podnet.testing.cli import DISCOVERY_ROWS, can_i_rows, run_kubectl
 from podnet.testing.processes import MasterProcess
 
 pytestmark = pytest.mark.usefixtures("kubectl")
@@ -145,8 +145,7 @@ def test_can_i_list_as_the_controllers_shows_exactly_their_rules(
     kubeconfig, _ = _controllers_kubeconfig(master, tmp_path)
     result = run_kubectl(kubeconfig, "auth", "can-i", "--list", "-n", "kube-system")
     assert result.returncode == 0, result.stderr
-    rows = {" ".join(line.split()) for line in result.stdout.splitlines()[1:]}
-    assert rows == {
+    assert can_i_rows(result.stdout) == DISCOVERY_ROWS | {
         "endpoints [] [] [create delete get list update watch]",
         "endpointslices.discovery.k8s.io [] [] [create delete get list update watch]",
         "hostsubnets.network.openshift.io [] [] [create delete get list update watch]",
@@ -163,9 +162,7 @@ def test_can_i_list_as_the_controllers_shows_exactly_their_rules(
         "routes.route.openshift.io [] [] [delete list]",
         "nodes [] [] [get list watch]",
         "leases.coordination.k8s.io [] [podnet-controllers] [get update]",
-        "[*] [] [get]",  # non-resource paths (discovery, version, metrics): reads
-        "[*] [] [head]",
-        "leases.coordination.k8s.io [] [] [list watch delete create]",
+        "leases.coordination.k8s.io [] [] [create delete list watch]",
         "namespaces/finalize [] [] [update]",
         "nodes/status [] [] [update]",
     }, result.stdout

@@ -40,6 +40,9 @@ from podnet.testing.api import client_for
 from podnet.testing.processes import MasterProcess
 
 SCALE = float(os.environ.get("PODNET_FUZZ_SCALE", "1"))  # < 1 for a quick look
+# 10,000 cases take 100-230 s with the suite's 4 workers on 2 cores, and once went past
+# the default 300 s bound; the bound is for hangs, not for a slow machine.
+pytestmark = pytest.mark.timeout(600)
 EXEC_CASES = int(500 * SCALE)
 SHIM_CASES = int(4700 * SCALE)
 SOCKET_CASES = int(4800 * SCALE)
@@ -161,27 +164,43 @@ FIELDS = [
 ]
 
 
+# Built once, here, not in each draw: hypothesis validates a strategy and works out its
+# properties when it is first drawn from, which cost more than the drawing when every
+# draw built its strategies anew.
+CONFIG_VERSIONS = st.sampled_from([*VERSIONS, "0.1.0", "0.2.0", "9.9.9", "", "1.1"])
+CONFIG_NAMES = st.sampled_from(["podnet", "other", ""])
+CONFIG_TYPES = st.sampled_from(["podnet", "bridge", ""])
+MTUS = st.sampled_from([1450, 0, 67, 68, 65535, 65536, -1, 10**40]) | JSON
+IPAMS = _ipam()
+PREV_RESULTS = _prev_result()
+ATTACHMENT_KEYS = st.sets(
+    st.sampled_from(["cni.dev/valid-attachments", "cni.dev/attachments"]), min_size=1
+)
+ATTACHMENTS = _attachments()
+REPLACED_FIELDS = st.lists(st.sampled_from(FIELDS), max_size=3)
+EXTRA_KEYS = st.lists(st.text(max_size=10), max_size=2)
+
+
 @st.composite
 def config_dict(draw: st.DrawFn) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "cniVersion": draw(st.sampled_from([*VERSIONS, "0.1.0", "0.2.0", "9.9.9", "", "1.1"])),
-        "name": draw(st.sampled_from(["podnet", "other", ""])),
-        "type": draw(st.sampled_from(["podnet", "bridge", ""])),
+        "cniVersion": draw(CONFIG_VERSIONS),
+        "name": draw(CONFIG_NAMES),
+        "type": draw(CONFIG_TYPES),
     }
     if draw(st.booleans()):
-        config["mtu"] = draw(st.sampled_from([1450, 0, 67, 68, 65535, 65536, -1, 10**40]) | JSON)
+        config["mtu"] = draw(MTUS)
     if draw(st.booleans()):
-        config["ipam"] = draw(_ipam())
+        config["ipam"] = draw(IPAMS)
     if draw(st.booleans()):
-        config["prevResult"] = draw(_prev_result())
+        config["prevResult"] = draw(PREV_RESULTS)
     if draw(st.booleans()):
-        keys = st.sampled_from(["cni.dev/valid-attachments", "cni.dev/attachments"])
-        for key in draw(st.sets(keys, min_size=1)):
-            config[key] = draw(_attachments())
-    for key in draw(st.lists(st.sampled_from(FIELDS), max_size=3)):
+        for key in draw(ATTACHMENT_KEYS):
+            config[key] = draw(ATTACHMENTS)
+    for key in draw(REPLACED_FIELDS):
         if key != "socketPath" or draw(st.booleans()):
             config[key] = draw(JSON)  # any JSON where a field was
-    for key in draw(st.lists(st.text(max_size=10), max_size=2)):
+    for key in draw(EXTRA_KEYS):
         if key not in ("cni.dev/valid-attachments", "cni.dev/attachments"):
             config[key] = draw(JSON)
     return config

@@ -285,6 +285,25 @@ async def test_a_restarted_plane_finds_everything_and_changes_nothing(dp: Harnes
     assert await dp.snapshot() == before
 
 
+async def test_a_sandbox_gone_while_the_plane_was_down_is_not_attached_after(dp: Harness) -> None:
+    """A runtime removed a pod's network namespace without a DEL while the agent was down:
+    the restarted plane (check, and set-up when the check finds a problem, as the agent
+    starts) no longer lists the pod, so the agent's start-up cleanup releases its address,
+    and nothing of it is left."""
+    await ready(dp)
+    kept, lost = dp.pod(10, "kept"), dp.pod(11, "lost")
+    for pod in (kept, lost):
+        await dp.plane.attach_pod(pod)
+    await dp.drift_sandbox_gone(lost)
+    node = dp.network()
+    restarted = await dp.open()
+    if not ok(await restarted.check_node(node)):
+        await restarted.setup_node(node)
+    assert [a.container_id for a in await restarted.attached_pods()] == [kept.container_id]
+    assert await dp.leftovers(lost) == []
+    assert await dp.pod_view(kept) == PodView.wanted(kept)
+
+
 async def test_teardown_leaves_nothing(dp: Harness) -> None:
     await ready(dp, isolation=True)
     node = dp.network(isolation=True)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Interface
@@ -33,6 +34,7 @@ from podnet.dataplane.ovs.ofctl import OfctlRunner
 from podnet.dataplane.ovs.ovsdb import Ovsdb
 from podnet.dataplane.ovs.underlay import UNDERLAY_BRIDGE, Underlay
 from podnet.dataplane.ovs.underlaysetup import NodeKernel, UnderlaySetup
+from podnet.dataplane.vteppeers import VtepPeer
 from podnet.testing import tools
 from podnet.testing.lab import (
     CLUSTER,
@@ -45,6 +47,8 @@ from podnet.testing.lab import (
     sh,
     unique_run,
 )
+from podnet.testing.underlayforge import Spoof, arp_reply, write_frames
+from podnet.testing.underlayforge import inject as forge
 from podnet.testing.vxlan import Forgery, Receiver, inject
 
 pytestmark = [pytest.mark.root]
@@ -348,3 +352,92 @@ async def test_prime_resolves_the_peer_before_the_first_packet(
     await until_known(one, peer)
     assert await one.setup.prime(one.underlay, [peer]) == []  # known: nothing to do
     assert ping(one.pod_ns, two.pod_ip, count=1)
+
+
+def spoofed(lab: Lab, sender: str, src_mac: str, one: Node, two: Node, token: str) -> Spoof:
+    """VXLAN from ``sender``'s eth0 with Ethernet source ``src_mac`` and node one's
+    address as the outer source, to two's pod with the right VNID and the pod's MAC."""
+    pod_mac = ip(two.pod_ns, "-br link show dev eth0").split()[2]
+    inner = Forgery(
+        two.underlay.address.ip,
+        4789,
+        VNID,
+        pod_mac,
+        IPv4Address("10.128.0.9"),
+        two.pod_ip,
+        7001,
+        token,
+    )
+    return Spoof("eth0", src_mac, two.underlay.mac, one.underlay.address.ip, inner)
+
+
+def injected(lab: Lab, one: Node, two: Node, src_mac: str, token: str) -> list[str]:
+    """The outside host's forgery (Ethernet source ``src_mac``), then node one's own
+    frame as the control: the tokens two's pod received, each once."""
+    receiver = Receiver(two.pod_ns, 7001, stop="control", seconds=10)
+    outside = f"{lab.run}-ext"
+    forge(outside, spoofed(lab, outside, src_mac, one, two, token))
+    time.sleep(1.0)  # the window of the negative check, closed by the control
+    forge(one.ns, spoofed(lab, one.ns, one.underlay.mac, one, two, "control"))
+    return list(dict.fromkeys(line.split(" ", 1)[1] for line in receiver.lines()))
+
+
+async def test_underlay_injection_with_a_forged_peer_address(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    """Issue 19, finding 7: a host on the underlay forges node one's outer address. While
+    one's MAC is unknown (no peer flows: as before, or an older peer), br0's ``tun_src``
+    check cannot tell it from one and the pod gets the packet; with one's MAC checked on
+    br-phy it is dropped. Forging the MAC as well is the residual risk, which the
+    switch's port security closes."""
+    lab, one, two = cluster
+    outsider = lab.underlay_mac(f"{lab.run}-ext")
+    assert injected(lab, one, two, outsider, "forged-ip") == ["forged-ip", "control"]
+    peer = VtepPeer(one.underlay.address.ip, one.underlay.mac.lower())
+    assert await two.setup.ensure_peers(two.underlay, [peer])
+    assert not await two.setup.ensure_peers(two.underlay, [peer]), "nothing left to change"
+    assert injected(lab, one, two, outsider, "forged-ip") == ["control"]
+    # the base flows are right: ensure leaves the peer flows alone
+    assert await two.setup.check(two.underlay) == []
+    assert await two.setup.ensure(two.underlay) == []
+    assert injected(lab, one, two, outsider, "forged-ip") == ["control"]
+    # residual: the forged address and MAC pass, until the switch binds MACs to ports
+    mac = one.underlay.mac.lower()
+    assert injected(lab, one, two, mac, "forged-both") == ["forged-both", "control"]
+    lab.port_security()
+    assert injected(lab, one, two, mac, "forged-both") == ["control"]
+    assert reaches(one.pod_ns, two.pod_ip) and ping(two.pod_ns, one.pod_ip)
+
+
+async def neighbour_mac(node: Node, ip_address: IPv4Address) -> str | None:
+    """The MAC OVS on ``node`` holds for ``ip_address`` on br-phy (``tnl/neigh/show``)."""
+    for line in (await node.runner.appctl("tnl/neigh/show")).splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == str(ip_address) and words[2] == UNDERLAY_BRIDGE:
+            return words[1]
+    return None
+
+
+async def test_a_forged_arp_reply_cannot_move_a_peer_s_neighbour_entry(
+    cluster: tuple[Lab, Node, Node],
+) -> None:
+    """OVS learns its tunnels' next hops from the ARP replies it snoops on br-phy: a host
+    on the underlay that answers for node one's address would get two's VXLAN to one.
+    With one's MAC checked, br-phy passes an ARP reply for one's address only from one
+    (what linux's permanent neighbour entries do)."""
+    lab, one, two = cluster
+    peer, outside = one.underlay.address.ip, f"{lab.run}-ext"
+    forged = arp_reply(lab.underlay_mac(outside), two.underlay.mac, peer, two.underlay.address.ip)
+    real = one.underlay.mac.lower()
+    for checked in (False, True):
+        peers = [VtepPeer(peer, real)] if checked else []
+        await two.setup.ensure_peers(two.underlay, peers)
+        await two.runner.appctl("tnl/neigh/flush")
+        await two.setup.prime(two.underlay, [peer])
+        await until_known(two, peer)
+        assert await neighbour_mac(two, peer) == real
+        write_frames(outside, "eth0", forged)
+        time.sleep(0.5)  # a snooped reply is learned within the millisecond
+        moved = await neighbour_mac(two, peer) != real
+        assert moved != checked, ("checked" if checked else "unchecked", moved)
+    assert ping(one.pod_ns, two.pod_ip) and ping(two.pod_ns, one.pod_ip)

@@ -137,6 +137,7 @@ def test_a_real_master_allocates_refuses_and_releases(
             f"{prefix}core/services/default/web",
             f"{prefix}claims/core/services/clusterIP/{ip}",
             f"{prefix}claims/core/services/nodePort/{node_port}",
+            f"{prefix}claims/core/services/externalIP/192.0.2.10/TCP/80",
         }
 
         message = refused(api, svc("b", clusterIP=ip), "spec.clusterIP")
@@ -191,6 +192,32 @@ def test_a_real_master_allocates_refuses_and_releases(
         assert cells[:5] == ["web", "NodePort", ip, "192.0.2.10", f"80:{node_port}/TCP"]
 
         assert api.delete(f"{SERVICES}/web").status_code == 200
+        assert asyncio.run(stored_keys(etcd, prefix)) == {}
+
+
+def test_an_external_ip_and_port_belong_to_one_service_in_all_namespaces(
+    services_master: MasterProcess, etcd: EtcdProcess, prefix: str
+) -> None:
+    """Finding 8 of issue 19: a Service in another namespace naming a taken
+    externalIP:port/protocol would silently take its traffic; it is refused (422, the
+    holder named) and stores nothing."""
+    with client_for(services_master.kubeconfig) as api:
+        made = api.post(SERVICES, json=svc("web", externalIPs=["192.0.2.20"]))
+        assert made.status_code == 201, made.text
+        answer = api.post("/api/v1/namespaces", json={"metadata": {"name": "tenant-b"}})
+        assert answer.status_code == 201, answer.text
+        before = asyncio.run(stored_keys(etcd, prefix))
+        thief = api.post(
+            "/api/v1/namespaces/tenant-b/services", json=svc("thief", externalIPs=["192.0.2.20"])
+        )
+        assert thief.status_code == 422, thief.text
+        assert "192.0.2.20:80/TCP is already used by default/web" in thief.text
+        assert asyncio.run(stored_keys(etcd, prefix)) == before, "a refused Service left keys"
+        udp = svc("dns", externalIPs=["192.0.2.20"], ports=[{"port": 80, "protocol": "UDP"}])
+        answer = api.post("/api/v1/namespaces/tenant-b/services", json=udp)
+        assert answer.status_code == 201, answer.text
+        assert api.delete(f"{SERVICES}/web").status_code == 200
+        assert api.delete("/api/v1/namespaces/tenant-b/services/dns").status_code == 200
         assert asyncio.run(stored_keys(etcd, prefix)) == {}
 
 

@@ -19,10 +19,12 @@ from podnet.agent.agent import NodeAgent
 from podnet.agent.config import AgentConfig
 from podnet.agent.podcleanup import plan_gc, plan_restart_cleanup
 from podnet.agent.pods import PodManager
-from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
+from podnet.agent.podstatus import MIRROR_ANNOTATION, PodRef, PodStatusWriter, pod_ref
+from podnet.api.params import DeleteOptions
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
 from podnet.client.aio import AsyncApiClient
+from podnet.client.errors import error_from_status
 from podnet.cni.types import CniError, CniRequest, parse_request
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import (
@@ -534,10 +536,12 @@ class RecordingWriter:
     def __init__(self) -> None:
         self.running_calls: list[tuple[PodRef, str, str]] = []
 
-    def running(self, ref: PodRef, ip: IPv4Address, container_id: str) -> None:
+    def running(self, ref: PodRef, ip: IPv4Address, container_id: str, create: bool = True) -> None:
         self.running_calls.append((ref, str(ip), container_id))
 
-    def released(self, ref: PodRef, ip: IPv4Address) -> None:
+    def released(
+        self, ref: PodRef, ip: IPv4Address | None, container_id: str = "", gone: bool = False
+    ) -> None:
         pass
 
     async def check_api(self, ref: PodRef) -> None:
@@ -601,4 +605,51 @@ async def test_status_writer_never_writes_running_over_a_finished_pod(api: Api) 
     pod = await api.pod("ended")
     assert pod is not None and pod["status"]["phase"] == "Failed"
     assert pod["status"]["podIP"] == "10.128.0.9" and pod["status"]["hostIP"] == str(NODE_IP)
+    await client.close()
+
+
+async def test_a_retried_status_write_never_recreates_a_deleted_pod(api: Api) -> None:
+    """Finding 10: a status write retried after ``podnet pod delete`` removed the Pod
+    re-created it (as a mirror Pod). The writer remembers the uid it saw; with the Pod
+    gone, a retry writes nothing, and a Pod re-created under the name is not written."""
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
+    spec = {"containers": [{"name": "c"}], "nodeName": NODE_NAME}
+    await api.registry.create(POD, {"metadata": {"name": "web"}, "spec": spec}, "default")
+    client = api.client()
+    real_patch = client.patch
+    calls = 0
+
+    async def patch_after_delete(*args: Any, **kwargs: Any) -> Obj:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the Pod is deleted while the write is on its way: it conflicts
+            await api.registry.delete(POD, "default", "web", options=DeleteOptions(None, None, 0))
+            raise error_from_status("the object has been modified", 409, "Conflict")
+        return await real_patch(*args, **kwargs)
+
+    client.patch = patch_after_delete  # type: ignore[method-assign]
+    writer = PodStatusWriter(client, NODE_NAME, NODE_IP)
+    writer.running(PodRef("default", "web"), IPv4Address("10.128.0.2"), "cid-1")
+    await writer.flush(10)
+    assert calls == 1 and await api.pod("web") is None  # the retry created nothing
+    await api.registry.create(POD, {"metadata": {"name": "web"}, "spec": spec}, "default")
+    writer.running(PodRef("default", "web"), IPv4Address("10.128.0.2"), "cid-1", create=False)
+    await writer.flush(10)
+    again = await api.pod("web")
+    assert again is not None and "status" not in again  # another uid: not this ADD's Pod
+    await client.close()
+
+
+async def test_a_mirror_pod_goes_when_its_sandbox_goes(tmp_path: Path, api: Api) -> None:
+    await api.put_hostsubnet(NODE_NAME, "10.128.0.0/24", str(NODE_IP))
+    manager = await make_manager(tmp_path)
+    client = api.client()
+    manager.status_writer = PodStatusWriter(client, NODE_NAME, NODE_IP)
+    await manager.handle(cni("ADD", cid="cid-m", args="K8S_POD_NAME=mirror"))
+    await manager.status_writer.flush(10)
+    made = await api.pod("mirror")
+    assert made is not None and made["metadata"]["annotations"][MIRROR_ANNOTATION] == "cid-m"
+    await manager.handle(cni("DEL", cid="cid-m", args="K8S_POD_NAME=mirror"))
+    await manager.status_writer.flush(10)
+    assert await api.pod("mirror") is None
     await client.close()

@@ -109,6 +109,7 @@ class FakeApi:
             policies,
             node_ips=ips,
             node_addresses=addresses,
+            pod_networks=LOCAL.cluster_networks,
         )
 
 

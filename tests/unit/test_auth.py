@@ -292,10 +292,22 @@ def test_node_may_not_read_events(verb: str) -> None:
     assert authorize(N1, _req(verb, EVENT, namespace="ns")) is not None
 
 
-@pytest.mark.parametrize("path", ["/api", "/apis", "/version", "/healthz", "/metrics"])
+@pytest.mark.parametrize("path", ["/api", "/apis/x/v1", "/version", "/healthz", "/openapi/v3"])
 @pytest.mark.parametrize("user", [N1, ALICE, ADMIN], ids=lambda u: u.name)
-def test_non_resource_reads_allowed_for_everyone(path: str, user: User) -> None:
+def test_discovery_and_health_allowed_for_everyone(path: str, user: User) -> None:
     assert authorize(user, _req("get", None, path=path)) is None
+
+
+@pytest.mark.parametrize("user", [N1, ALICE], ids=lambda u: u.name)
+def test_metrics_and_unknown_paths_only_for_the_roles_that_need_them(user: User) -> None:
+    """Issue 19, finding 9: /metrics is the admin's and the metrics readers' (kube's
+    system:monitoring), not every authenticated identity's."""
+    for path in ("/metrics", "/debug/pprof", "/"):
+        assert authorize(user, _req("get", None, path=path)) is not None
+    reader = User("prometheus", ("system:monitoring",))
+    assert authorize(reader, _req("get", None, path="/metrics")) is None
+    assert authorize(reader, _req("get", None, path="/debug/pprof")) is not None
+    assert authorize(ADMIN, _req("get", None, path="/metrics")) is None
 
 
 @pytest.mark.parametrize("user", [N1, ALICE], ids=lambda u: u.name)

@@ -251,10 +251,13 @@ def test_access_review_answers_from_the_rules(
 
 
 def test_access_review_non_resource_and_errors() -> None:
-    body = {"spec": {"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}}
+    body = {"spec": {"nonResourceAttributes": {"path": "/version", "verb": "get"}}}
     assert access_review(N1, body)["status"]["allowed"] is True
     body["spec"]["nonResourceAttributes"]["verb"] = "post"
     assert access_review(N1, body)["status"]["allowed"] is False
+    metrics = {"spec": {"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}}
+    assert access_review(N1, metrics)["status"]["allowed"] is False
+    assert access_review(ADMIN, metrics)["status"]["allowed"] is True
     for bad, code in (([], 400), ({"spec": {}}, 422), (ssar(verb="get"), 422)):
         with pytest.raises(ApiError) as err:
             access_review(N1, bad)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from podnet.api.auth import parse_token_file
 from podnet.api.authorizer import RequestAttributes, allowed_by_rules, authorize, rules_for
 from podnet.api.identity import User
+from podnet.api.params import DeleteOptions
 from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.roles import CONTROLLERS_RULES
@@ -136,6 +137,9 @@ async def _busy_run(registry: Registry, api: RecordingApi) -> None:
         await eventually(lambda: _exists(registry, ENDPOINT_SLICE, "shop"), 20)
         await eventually(lambda: _exists(registry, HOST_SUBNET, None), 20)
         await registry.delete(NAMESPACE, None, "shop")
+        # the controller deletes the pod gracefully; its node (played here) finalizes it
+        await eventually(lambda: _terminating(registry, "shop", "web-1"), 20)
+        await registry.delete(POD, "shop", "web-1", options=DeleteOptions(grace_period_seconds=0))
         await eventually(lambda: _gone(registry, "shop"), 20)
     finally:
         await manager.stop()
@@ -145,6 +149,13 @@ async def _busy_run(registry: Registry, api: RecordingApi) -> None:
 async def _exists(registry: Registry, kind: Kind, namespace: str | None) -> bool:
     items, _ = await registry.list(kind, namespace)
     return bool(items)
+
+
+async def _terminating(registry: Registry, namespace: str, name: str) -> bool:
+    items, _ = await registry.list(POD, namespace)
+    return any(
+        p["metadata"]["name"] == name and p["metadata"].get("deletionTimestamp") for p in items
+    )
 
 
 async def _gone(registry: Registry, name: str) -> bool:

@@ -147,6 +147,30 @@ async def _absent(registry: Registry, name: str) -> bool:
     return await get_or_none(registry, HOST_SUBNET, name) is None
 
 
+async def test_the_node_s_underlay_mac_follows_it_to_its_hostsubnet(
+    registry: Registry, running: HostSubnetController
+) -> None:
+    """Issue 19, finding 7: the MAC a node publishes on its Node reaches its HostSubnet
+    (where the peers read it), follows a change and goes when the node removes it."""
+    mac_of = "podnet.io/underlay-mac"
+    first = node("n1", "192.0.2.1")
+    first["metadata"]["annotations"] = {mac_of: "02:00:00:00:00:01"}
+    await registry.create(NODE, first)
+
+    async def mac_is(want: str | None) -> Obj | None:
+        current = await get_or_none(registry, HOST_SUBNET, "n1")
+        found = (current or {}).get("metadata", {}).get("annotations", {}).get(mac_of)
+        return current if current is not None and found == want else None
+
+    await eventually(lambda: mac_is("02:00:00:00:00:01"))
+    await registry.patch(
+        NODE, None, "n1", {"metadata": {"annotations": {mac_of: "02:00:00:00:00:02"}}}
+    )
+    await eventually(lambda: mac_is("02:00:00:00:00:02"))
+    await registry.patch(NODE, None, "n1", {"metadata": {"annotations": {mac_of: None}}})
+    await eventually(lambda: mac_is(None))
+
+
 async def test_node_without_internal_ip_is_skipped_until_it_has_one(
     registry: Registry, running: HostSubnetController, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,10 +20,13 @@ from podnet.dataplane.linux.desired import (
     vtep_mac,
 )
 from podnet.dataplane.linux.nftrules import render_ruleset
+from podnet.dataplane.vteppeers import VtepPeer
 
 CLUSTER = IPv4Network("10.128.0.0/14")
 IP = IPv4Address
 PEER = IP("203.0.113.12")
+PEER_MAC = "02:00:00:00:00:12"
+PEERS = [VtepPeer(PEER, PEER_MAC)]
 
 
 def node(tunnel: str = "vxlan", **overrides: object) -> NodeNetwork:
@@ -201,6 +204,15 @@ table inet podnet {
 \t\telements = { 203.0.113.12 }
 \t}
 
+\tset vtep_macs {
+\t\ttype ipv4_addr . ether_addr
+\t\telements = { 203.0.113.12 . 02:00:00:00:00:12 }
+\t}
+
+\tset vtep_ip_only {
+\t\ttype ipv4_addr
+\t}
+
 \tchain raw_prerouting {
 \t\ttype filter hook prerouting priority raw; policy accept;
 \t\tip daddr 203.0.113.11 udp dport 4789 notrack
@@ -215,6 +227,7 @@ table inet podnet {
 \t\ttype filter hook input priority filter; policy accept;
 \t\tudp dport 4789 iifname != "eth0" drop
 \t\tudp dport 4789 ip saddr != @vtep_peers drop
+\t\tudp dport 4789 ip saddr != @vtep_ip_only ip saddr . ether saddr != @vtep_macs drop
 \t\tmeta nfproto ipv6 udp dport 4789 drop
 \t\tip daddr 203.0.113.11 udp dport 4789 accept
 \t}
@@ -268,21 +281,21 @@ def listed() -> dict[str, str]:
 def test_the_rendered_ruleset_is_what_nft_lists() -> None:
     tables = listed()
     assert set(tables) == {"ip other", "inet podnet", "bridge podnet"}
-    rendered = render_ruleset(node(), [port(2), port(3)], "eth0", [PEER])
+    rendered = render_ruleset(node(), [port(2), port(3)], "eth0", PEERS)
     for key, text in rendered.tables().items():
         assert nftables.table_problems(key, text, tables[key]) == []
 
 
 def test_table_problems_name_what_differs() -> None:
     tables = listed()
-    rendered = render_ruleset(node(), [port(2), port(4)], "eth0", [PEER]).tables()
+    rendered = render_ruleset(node(), [port(2), port(4)], "eth0", PEERS).tables()
     problems = nftables.table_problems(
         "bridge podnet", rendered["bridge podnet"], tables["bridge podnet"]
     )
     assert len(problems) == 2
     assert "lacks" in problems[0] and port(4).element() in problems[0]
     assert "stale" in problems[1] and port(3).element() in problems[1]
-    other = render_ruleset(node(vxlan_port=8472), [], "eth0", [PEER]).tables()["inet podnet"]
+    other = render_ruleset(node(vxlan_port=8472), [], "eth0", PEERS).tables()["inet podnet"]
     assert nftables.table_problems("inet podnet", other, tables["inet podnet"]) == [
         "nft table inet podnet differs from the rendered ruleset"
     ]
@@ -298,7 +311,7 @@ def test_table_view_ignores_layout_counters_and_element_order() -> None:
 
 
 def test_host_gw_has_no_vxlan_rules_and_nat_skips_cluster_and_services() -> None:
-    text = render_ruleset(node("host-gw"), [], "eth0", [PEER]).inet
+    text = render_ruleset(node("host-gw"), [], "eth0", PEERS).inet
     assert "vtep_peers" not in text and "notrack" not in text
     assert "ip saddr @cluster_networks udp dport 4789 drop" in text, "pods kept off the port"
     assert "ip saddr @cluster_networks ip daddr != @no_masquerade masquerade" in text
@@ -337,20 +350,28 @@ def test_pod_ports_script_is_one_transaction_of_deletes_then_adds() -> None:
 def test_vtep_peers_are_the_fdb_destinations_in_podnet_s_scheme() -> None:
     ours = FdbEntry(vtep_mac(PEER), PEER, "vxlan0")
     foreign = FdbEntry("02:00:00:00:00:01", IP("203.0.113.99"), "vxlan0")
-    assert desired.vtep_peers([ours, foreign]) == {PEER}
+    assert desired.vtep_peers([ours, foreign]) == {VtepPeer(PEER)}
+    # the MAC is the one of podnet's permanent neighbour entry on the underlay
+    neighbour = NeighEntry(PEER, PEER_MAC.upper(), "eth0")
+    assert desired.vtep_peers([ours, foreign], [neighbour]) == set(PEERS)
 
 
 def test_repair_script_edits_only_dynamic_sets_when_the_rules_match() -> None:
     tables = listed()
-    want = render_ruleset(node(), [port(2), port(3)], "eth0", [IP("203.0.113.13")]).tables()
+    other = [VtepPeer(IP("203.0.113.13"))]  # no MAC: accepted by address alone
+    want = render_ruleset(node(), [port(2), port(3)], "eth0", other).tables()
     script = nftables.repair_script(want, tables)
     assert script.splitlines() == [
         "delete element inet podnet vtep_peers { 203.0.113.12 }",
         "add element inet podnet vtep_peers { 203.0.113.13 }",
+        f"delete element inet podnet vtep_macs {{ 203.0.113.12 . {PEER_MAC} }}",
+        "add element inet podnet vtep_ip_only { 203.0.113.13 }",
     ]
-    same = render_ruleset(node(), [port(2), port(3)], "eth0", [PEER]).tables()
+    assert nftables.vtep_peers_in(want["inet podnet"]) == set(other)
+    assert nftables.vtep_peers_in(tables["inet podnet"]) == set(PEERS)
+    same = render_ruleset(node(), [port(2), port(3)], "eth0", PEERS).tables()
     assert nftables.repair_script(same, tables) == ""
-    moved = render_ruleset(node(), [port(2), port(3)], "eth1", [PEER]).tables()
+    moved = render_ruleset(node(), [port(2), port(3)], "eth1", PEERS).tables()
     script = nftables.repair_script(moved, tables)
     assert script.startswith("table inet podnet\ndelete table inet podnet\n")
     assert "bridge" not in script, "the bridge table matches: left alone"

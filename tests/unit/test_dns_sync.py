@@ -5,8 +5,6 @@ node's "pod subnet" is 127.0.0.0/24, so no root is needed)."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-from collections.abc import AsyncIterator
 
 import pytest
 from dnslib import RCODE, DNSRecord
@@ -14,37 +12,14 @@ from dnslib import RCODE, DNSRecord
 from podnet.api.authorizer import allowed_by_rules
 from podnet.api.identity import User
 from podnet.client import ADDED, DELETED, LISTED, MODIFIED, WatchEvent
-from podnet.dataplane.interface import NodeNetwork
 from podnet.dns import sync as sync_module
 from podnet.dns.handler import QueryHandler
 from podnet.dns.sync import ClusterDns, DnsSettings
-from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE, Kind
-from podnet.testing.dns import addresses, ask, endpoint_slice, pod, query, service
+from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE
+from podnet.testing.dns import NODE, Feed, addresses, ask, endpoint_slice, pod, query, service
 from podnet.testing.e2e import eventually
 
 SVC = "web.default.svc.cluster.local"
-NODE = NodeNetwork(
-    node_name="node-1",
-    node_ip=ipaddress.IPv4Address("192.0.2.10"),
-    subnet=ipaddress.IPv4Network("127.0.0.0/24"),
-    cluster_networks=(ipaddress.IPv4Network("10.128.0.0/14"),),
-    service_network=ipaddress.IPv4Network("172.30.0.0/16"),
-    mtu=1450,
-)
-
-
-class Feed:
-    """A watch source fed by the test, one queue per kind."""
-
-    def __init__(self) -> None:
-        self.queues: dict[str, asyncio.Queue[WatchEvent]] = {}
-
-    def queue(self, kind: Kind) -> asyncio.Queue[WatchEvent]:
-        return self.queues.setdefault(kind.plural, asyncio.Queue())
-
-    async def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
-        while True:
-            yield await self.queue(kind).get()
 
 
 def dns(feed: Feed | None = None) -> ClusterDns:

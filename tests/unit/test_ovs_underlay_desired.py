@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from typing import cast
 
 import pytest
 
@@ -13,8 +14,10 @@ from podnet.dataplane.linux.netlink import Link
 from podnet.dataplane.ovs import tables
 from podnet.dataplane.ovs.flow import Kind, flows_text, kind_of
 from podnet.dataplane.ovs.flowsync import same_flows
-from podnet.dataplane.ovs.ovsdb import Port
+from podnet.dataplane.ovs.ofctl import FakeFlowRunner
+from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
 from podnet.dataplane.ovs.underlay import (
+    PEERS_COOKIE,
     UNDERLAY_BRIDGE,
     UNDERLAY_COOKIE,
     KernelView,
@@ -28,6 +31,7 @@ from podnet.dataplane.ovs.underlay import (
     ovs_routes,
     parse_tunnel_neighbours,
     parse_user_routes,
+    peer_flows,
     phy_flows,
     port_drift,
     probes,
@@ -35,6 +39,8 @@ from podnet.dataplane.ovs.underlay import (
     vxlan_drift,
     vxlan_options,
 )
+from podnet.dataplane.ovs.underlaysetup import Kernel, UnderlaySetup
+from podnet.dataplane.vteppeers import VtepPeer
 from podnet.testing.nodenetwork import node_network
 
 MAC = "5a:45:ef:9b:31:f1"
@@ -202,3 +208,39 @@ def test_probes_ask_once_per_unknown_next_hop() -> None:
         f"set_field:{other}->tun_dst,output:{tables.VXLAN_PORT}",
     ]
     assert probes(replace(UNDERLAY, gateway=None), [far], known=set()) == {}
+
+
+PEER = IPv4Address("192.168.100.12")
+PEER_MAC = "02:00:00:00:00:12"
+
+
+def test_br_phy_checks_a_peer_s_mac_on_its_vxlan_and_arp_replies() -> None:
+    """Issue 19, finding 7: a checked peer's VXLAN and ARP replies pass only with its
+    MAC; a peer accepted by address alone adds no flow (br0's tun_src check remains)."""
+    flows = peer_flows(UNDERLAY, [VtepPeer(PEER, PEER_MAC), VtepPeer(IPv4Address("10.0.0.9"))])
+    assert {f.cookie for f in flows} == {PEERS_COOKIE} != {UNDERLAY_COOKIE}
+    by_action = {(f.priority, f.actions): f.match for f in flows if f.match.startswith("udp")}
+    assert by_action[(110, "LOCAL")] == (
+        f"udp,in_port=1,dl_src={PEER_MAC},nw_src={PEER},nw_dst=192.168.100.11,tp_dst=4789"
+    )
+    assert (
+        by_action[(105, "drop")] == f"udp,in_port=1,nw_src={PEER},nw_dst=192.168.100.11,tp_dst=4789"
+    )
+    arp = [f for f in flows if f.match.startswith("arp")]
+    assert [f.actions for f in sorted(arp)] == ["drop", "LOCAL"]
+    assert all(f"arp_spa={PEER}" in f.match for f in arp)
+    assert peer_flows(UNDERLAY, [VtepPeer(PEER)]) == []
+
+
+async def test_peer_flows_are_kept_by_ensure_and_changed_only_when_they_differ() -> None:
+    switch = FakeFlowRunner()
+    setup = UnderlaySetup(cast(Ovsdb, None), switch, cast(Kernel, None))
+    await switch.replace_flows(UNDERLAY_BRIDGE, flows_text(phy_flows(UNDERLAY)))
+    peers = [VtepPeer(PEER, PEER_MAC)]
+    assert await setup.ensure_peers(UNDERLAY, peers)
+    assert not await setup.ensure_peers(UNDERLAY, peers)
+    assert await setup._flows_ok(UNDERLAY), "the base flows are compared without the peers'"
+    assert await setup.ensure_peers(UNDERLAY, [])
+    assert same_flows(await switch.dump_flows(UNDERLAY_BRIDGE), phy_flows(UNDERLAY))
+    netdev_only = replace(UNDERLAY, datapath="system")
+    assert not await setup.ensure_peers(netdev_only, peers), "no br-phy on the kernel datapath"

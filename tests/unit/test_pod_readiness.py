@@ -153,7 +153,6 @@ def test_prober_command_runs_in_the_node_namespace_with_the_node_identity(
     from pathlib import Path
 
     from podnet.cluster.nodes import new_node_record
-    from podnet.cluster.podprocess import pod_sandbox
     from podnet.cluster.podready import prober_command, prober_needle
 
     state_dir = Path(str(tmp_path))
@@ -161,16 +160,15 @@ def test_prober_command_runs_in_the_node_namespace_with_the_node_identity(
     state.nodes["node1"] = new_node_record(state, 1)
     pod = PodRecord("web", "a", "node1", "pn-abc123-p-1", "c", ip="10.128.0.5")
     pod.process = ProcessRecord(4242, "podnet.cluster.echo", 99)
-    sandbox = pod_sandbox(state_dir)
     check = ReadinessCheck(command="test -f /ok", period=0.5, timeout=0.5)
-    argv = prober_command(state, state_dir, pod, check, sandbox)
+    argv = prober_command(state, state_dir, pod, check)
     assert argv[:3] == ["nsenter", "--net=/run/netns/pn-abc123-node1", "--"]
     line = " ".join(argv)
     assert f"--kubeconfig {state_dir}/nodes/node1/node.kubeconfig" in line
     assert "--pod-pid 4242 --pod-start 99" in line and prober_needle(pod) in line
     exec_json = argv[argv.index("--exec-json") + 1]
-    assert '"--net=/run/netns/pn-abc123-p-1"' in exec_json and '"test -f /ok"' in exec_json
-    assert "--uid" in exec_json, "the exec check runs in the pod's sandbox"
+    assert '"exec", "--pid", "4242", "--start", "99"' in exec_json
+    assert '"test -f /ok"' in exec_json, "the exec check runs in the running pod's sandbox"
 
 
 def test_the_ready_column_follows_the_reported_readiness() -> None:
@@ -240,7 +238,9 @@ def test_describe_pod_shows_its_conditions_as_kubectl() -> None:
 def test_pod_run_passes_the_check_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
 
-    def fake_run_pod(*args: Any, privileged: bool = False, readiness: Any = None) -> PodRecord:
+    def fake_run_pod(
+        *args: Any, privileged: bool = False, readiness: Any = None, **_: Any
+    ) -> PodRecord:
         seen.append(readiness)
         return PodRecord(args[1], args[2], "node1", "pn-x-p-web", "c", ip="10.128.0.5")
 

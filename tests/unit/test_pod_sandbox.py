@@ -50,14 +50,27 @@ def test_closed_ancestor_is_the_topmost_directory_others_cannot_enter() -> None:
 
 
 def test_wrap_runs_the_command_last_and_untouched() -> None:
-    box = Sandbox((Path("/var/lib/podnet"),), 65534, 65534, (Path("/opt/py"),))
-    argv = box.wrap("/run/netns/pod", ["sh", "-c", "echo -- x", "--"])
-    assert argv[:3] == ["nsenter", "--net=/run/netns/pod", "--"]
-    assert argv[3:8] == ["unshare", "--mount", "--propagation", "private", "--"]
-    assert argv[8:11] == [sys.executable, "-m", "podnet.cluster.sandbox"]
+    box = Sandbox((Path("/var/lib/podnet"),), 1_000_000_001, 1_000_000_001, (Path("/opt/py"),))
+    argv = box.wrap("/run/netns/pod", ["sh", "-c", "echo -- x", "--"], report_fd=7)
+    assert argv[:4] == [sys.executable, "-m", "podnet.cluster.sandbox", "run"]
+    assert argv[argv.index("--netns") + 1] == "/run/netns/pod"
+    assert argv[argv.index("--uid") + 1] == argv[argv.index("--gid") + 1] == "1000000001"
+    assert argv[argv.index("--report-fd") + 1] == "7"
     assert argv[-5:] == ["--", "sh", "-c", "echo -- x", "--"]
     assert argv[argv.index("--hide") : argv.index("--hide") + 2] == ["--hide", "/var/lib/podnet"]
     assert "--expose" in argv and "/opt/py" in argv
+
+
+def test_exec_argv_names_the_pods_process_and_runs_the_command_last() -> None:
+    argv = sandbox.exec_argv(4242, 99, ["sh", "-c", "id", "--"])
+    assert argv[:4] == [sys.executable, "-m", "podnet.cluster.sandbox", "exec"]
+    assert argv[4:8] == ["--pid", "4242", "--start", "99"]
+    assert argv[-5:] == ["--", "sh", "-c", "id", "--"]
+
+
+def test_a_bad_volume_is_refused_before_anything_is_set_up() -> None:
+    argv = Sandbox((), volumes=((Path("rel"), Path("/mnt")),)).wrap("/run/netns/x", ["true"])
+    assert sandbox.main(argv[3:]) == 126  # no namespace entered, nothing mounted
 
 
 def test_pods_get_none_of_the_callers_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
+from ipaddress import IPv4Address
 from typing import Any
 
 import pytest
@@ -232,6 +233,45 @@ def test_a_policy_change_keeps_every_other_policy_and_set(compiler: PolicyCompil
     again = compiler.rules()
     assert again.ingress_isolated == before.ingress_isolated
     assert again.policies == before.policies
+
+
+def test_the_owned_set_is_kept_across_policy_changes_and_follows_pods(
+    compiler: PolicyCompiler,
+) -> None:
+    compiler.set_pod_networks(["10.128.0.0/14"])
+    before = compiler.rules().owned
+    assert IPv4Address("10.128.0.2") in before and len(before) == 20
+    compiler.put(POLICIES, allow("x", "allow-9", "a3", "a0"))
+    assert compiler.rules().owned is before  # no pass over every pod, no set re-rendered
+    compiler.remove(PODS, make_pod("x", "p0", "10.128.0.2", app="a0"))
+    compiler.put(PODS, make_pod("x", "new", "10.128.0.99", app="a0"))
+    after = compiler.rules()
+    assert after.owned == before - {IPv4Address("10.128.0.2")} | {IPv4Address("10.128.0.99")}
+    compiler.set_pod_networks(["10.128.0.0/26"])  # 10.128.0.99 outside: owned by nobody here
+    assert IPv4Address("10.128.0.99") not in compiler.rules().owned
+
+
+def test_the_owned_set_is_kept_when_nodes_have_addresses(compiler: PolicyCompiler) -> None:
+    """As the agent compiles: node IPs, node addresses and pod networks given before every
+    compile. The node addresses make a new host set each time; an equal one is kept, so
+    a policy change neither recomputes nor re-renders the owned set (it did: ~5 ms a
+    change at 2,000 pods, the policy change latency regression)."""
+
+    def compile_as_the_agent(addresses: list[tuple[str, str]]) -> Any:
+        compiler.set_node_ips(["192.168.1.1"])
+        compiler.set_node_addresses(addresses)
+        compiler.set_pod_networks(["10.128.0.0/14"])
+        return compiler.rules()
+
+    nodes = [("node1", "192.168.1.1"), ("node1", "10.128.0.1")]
+    before = compile_as_the_agent(nodes)
+    assert IPv4Address("10.128.0.1") in before.owned  # the node's gateway
+    compiler.put(POLICIES, allow("x", "allow-9", "a3", "a0"))
+    again = compile_as_the_agent(nodes)
+    assert again.host_ips is before.host_ips
+    assert again.owned is before.owned
+    moved = compile_as_the_agent([("node1", "192.168.1.1"), ("node1", "10.128.2.1")])
+    assert moved.owned == before.owned - {IPv4Address("10.128.0.1")} | {IPv4Address("10.128.2.1")}
 
 
 def test_a_pod_change_keeps_the_policies_it_does_not_touch(compiler: PolicyCompiler) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
-from podnet.dataplane.linux.policytable import (
-    BUCKETS,
-    PolicyRenderer,
-    PolicyTable,
-)
+from podnet.dataplane.linux.policytable import PolicyRenderer
+from podnet.dataplane.linux.policyvalues import BUCKETS, PolicyTable
 from podnet.model.network import MULTITENANT, NETWORKPOLICY
 from podnet.policy.compile import compile_rules
 from podnet.testing.netpol import (

@@ -57,6 +57,7 @@ async def test_relay_closes_the_client_when_no_master_answers() -> None:
     port = relay.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"?")  # a client speaks first (TLS, HTTP): then a master is sought
         assert await asyncio.wait_for(reader.read(16), 10) == b""
         writer.close()
     finally:

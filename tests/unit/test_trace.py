@@ -355,7 +355,9 @@ def test_pod_run_passes_ports_and_refuses_repeats(monkeypatch: pytest.MonkeyPatc
     seen: list[Any] = []
     privileges: list[bool] = []
 
-    def fake_run_pod(*args: Any, privileged: bool = False, readiness: Any = None) -> PodRecord:
+    def fake_run_pod(
+        *args: Any, privileged: bool = False, readiness: Any = None, **_: Any
+    ) -> PodRecord:
         seen.append(args)
         privileges.append(privileged)
         return PodRecord(args[1], args[2], "node1", "pn-x-p-web", "c", ip="10.128.0.5")

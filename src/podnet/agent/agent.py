@@ -3,26 +3,23 @@
 Start order (each step logs what it does):
 
 1. Register the Node (``status.addresses`` InternalIP through the status subresource),
-   retrying until the master answers.
-2. Wait for this node's HostSubnet ("waiting for HostSubnet for node X" every few
-   seconds) and read ClusterNetwork ``default``, each through a watch of that one
-   object (``objectwait``), not a poll.
+   retrying until the master answers; publish its underlay MAC on it (``underlaymac``).
+2. Wait for this node's HostSubnet ("waiting for HostSubnet for node X" every few seconds)
+   and read ClusterNetwork ``default``, each through a watch of that one object, not a poll.
 3. ``check_node``: if the data plane matches, leave it running ("data plane in place; not
    touching it"); otherwise ``setup_node``.
-4. Reconcile pods: half-done attachments and orphaned IPAM files are undone; healthy pods
-   are not touched.
+4. Reconcile pods: half-done attachments and orphaned IPAM files are undone; healthy pods stay.
 5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
 6. Serve CNI on the unix socket, renew the node's Lease (``heartbeat``, for ever from
    here on), then mark the Node ``Ready``.
-7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what
-   isolation and NetworkPolicy read (``policies.PolicySync``) and, for the service
-   proxy, Services and EndpointSlices (``services.ServiceSync``); serve the cluster DNS
-   to this node's pods (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``); resync
-   periodically. All of them share one list + watch per kind (``client.informers``).
-   The
-   remote-node and policy loops are ``podnet.reconcile`` loops: their last passes are
-   published as the Node's annotation ``podnet.io/reconcile`` (``nodestatus``) and
-   counted in ``/metrics`` (``--metrics-address``).
+7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what isolation
+   and NetworkPolicy read (``policies.PolicySync``) and, for the service proxy, Services and
+   EndpointSlices (``services.ServiceSync``); serve the cluster DNS to this node's pods
+   (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``; on a thread of its own, with per-client
+   limits, its counters in ``/metrics``); resync periodically. All of them share one list +
+   watch per kind (``client.informers``). The remote-node and policy loops are
+   ``podnet.reconcile`` loops: their last passes are published as the Node's annotation
+   ``podnet.io/reconcile`` (``nodestatus``) and counted in ``/metrics`` (``--metrics-address``).
 
 Stopping (SIGTERM/SIGINT) stops serving and exits without tearing anything down: pods
 keep running, and a SIGKILL is just as safe since all state is in the kernel and IPAM.
@@ -54,12 +51,13 @@ from podnet.agent.heartbeat import NodeHeartbeat
 from podnet.agent.metrics import MetricsServer
 from podnet.agent.nodestatus import node_addresses, node_object, reconcile_note, with_condition
 from podnet.agent.objectwait import wait_for_object
-from podnet.agent.podrefs import PodRefs
+from podnet.agent.podlifecycle import PodLifecycle, node_pods
 from podnet.agent.pods import PodManager
 from podnet.agent.podstatus import PodStatusWriter
 from podnet.agent.policies import PolicySync, network_plugin
 from podnet.agent.remotes import RemoteNodeSync, remote_nodes
 from podnet.agent.services import ServiceSync, pacing
+from podnet.agent.underlaymac import publish_underlay_mac
 from podnet.client import Backoff, ClientError, has_reason, is_transient, with_retry
 from podnet.client.aio import AsyncApiClient
 from podnet.client.informers import Informers
@@ -70,6 +68,8 @@ from podnet.dataplane.interface import (
     NodeNetwork,
     NodeSetupRefused,
 )
+from podnet.dns.metrics import DnsCollector
+from podnet.dns.server import Limits
 from podnet.dns.sync import ClusterDns, DnsSettings
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
@@ -211,6 +211,7 @@ class NodeAgent:
         """Create this Node, or bring its addresses up to date (status subresource)."""
         what = f"registering node {self.config.node_name}"
         await with_retry(self._register_once, what, None, Backoff(0.2, 5.0), _retry_write)
+        await publish_underlay_mac(self.api, self.config.node_name, self.node_ip)
 
     async def _register_once(self) -> None:
         name = self.config.node_name
@@ -274,14 +275,8 @@ class NodeAgent:
 
     async def start_pods(self, node: NodeNetwork) -> None:
         """Re-attach/GC pods after a restart, then accept CNI work."""
-        self.pods = PodManager(
-            self.dataplane,
-            self.store,
-            node,
-            self.status_writer,
-            self.config.pod_namespace,
-            report=lambda message: self.events.warn("IPAMFileRepaired", message),
-            refs=PodRefs(self.config.state_dir / "pods"),
+        self.pods = node_pods(
+            self.config, self.dataplane, self.store, node, self.status_writer, self.events
         )
         await self.pods.reconcile()
         self.pods.ready = True
@@ -308,6 +303,10 @@ class NodeAgent:
         """HostSubnets -> remote nodes, policy rules, ClusterNetwork changes, resync, the
         reconcile note and /metrics."""
         resync, metrics, report = self.config.resync_period, self.metrics, self.note.record
+        assert self.pods is not None  # finalizes Pods, tears orphans down (podlifecycle)
+        lifecycle = PodLifecycle(self.informers, self.pods, self.api, metrics.registry)
+        for name, body in lifecycle.tasks():
+            self._spawn(name, body)
         self.remote_sync = RemoteNodeSync(
             self.dataplane, node, resync, metrics=metrics, report=report
         )
@@ -334,9 +333,11 @@ class NodeAgent:
                 device=self.config.dns_device,
                 upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
                 pod_records=self.config.dns_pod_records,
+                limits=Limits(clients=self.config.dns_client_limits),
             )
             # first listings indexed after the proxy's first apply: they share the GIL
             self.dns = ClusterDns(self.informers, node, settings, after=services.synced)
+            metrics.registry.register(DnsCollector(self.dns))
             for name, body in self.dns.tasks():
                 self._spawn(name, body)
         watch = ClusterWatch(self.informers, self.config, self.node_ip, node)

@@ -10,14 +10,17 @@ of any interface (a node namespace of the local virtual cluster has no default r
 
 from __future__ import annotations
 
+import asyncio
+import math
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
 from podnet.dataplane.interface import NodeNetwork, Tunnel
+from podnet.dns.ratelimit import BURST_SECONDS, ClientLimits
 from podnet.model.network import uses_vnids
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
@@ -60,15 +63,22 @@ class AgentConfig:
     dns_upstream_resolv_conf: Path = DEFAULT_UPSTREAM_RESOLV_CONF
     dns_pod_records: str = "verified"  # verified (watches Pods), insecure or disabled
     dns_device: str = "br0"  # the gateway's device, which the DNS binds to (ovs: tun0)
+    dns_client_limits: ClientLimits = field(default_factory=ClientLimits)  # per pod, in DNS
 
     @property
     def conflist_path(self) -> Path:
         """The CNI config list the agent writes for runtimes."""
         return self.cni_conf_dir / f"10-{self.network_name}.conflist"
 
-    def resolved_node_ip(self) -> IPv4Address:
-        """The configured node IP, or the one detected in this network namespace."""
-        return self.node_ip if self.node_ip is not None else detect_node_ip()
+    async def resolved_node_ip(self) -> IPv4Address:
+        """The configured node IP, or the one detected in this network namespace.
+
+        The detection runs in a worker thread: pyroute2's synchronous ``IPRoute`` drives
+        an event loop of its own, which cannot run inside the agent's running loop
+        (``RuntimeError: This event loop is already running``)."""
+        if self.node_ip is not None:
+            return self.node_ip
+        return await asyncio.to_thread(detect_node_ip)
 
 
 def hostsubnet_problem(hostsubnet: Obj | None, node_ip: IPv4Address) -> str | None:
@@ -98,6 +108,8 @@ def node_network(
         tunnel=config.tunnel,
         vxlan_port=int(cluster_network.get("vxlanPort") or DEFAULT_VXLAN_PORT),
         isolation=uses_vnids(str(cluster_network.get("pluginName") or "")),
+        dns_client_qps=config.dns_client_limits.qps if config.dns else None,
+        dns_client_burst=math.ceil(config.dns_client_limits.qps * BURST_SECONDS),
     )
 
 
@@ -137,7 +149,10 @@ def _global_ipv4(addresses: list[Any], index: int | None = None) -> list[IPv4Add
 
 
 def detect_node_ip() -> IPv4Address:
-    """The default-route interface's first global IPv4 address, else any global one."""
+    """The default-route interface's first global IPv4 address, else any global one.
+
+    Synchronous (pyroute2's ``IPRoute``): from a coroutine, call it in a thread
+    (``AgentConfig.resolved_node_ip`` does)."""
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:

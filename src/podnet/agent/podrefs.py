@@ -4,6 +4,9 @@ ADD answers the runtime first and writes the Pod's IP to the API in the backgrou
 agent killed in between must not lose that write: the restarted agent reads these
 records, matches them with the attachments the kernel still holds, and writes every
 healthy pod's status again (the writer skips the PATCH when the Pod already agrees).
+A record also says whether the ADD found no Pod (``mirror``): the agent makes that pod's
+mirror Pod, and a restarted agent must still make it if the killed one had not; once it
+is made the record says so, and a mirror Pod deleted later is never made again.
 
 One small JSON file per (container ID, ifname), named by a digest of the pair. A file is
 replaced by rename, never edited, so a reader sees a whole record or none. No fsync: the
@@ -18,12 +21,22 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]  # (container ID, ifname)
 Ref = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One attachment's Pod, and whether its mirror Pod is still to be made (the ADD
+    found no Pod, and none has been created for it yet)."""
+
+    ref: Ref
+    mirror: bool = False
 
 
 class PodRefs:
@@ -33,9 +46,13 @@ class PodRefs:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    def record(self, pair: Pair, ref: Ref) -> None:
-        """Remember that ``pair`` belongs to Pod ``ref``."""
-        body = {"containerID": pair[0], "ifname": pair[1], "namespace": ref[0], "name": ref[1]}
+    def record(self, pair: Pair, ref: Ref, mirror: bool = False) -> None:
+        """Remember that ``pair`` belongs to Pod ``ref`` (``mirror``: whose mirror Pod the
+        agent is still to make)."""
+        body: dict[str, object] = {"containerID": pair[0], "ifname": pair[1]}
+        body |= {"namespace": ref[0], "name": ref[1]}
+        if mirror:
+            body["mirror"] = True
         path = self._path(pair)
         tmp = path.with_name(f".{path.name}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -49,8 +66,12 @@ class PodRefs:
             self._path(pair).unlink()
 
     def load(self) -> dict[Pair, Ref]:
+        """Every whole record's Pod; a damaged or stray file is logged and removed."""
+        return {pair: record.ref for pair, record in self.load_records().items()}
+
+    def load_records(self) -> dict[Pair, Record]:
         """Every whole record; a damaged or stray file is logged and removed."""
-        found: dict[Pair, Ref] = {}
+        found: dict[Pair, Record] = {}
         for path in self.directory.iterdir():
             entry = _read(path)
             if entry is None:
@@ -58,8 +79,8 @@ class PodRefs:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 continue
-            pair, ref = entry
-            found[pair] = ref
+            pair, record = entry
+            found[pair] = record
         return found
 
     def _path(self, pair: Pair) -> Path:
@@ -67,14 +88,17 @@ class PodRefs:
         return self.directory / f"{digest}.json"
 
 
-def _read(path: Path) -> tuple[Pair, Ref] | None:
+def _read(path: Path) -> tuple[Pair, Record] | None:
     if path.name.startswith(".") or path.suffix != ".json":
         return None
     try:
         body = json.loads(path.read_text())
         fields = [body["containerID"], body["ifname"], body["namespace"], body["name"]]
-    except (OSError, ValueError, TypeError, KeyError):
+        mirror = body.get("mirror", False)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     if not all(isinstance(f, str) for f in fields) or not fields[0] or not fields[3]:
         return None
-    return (fields[0], fields[1]), (fields[2], fields[3])
+    if not isinstance(mirror, bool):
+        return None
+    return (fields[0], fields[1]), Record((fields[2], fields[3]), mirror)

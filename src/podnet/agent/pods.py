@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from ipaddress import IPv4Network
+from collections.abc import Callable, Collection, Iterable
+from ipaddress import IPv4Address, IPv4Network
 
 from podnet.agent.cnierrors import ERR_CHECK, ERR_DATAPLANE, REQUEST_TIMEOUT, as_cni_error
 from podnet.agent.containerlocks import ContainerLocks
 from podnet.agent.ipamrepair import Report, repair_damaged
 from podnet.agent.podcleanup import CleanupPlan, IpamEntry, plan_gc, plan_restart_cleanup
-from podnet.agent.podrefs import Pair, PodRefs
+from podnet.agent.podrefs import Pair, PodRefs, Record
 from podnet.agent.podstatus import PodRef, PodStatusWriter, pod_ref
 from podnet.cni.dnsconfig import cluster_dns
 from podnet.cni.result import DNS, CniResult, Interface, IPConfig, Route
@@ -38,6 +38,7 @@ from podnet.dataplane.interface import (
     PodNetwork,
 )
 from podnet.ipam.config import RangeSet, parse_range
+from podnet.ipam.cooldown import Cooldown
 from podnet.ipam.hostlocal import Allocation, HostLocalStore
 
 log = logging.getLogger("podnet.agent.pods")
@@ -80,6 +81,7 @@ class PodManager:
         default_namespace: str = "default",
         report: Report | None = None,
         refs: PodRefs | None = None,
+        cooldown: Cooldown | None = None,
     ) -> None:
         self.dataplane = dataplane
         self.store = store
@@ -88,12 +90,19 @@ class PodManager:
         self.default_namespace = default_namespace
         self.report = report  # where repairs of damaged IPAM files are reported
         self.refs = refs  # who each attachment is, on disk, for a restarted agent
+        # Released addresses rest before reuse, and so does any address a Pod object
+        # still shows (``shown``, set by the pod lifecycle from its informer).
+        self.cooldown = cooldown or Cooldown(None, 0.0)
+        self.shown: Callable[[], Collection[IPv4Address]] = frozenset
+        self.on_gone: Callable[[], None] = lambda: None  # a sandbox's network went
         self.locks = ContainerLocks()
         self.ready = False  # set once the data plane is in place and pods reconciled
         self._range_sets = [node_range_set(node)]
         self._attached: dict[Pair, PodAttachment] = {}
         self._pods: dict[Pair, PodRef] = {}  # who each pair is, for DEL's status update
         self._added_at: dict[Pair, float] = {}
+        if status_writer is not None and refs is not None:
+            status_writer.on_created = self._mirror_made
 
     async def handle(self, req: CniRequest) -> CniResult | None:
         """Run one CNI command, serial per container; raise ``CniError`` on failure."""
@@ -114,8 +123,9 @@ class PodManager:
         if pair in self._attached:
             raise CniError(ERR_DATAPLANE, "interface already exists", f"{pair[1]} of {pair[0]}")
         ref = pod_ref(req, self.default_namespace)
+        uid = None
         if self.status_writer is not None:
-            await self.status_writer.check_api(ref)
+            uid = await self.status_writer.check_api(ref)
         allocation = (await self._allocate(pair))[0]
         try:
             attachment = await self.dataplane.attach_pod(self._pod_network(req, ref, allocation))
@@ -124,7 +134,8 @@ class PodManager:
             raise
         self._remember(pair, attachment, ref)
         if self.refs is not None:
-            await asyncio.to_thread(self.refs.record, pair, (ref.namespace, ref.name))
+            mirror = uid == ""  # no Pod: its mirror Pod is to be made
+            await asyncio.to_thread(self.refs.record, pair, (ref.namespace, ref.name), mirror)
         if self.status_writer is not None:
             self.status_writer.running(ref, allocation.address.ip, req.container_id)
         dns = cluster_dns(str(attachment.gateway), req.args.get("K8S_POD_NAMESPACE"))
@@ -136,9 +147,39 @@ class PodManager:
         await self.dataplane.detach_pod(pair[0], pair[1], req.netns or None)
         ref = self._forget(pair) or pod_ref(req, self.default_namespace)
         released = await asyncio.to_thread(self.store.release, *pair)
+        self._gone(pair, ref, released)
+
+    def attachments(self) -> list[tuple[Pair, PodRef, float | None]]:
+        """(pair, Pod, monotonic time of its ADD, None when made before this agent
+        started) of every attachment whose Pod is known."""
+        found = ((pair, self._pods.get(pair)) for pair in self._attached)
+        return [(pair, ref, self._added_at.get(pair)) for pair, ref in found if ref is not None]
+
+    async def teardown(self, pair: Pair, why: str) -> bool:
+        """Detach ``pair`` and release its address (its Pod is gone, or its grace ran
+        out): the sandbox may live on, without a network. A later DEL still succeeds.
+        False when there was nothing to tear down (a DEL came first)."""
+        async with self.locks.hold(pair[0]):
+            attachment = self._attached.get(pair)
+            if attachment is None:
+                return False
+            await self.dataplane.detach_pod(pair[0], pair[1], attachment.sandbox or None)
+            ref = self._forget(pair)
+            released = await asyncio.to_thread(self.store.release, *pair)
+        log.warning("%s: detached %s/%s (%s) of pod %s", why, *pair, attachment.address, ref)
+        if ref is not None:
+            self._gone(pair, ref, released)
+        return True
+
+    def _gone(self, pair: Pair, ref: PodRef, released: list[IPv4Address]) -> None:
+        """A sandbox's network is gone: its addresses rest, its Pod stops showing them,
+        and its mirror Pod goes (unless another attachment of the same Pod remains)."""
+        self.cooldown.released(released)
         if self.status_writer is not None:
-            for ip in released:
-                self.status_writer.released(ref, ip)
+            last = ref not in self._pods.values()
+            ip = released[0] if released else None
+            self.status_writer.released(ref, ip, pair[0], gone=last)
+        self.on_gone()
 
     async def check(self, req: CniRequest) -> None:
         """Verify the attachment exists in the data plane and IPAM, as prevResult says."""
@@ -191,9 +232,12 @@ class PodManager:
         attachments = await self.dataplane.attached_pods()
         await repair_damaged(self.store, attachments, self.report, "start-up")
         plan = plan_restart_cleanup(attachments, await self._allocations(), self.node.subnet)
+        refs = await asyncio.to_thread(self.refs.load_records) if self.refs is not None else {}
+        self._pods = {pair: PodRef(*r.ref) for pair, r in refs.items()}  # for _undo's releases
         await self._undo(plan, "start-up cleanup")
         self._attached = {(a.container_id, a.ifname): a for a in plan.healthy}
-        await self._republish(plan.healthy)
+        self._pods = {}
+        await self._republish(plan.healthy, refs)
         log.info(
             "%d pods attached and healthy; %d detached, %d addresses released",
             len(plan.healthy),
@@ -202,25 +246,45 @@ class PodManager:
         )
         return plan
 
-    async def _republish(self, healthy: list[PodAttachment]) -> None:
+    async def _republish(self, healthy: list[PodAttachment], refs: dict[Pair, Record]) -> None:
         """Write every healthy pod's status again: a killed agent may have answered an
-        ADD without writing it. Records of pods no longer attached are dropped."""
+        ADD without writing it. A Pod is never created again (one deleted meanwhile
+        stays deleted, and its sandbox is an orphan), except the mirror Pod of an ADD
+        that found no Pod, when the killed agent had not made it yet: that sandbox is
+        as new as its ADD (the settling time of ``podnet.agent.orphans`` covers its
+        mirror's way back through the informer). Records of pods no longer attached
+        are dropped."""
         if self.refs is None:
             return
-        refs = await asyncio.to_thread(self.refs.load)
         for a in healthy:
             pair = (a.container_id, a.ifname)
-            ref = refs.pop(pair, None)
-            if ref is None:
+            record = refs.pop(pair, None)
+            if record is None:
                 continue
-            self._pods[pair] = PodRef(*ref)
+            ref = self._pods[pair] = PodRef(*record.ref)
+            if record.mirror:
+                self._added_at[pair] = time.monotonic()
             if self.status_writer is not None:
-                self.status_writer.running(PodRef(*ref), a.address.ip, a.container_id)
+                self.status_writer.running(ref, a.address.ip, a.container_id, record.mirror)
         for pair in refs:
             await asyncio.to_thread(self.refs.forget, pair)
 
+    async def _mirror_made(self, ref: PodRef, container_id: str) -> None:
+        """The mirror Pod of ``container_id``'s sandbox is made: its records say so, so
+        that a restarted agent never makes it again."""
+        if self.refs is None:
+            return
+        async with self.locks.hold(container_id):  # not while a DEL forgets the record
+            pairs = [p for p, r in self._pods.items() if p[0] == container_id and r == ref]
+            for pair in pairs:
+                try:
+                    await asyncio.to_thread(self.refs.record, pair, (ref.namespace, ref.name))
+                except OSError as exc:
+                    log.warning("recording pod %s's mirror as made: %s", ref, exc)
+
     async def _allocate(self, pair: Pair) -> list[Allocation]:
-        return await asyncio.to_thread(self.store.allocate, *pair, self._range_sets)
+        avoid = self.cooldown.resting() | set(self.shown())
+        return await asyncio.to_thread(self.store.allocate, *pair, self._range_sets, (), avoid)
 
     async def _allocations(self) -> list[IpamEntry]:
         return await asyncio.to_thread(self.store.allocations)
@@ -260,12 +324,26 @@ class PodManager:
         await asyncio.to_thread(self.store.release, req.container_id, req.ifname)
 
     async def _undo(self, plan: CleanupPlan, why: str) -> None:
+        """Detach and release per ``plan``; each released address is cleared from its
+        Pod (when the agent knows whose it was) and rests (``podnet.ipam.cooldown``)."""
+        owners: dict[Pair, tuple[PodRef, IPv4Address]] = {}
         for a in plan.detach:
             log.info("%s: detaching %s/%s (%s)", why, a.container_id, a.ifname, a.address)
             async with self.locks.hold(a.container_id):
                 await self.dataplane.detach_pod(a.container_id, a.ifname, a.sandbox or None)
-            self._forget((a.container_id, a.ifname))
-        for cid, ifname in plan.release:
-            async with self.locks.hold(cid):
-                freed = await asyncio.to_thread(self.store.release, cid, ifname)
-            log.info("%s: released %s of %s/%s", why, [str(ip) for ip in freed], cid, ifname)
+            if (ref := self._forget((a.container_id, a.ifname))) is not None:
+                owners[(a.container_id, a.ifname)] = (ref, a.address.ip)
+        for pair in plan.release:
+            async with self.locks.hold(pair[0]):
+                freed = await asyncio.to_thread(self.store.release, *pair)
+            log.info("%s: released %s of %s/%s", why, [str(ip) for ip in freed], *pair)
+            owner = owners.pop(pair, None)
+            ref = self._pods.pop(pair, None) or (owner[0] if owner else None)
+            if ref is None:
+                self.cooldown.released(freed)  # whose it was is unknown: it rests all the same
+            else:
+                self._gone(pair, ref, freed)
+        for pair, (ref, ip) in owners.items():
+            # detached with nothing held in IPAM (a damaged store): its Pod still shows the
+            # address the sandbox had, which must not pass to the address's next pod
+            self._gone(pair, ref, [ip])

@@ -278,6 +278,7 @@ class PolicySync:
                 compiler.put(collection, payload)
         compiler.set_node_ips(node_ips)
         compiler.set_node_addresses(addresses)
+        compiler.set_pod_networks(self.node.cluster_networks)
         return compiler.rules()
 
     async def _note_applied(self, rules: RuleSet, record: ApplyRecord) -> None:

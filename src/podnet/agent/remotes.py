@@ -1,13 +1,15 @@
 """Remote nodes: HostSubnets turned into ``RemoteNode``s, and the target that syncs them.
 
 ``remote_nodes`` is pure: it keeps every other node's HostSubnet that has a usable
-subnet and host IP. ``RemoteNodeSync`` owns the desired set (replaced as a whole on every
-HostSubnet event) and is the ``podnet.reconcile`` target that hands it to
-``DataPlane.sync_remote_nodes``: bursts of events are coalesced into one call, a failed
-call is retried with backoff, a periodic resync sends the same set again so the backend
-repairs drift (a route deleted by hand), and a remote the data plane refuses (a subnet
-overlapping another, host-gw without L2 adjacency) is left out by bisection while the
-others are routed.
+subnet and host IP, with the underlay MAC the node published (``podnet.io/underlay-mac``,
+copied there by the master; a node without one is checked by address alone, and named
+in a warning whenever the set changes). ``RemoteNodeSync`` owns the desired set (replaced
+as a whole on every HostSubnet event) and is the ``podnet.reconcile`` target that hands
+it to ``DataPlane.sync_remote_nodes``: bursts of events are coalesced into one call, a
+failed call is retried with backoff, a periodic resync sends the same set again so the
+backend repairs drift (a route deleted by hand), and a remote the data plane refuses (a
+subnet overlapping another, host-gw without L2 adjacency) is left out by bisection while
+the others are routed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from podnet.dataplane.interface import DataPlane, NodeNetwork, RemoteNode
+from podnet.dataplane.vteppeers import unpublished
+from podnet.model.underlaymac import annotated_mac
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop, ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.remotes")
@@ -33,7 +37,8 @@ def _remote_node(hostsubnet: Obj) -> RemoteNode | None:
         return None
     try:
         subnet = IPv4Network(hostsubnet["subnet"])
-        return RemoteNode(str(name), IPv4Address(hostsubnet["hostIP"]), subnet)
+        ip = IPv4Address(hostsubnet["hostIP"])
+        return RemoteNode(str(name), ip, subnet, annotated_mac(hostsubnet))
     except ValueError:
         return None
 
@@ -115,4 +120,11 @@ class RemoteNodeSync:
         if desired != self._applied:
             names = ", ".join(f"{r.name}={r.subnet}@{r.node_ip}" for r in desired) or "none"
             log.info("remote nodes synced: %s", names)
+            if self.node.tunnel == "vxlan" and (old := unpublished(desired)):
+                log.warning(
+                    "remote nodes without a published underlay MAC (%s), their VXLAN is "
+                    "checked by address alone: %s",
+                    "an agent from before podnet.io/underlay-mac?",
+                    ", ".join(old),
+                )
             self._applied = desired

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from podnet.api.authorizer import AUTHORIZATION_GROUP, allowed_by_rules, may_read_path, rules_for
+from podnet.api.authorizer import (
+    AUTHORIZATION_GROUP,
+    allowed_by_rules,
+    may_access_path,
+    path_rules_for,
+    rules_for,
+)
 from podnet.api.identity import User
 from podnet.model import errors
 
@@ -57,7 +63,8 @@ def access_review(user: User, body: Any) -> dict[str, Any]:
         allowed = _resource_allowed(user, resource)
     elif isinstance(path, dict):
         verb = _text(path, "verb", SSAR, "spec.nonResourceAttributes")
-        allowed = may_read_path(user, verb)
+        url = _text(path, "path", SSAR, "spec.nonResourceAttributes")
+        allowed = may_access_path(user, verb, url)
     else:
         raise errors.invalid(SSAR, "", [errors.FieldError("spec", "attributes must be objects")])
     status: dict[str, Any] = {"allowed": allowed}
@@ -93,10 +100,13 @@ def rules_review(user: User, body: Any) -> dict[str, Any]:
         if rule.names:
             entry["resourceNames"] = sorted(rule.names)
         resource_rules.append(entry)
-    verbs = ["*"] if user.is_admin else ["get", "head"]
+    path_rules = [
+        {"verbs": sorted(rule.verbs), "nonResourceURLs": list(rule.paths)}
+        for rule in path_rules_for(user)
+    ]
     status = {
         "resourceRules": resource_rules,
-        "nonResourceRules": [{"verbs": verbs, "nonResourceURLs": ["*"]}],
+        "nonResourceRules": path_rules,
         "incomplete": False,
     }
     return {**body, "apiVersion": API_VERSION, "kind": SSRR, "status": status}

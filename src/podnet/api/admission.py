@@ -8,6 +8,8 @@ NodeRestriction checks) inside the registry's write, just before the transaction
   is no other pod's address (409 AlreadyExists: the agent retries until the old holder
   is cleared); ``status.hostIP`` is the HostSubnet's ``hostIP``;
 - a node's mirror pod that names an owner names its own Node by its current UID;
+- the controllers' writes and deletes: ControllerRestriction
+  (``podnet.api.controllerrestriction``);
 - events: size for everyone, then reporter and quota (``podnet.api.events``).
 """
 
@@ -17,10 +19,11 @@ import ipaddress
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from podnet.api.addressholders import address_holders
 from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
+from podnet.api.controllerrestriction import ControllerRestriction
 from podnet.api.events import EventLimits, EventQuota, EventSweeper, admit_event
 from podnet.api.identity import User
-from podnet.api.listing import CONSISTENT_WAIT
 from podnet.api.podaddresses import pod_ips
 from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import WatchCache
@@ -50,12 +53,15 @@ class Admission:
         self.cache = cache  # answers "who holds this address" without reading every pod
         self.quota = EventQuota(limits or EventLimits.from_env())
         self.sweeper = EventSweeper(registry, self.quota)
+        self.controllers = ControllerRestriction.over(registry, cache)
 
     async def admit(self, user: User, attrs: RequestAttributes) -> None:
         """Raise an ``ApiError`` when the write may not happen; may stamp the new object."""
         new = attrs.new_object
         if _same(attrs.kind, EVENT) and attrs.verb in WRITE_VERBS:
             admit_event(self.quota, user, attrs.verb, new if isinstance(new, dict) else None)
+        if user.is_controllers and not user.is_admin:
+            await self.controllers.check(user, attrs)
         node = user.node_name
         if node is None or user.is_admin or new is None or attrs.verb not in WRITE_VERBS:
             return
@@ -110,21 +116,8 @@ class Admission:
                 raise errors.ApiError(message, 409, "AlreadyExists", "pods", str(meta.get("name")))
 
     async def _holders(self, ips: set[str]) -> dict[str, set[str]]:
-        """``ns/name`` of the pods claiming each of ``ips``, as of etcd's current revision:
-        from the watch cache's address index once it has caught up with that revision,
-        else (no cache, or it lags) from a read of every pod."""
-        if self.cache is not None:
-            current = await self.registry.store.revision()
-            if await self.cache.wait_for(current, CONSISTENT_WAIT):
-                return {ip: self.cache.pod_addresses.holders(ip) for ip in ips}
-        pods, _ = await self.registry.list(POD)
-        holders: dict[str, set[str]] = {}
-        for other in pods:
-            other_meta = other["metadata"]
-            key = f"{other_meta.get('namespace')}/{other_meta.get('name')}"
-            for ip in ips & pod_ips(other):
-                holders.setdefault(ip, set()).add(key)
-        return holders
+        """``ns/name`` of the pods claiming each of ``ips`` (``address_holders``)."""
+        return await address_holders(self.registry, self.cache, ips)
 
     async def _owner_is_this_node(self, node: str, pod: Mapping[str, Any]) -> None:
         owners = (pod.get("metadata") or {}).get("ownerReferences") or []

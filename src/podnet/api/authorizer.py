@@ -15,8 +15,12 @@ kube-apiserver:
    changes, own Lease only; for a router's, ``routerrestriction.router_restriction``:
    its own ``status.ingress`` entry only.
 
-Every authenticated user may read non-resource paths (discovery, OpenAPI, version,
-metrics) and ask what it may do (access reviews).
+Non-resource paths are authorized like everything else, by path rules
+(``roles.role_path_rules``, kube's ``nonResourceURLs``): everyone authenticated reads
+discovery, OpenAPI, version and health (kube's ``system:discovery`` and
+``system:public-info-viewer``); ``/metrics`` only the admin and the metrics readers
+(kube's ``system:monitoring``). Every authenticated user may ask what it may do
+(access reviews).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from podnet.api.roles import AUTHORIZATION_GROUP as AUTHORIZATION_GROUP
 from podnet.api.roles import NON_RESOURCE_READ_VERBS as NON_RESOURCE_READ_VERBS
 from podnet.api.roles import READ_VERBS as READ_VERBS
 from podnet.api.roles import WRITE_VERBS as WRITE_VERBS
+from podnet.api.roles import PathRule, role_index, role_path_rules, role_rules, roles_of
 from podnet.api.roles import Rule as Rule
-from podnet.api.roles import role_index, role_rules, roles_of
 from podnet.api.routerrestriction import router_restriction
 from podnet.model.errors import ApiError, forbidden
 from podnet.model.kinds import Kind
@@ -80,17 +84,42 @@ def allowed_by_rules(
     return False
 
 
-def may_read_path(user: User, verb: str) -> bool:
-    """Non-resource paths: reads for everyone authenticated, anything for the admin."""
-    return user.is_admin or verb in NON_RESOURCE_READ_VERBS
+def path_rules_for(user: User) -> tuple[PathRule, ...]:
+    """Every non-resource rule that applies to ``user``."""
+    return role_path_rules(roles_of(user))
+
+
+def may_access_path(user: User, verb: str, path: str) -> bool:
+    """Whether a path rule of ``user`` grants ``verb`` on non-resource ``path``."""
+    return any(rule.allows(verb, path) for rule in path_rules_for(user))
+
+
+def is_resource_path(path: str) -> bool:
+    """Whether ``path`` names resources (``/api/v1/pods``, ``/apis/g/v/r``: the handlers
+    authorize those by rule and object), as kube's RequestInfo tells them apart; every
+    other path is non-resource (discovery ``/api/v1``, ``/metrics`` ...)."""
+    parts = [part for part in path.split("/") if part]
+    if parts[:1] == ["api"]:
+        return len(parts) >= 3
+    return parts[:1] == ["apis"] and len(parts) >= 4
+
+
+def require_path(user: User, method: str, path: str) -> None:
+    """Raise 403 for a non-resource request no path rule of ``user`` allows."""
+    if is_resource_path(path):
+        return
+    attrs = RequestAttributes(method.lower(), None, None, None, None, None, None, path)
+    reason = authorize(user, attrs)
+    if reason is not None:
+        raise forbidden_error(user, attrs, reason)
 
 
 def authorize(user: User, attrs: RequestAttributes) -> str | None:
     """Decide a request: None when allowed, else why it is denied."""
     if attrs.kind is None:
-        if may_read_path(user, attrs.verb):
+        if may_access_path(user, attrs.verb, attrs.path or "/"):
             return None
-        return f"only reads are allowed on non-resource path {attrs.path or '/'!r}"
+        return f"no rule allows {attrs.verb} on the non-resource path {attrs.path or '/'!r}"
     kind = attrs.kind
     if not allowed_by_rules(
         user, attrs.verb, kind.group, attrs.resource, attrs.namespace, attrs.name

@@ -11,11 +11,17 @@ never both win. Claimed today:
 - Service ``spec.clusterIP`` (not "None", the headless form), each ``nodePort`` and
   ``healthCheckNodePort``: the master allocates them (``podnet.api.serviceallocator``)
   and a second holder is refused. As in Kubernetes, a node port number belongs to one
-  Service whatever the protocol; inside it, TCP 53 and UDP 53 share one (one claim).
+  Service whatever the protocol; inside it, TCP 53 and UDP 53 share one (one claim);
+- Service ``externalIP:port`` with its protocol (each of ``spec.externalIPs`` with each
+  of ``spec.ports``): the service proxies send that address and port to one Service's
+  endpoints, so a second Service, in any namespace, that names the same one would
+  silently take the first one's traffic. Unlike a node port, the protocol is part of the
+  claim: 192.0.2.1:53/TCP and 192.0.2.1:53/UDP may belong to two Services.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +53,7 @@ def _node_ips(obj: Mapping[str, Any]) -> list[str]:
 
 CLUSTER_IP = "clusterIP/"  # claim path prefixes of a Service's values
 NODE_PORT = "nodePort/"
+EXTERNAL_IP = "externalIP/"
 
 
 def cluster_ip_path(ip: str) -> str:
@@ -55,6 +62,32 @@ def cluster_ip_path(ip: str) -> str:
 
 def node_port_path(port: int) -> str:
     return f"{NODE_PORT}{port}"
+
+
+def external_ip_path(ip: str, port: int, protocol: str) -> str:
+    """The claim path of ``ip:port/protocol`` (the address in its canonical form)."""
+    return f"{EXTERNAL_IP}{_canonical(ip)}/{protocol}/{port}"
+
+
+def _canonical(ip: str) -> str:
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return ip  # validation refuses it before any claim is written
+
+
+def _external_claims(spec: Mapping[str, Any]) -> list[Claim]:
+    """One claim per externalIP, port and protocol (a value named twice, once)."""
+    out: dict[str, Claim] = {}
+    for i, ip in enumerate(spec.get("externalIPs") or []):
+        for _, port in _ports(spec):
+            number, protocol = port.get("port"), str(port.get("protocol") or "TCP")
+            if not isinstance(number, int) or not ip:
+                continue
+            path = external_ip_path(str(ip), number, protocol)
+            value = f"{_canonical(str(ip))}:{number}/{protocol}"
+            out.setdefault(path, Claim(f"spec.externalIPs[{i}]", value, path))
+    return list(out.values())
 
 
 def _service_claims(obj: Mapping[str, Any]) -> list[Claim]:
@@ -70,7 +103,7 @@ def _service_claims(obj: Mapping[str, Any]) -> list[Claim]:
     for field, number in numbers:
         if isinstance(number, int) and number:
             out.append(Claim(field, str(number), node_port_path(number)))
-    return out
+    return out + _external_claims(spec)
 
 
 def _ports(spec: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:

@@ -8,6 +8,10 @@ bytes object is written to the transport of every watcher in the group (no per-w
 encode, no per-watcher ``StreamResponse.write`` and its awaits). Events that reach the
 cache together go out in one write per watcher.
 
+A watcher catches up on its own (``_catch_up``) only on the events of one coalescing
+window: its replay from an older revision is written before it joins, in bounded writes
+(``podnet.api.replay``); a catch-up over the backlog bound is 410 too.
+
 A watcher's backlog is its transport's write buffer. When it still holds more than
 ``backlog_limit`` bytes at the next write, the watcher is too slow: it is dropped with
 410 Expired (its handler writes the ERROR event after the backlog and ends the
@@ -200,6 +204,9 @@ class Fanout:
                     if (seen := wf.view(event))
                 ]
                 batch = batches[slot] = (frame(b"".join(lines)), len(lines))
+            if len(batch[0]) > self.backlog_limit:  # a replay over a live watcher's bound
+                self._drop(watcher, "more to catch up on than a watcher's backlog bound")
+                continue
             del self._pending[watcher]
             watcher.position = end
             self._join(watcher)

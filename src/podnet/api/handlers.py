@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from podnet.api import listing, storedform, tables
 from podnet.api.admission import Admission
 from podnet.api.auth import RequestAttributes, User, require_authorized, require_rule
 from podnet.api.cachedobjects import WatchFilter
+from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
 from podnet.api.params import QueryParams, parse_delete_options, parse_query
 from podnet.api.patch import patcher
@@ -46,10 +48,17 @@ def json_response(obj: Any, status: int = 200) -> web.Response:
 class ResourceHandlers:
     """HTTP handlers for every kind, over one registry and watch cache."""
 
-    def __init__(self, registry: Registry, cache: WatchCache, metrics: ApiMetrics) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        cache: WatchCache,
+        metrics: ApiMetrics,
+        limits: RequestLimits | None = None,
+    ) -> None:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
+        self.limits = limits or RequestLimits()  # podnet.api.limits: per identity
         self.admission = Admission(registry, cache=cache)  # podnet.api.admission: after authz
         self.watches = WatchServer(registry, cache, metrics)
 
@@ -71,7 +80,8 @@ class ResourceHandlers:
         if handler is None:
             raise errors.method_not_allowed(f"{request.method} is not supported on this path")
         try:
-            result: web.StreamResponse = await handler(request, target)
+            with self.limits.hold(request[USER].name, verb):  # 429 over the identity's cap
+                result: web.StreamResponse = await handler(request, target)
         except SLIPPED as exc:
             log.exception("unchecked input reached %s %s", request.method, request.path)
             raise errors.ApiError(
@@ -278,6 +288,8 @@ class ResourceHandlers:
     async def _delete(self, request: web.Request, target: Target) -> web.StreamResponse:
         assert target.name is not None
         options = parse_delete_options(await read_body(request) if request.can_read_body else {})
+        if options.grace_period_seconds is None:  # the query's, as kube reads it too
+            options = replace(options, grace_period_seconds=request[PARAMS].grace_period_seconds)
         self._precheck(request, "delete", target)
         if options.uid is not None:  # checked on a read just before the delete
             current = await self.registry.get(target.kind, target.namespace, target.name)
@@ -294,6 +306,7 @@ class ResourceHandlers:
             target.name,
             options.resource_version,
             self._admit(request, "delete", target),
+            options,
         )
         return json_response(obj)
 

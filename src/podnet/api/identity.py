@@ -3,7 +3,7 @@
 Names and groups follow Kubernetes where it has one (``system:masters``, a node's
 ``system:node:<name>`` in ``system:nodes``); the service proxy, the router and the
 controllers run as their own process are podnet's own groups, one user per node, router
-or controllers instance.
+or controllers instance; a metrics reader is in kube's ``system:monitoring``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ ROUTERS_GROUP = "system:podnet:routers"
 ROUTER_USER_PREFIX = "system:podnet:router:"
 CONTROLLERS_GROUP = "system:podnet:controllers"
 CONTROLLERS_USER_PREFIX = "system:podnet:controllers:"
+MONITORING_GROUP = "system:monitoring"  # kube's group of /metrics readers
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,18 @@ class User:
         """The master's controllers run as their own process: exactly what they use."""
         return CONTROLLERS_GROUP in self.groups
 
+    @property
+    def is_monitoring(self) -> bool:
+        """A metrics reader (kube's ``system:monitoring``): ``/metrics`` and health."""
+        return MONITORING_GROUP in self.groups
+
 
 def node_user(node: str) -> str:
     """The user name a node authenticates as."""
     return f"{NODE_USER_PREFIX}{node}"
+
+
+def controllers_user(name: str) -> User:
+    """The controllers' identity for instance ``name`` (the master's own controllers act
+    as it too, so they are held to the same rules as ``podnet controllers``)."""
+    return User(f"{CONTROLLERS_USER_PREFIX}{name}", (CONTROLLERS_GROUP,))

@@ -37,11 +37,12 @@ class ApiMetrics:
             ["resource"],
             registry=self.registry,
         )
-        self.watches_from_store = Counter(
-            "podnet_apiserver_watches_from_store",
-            "Watches from a revision older than the watch cache's history, served by an "
-            "etcd watch of their own",
-            ["resource"],
+        self.watches_expired = Counter(
+            "podnet_apiserver_watches_expired",
+            "Watches told 410 Expired before or during their replay: why is too_old (a "
+            "revision older than the watch cache's history) or over_budget (more to "
+            "replay than a watcher's backlog bound)",
+            ["resource", "why"],
             registry=self.registry,
         )
         self.watch_dispatch = Histogram(

@@ -12,10 +12,12 @@ because podnet's NetworkPolicy selects pods by label:
   authorizer allows only ``pods/status``); a status write must be for a pod bound to it,
   and the status subresource ignores every change outside ``status`` (kube's
   ``ResetObjectMetaForStatus``), which is checked again here: labels, annotations,
-  owners and spec must come out unchanged. It deletes only pods bound to it.
+  owners and spec must come out unchanged. It deletes only pods bound to it, and of
+  those only its mirror pods and pods already being deleted (it finalizes them).
 - Node. Only its own; it may not add, change or remove labels under
   ``node-restriction.kubernetes.io/`` (or a subdomain of it), nor ``kubernetes.io``/
-  ``k8s.io`` labels outside the kubelet's own set; it may not change its taints.
+  ``k8s.io`` labels outside the kubelet's own set; it may not change its taints. The
+  underlay MAC it publishes (``podnet.io/underlay-mac``) must be a usable MAC.
 - Lease. Only the one named after itself, in ``kube-node-lease``.
 - Event. If it names a reporting host, that host is the node itself.
 
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from podnet.model.kinds import Kind
+from podnet.model.underlaymac import UNDERLAY_MAC_ANNOTATION, mac_problem
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 LEASE_GROUP = "coordination.k8s.io"
@@ -131,7 +134,7 @@ def _pod(node: str, verb: str, sub: str | None, new: Obj | None, old: Obj | None
     if verb == "delete":
         if old is None:
             return "a node may only delete pods bound to it: the pod's node is unknown"
-        return _not_bound(node, old, "delete")
+        return _not_bound(node, old, "delete") or _finalizable(old)
     if new is None:
         return f"a node may only {verb} pods bound to it: no object given"
     if verb == "create":
@@ -141,6 +144,15 @@ def _pod(node: str, verb: str, sub: str | None, new: Obj | None, old: Obj | None
     return (
         _not_bound(node, old, "update") or _not_bound(node, new, "update") or _status_only(new, old)
     )
+
+
+def _finalizable(pod: Obj) -> str | None:
+    """A node removes only its mirror pods and pods being deleted (it finalizes them)."""
+    if _get(pod, "metadata", "deletionTimestamp"):
+        return None
+    if MIRROR_ANNOTATION in (_get(pod, "metadata", "annotations") or {}):
+        return None
+    return "a node may only delete its mirror pods and pods already being deleted"
 
 
 def _mirror_pod(node: str, pod: Obj) -> str | None:
@@ -209,6 +221,11 @@ def _node(node: str, verb: str, new: Obj | None, old: Obj | None) -> str | None:
         return f"a node may not set, change or remove the labels {', '.join(forbidden)}"
     if old is not None and _get(new, "spec", "taints") != _get(old, "spec", "taints"):
         return "a node may not modify its taints"
+    mac = _get(new, "metadata", "annotations", UNDERLAY_MAC_ANNOTATION)
+    if mac is not None and mac != _get(old, "metadata", "annotations", UNDERLAY_MAC_ANNOTATION):
+        problem = mac_problem(mac)
+        if problem:
+            return f"{UNDERLAY_MAC_ANNOTATION}: {problem}"
     return None
 
 

@@ -194,10 +194,12 @@ def _short(value: str) -> str:
 
 @dataclass(frozen=True)
 class DeleteOptions:
-    """The parts of a DELETE body podnet acts on: its preconditions."""
+    """The parts of a DELETE body podnet acts on: its preconditions and a Pod's grace
+    period (``gracePeriodSeconds``, body or query; see ``podnet.api.poddeletion``)."""
 
     resource_version: str | None = None
     uid: str | None = None
+    grace_period_seconds: int | None = None
 
 
 def parse_delete_options(body: Any) -> DeleteOptions:
@@ -215,7 +217,8 @@ def parse_delete_options(body: Any) -> DeleteOptions:
         if pre.get(field) is not None and not isinstance(pre[field], str):
             raise errors.bad_request(f"DeleteOptions.preconditions.{field} must be a string")
     _check_delete_fields(body)
-    return DeleteOptions(pre.get("resourceVersion") or None, pre.get("uid") or None)
+    grace = body.get("gracePeriodSeconds")
+    return DeleteOptions(pre.get("resourceVersion") or None, pre.get("uid") or None, grace)
 
 
 def _check_delete_fields(body: dict[str, Any]) -> None:

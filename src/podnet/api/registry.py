@@ -27,6 +27,7 @@ from podnet.api.objects import (
     now_rfc3339,
     same_content,
 )
+from podnet.api.podgrace import DeleteOptions, check_delete, check_pins, graceful_pod_deletion
 from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX, Allocator, RouteHosts
 from podnet.api.servicealloc import ServiceRanges
 from podnet.api.serviceallocator import ServiceAllocator
@@ -285,9 +286,7 @@ class Registry(KeySpace):
             meta = patched.get("metadata") if isinstance(patched, dict) else None
             if not isinstance(meta, dict):
                 raise errors.invalid(kind.kind, name, [errors.FieldError("metadata", "required")])
-            pinned = meta.get("resourceVersion")
-            if pinned is not None and str(pinned) != old["metadata"]["resourceVersion"]:
-                raise errors.conflict(kind.plural, name, STALE)
+            check_pins(kind, old, meta)  # a patched resourceVersion or uid: preconditions
             new = merge_for_update(kind, old, patched, subresource)
             try:
                 return await self._write_update(kind, old, new, admit)
@@ -334,6 +333,7 @@ class Registry(KeySpace):
         name: str,
         resource_version: str | None = None,
         admit: Admit = _admit_all,
+        options: DeleteOptions | None = None,  # uid precondition; a Pod's grace: podgrace
     ) -> Obj:
         """Delete an object (with an optional resourceVersion precondition).
 
@@ -344,7 +344,7 @@ class Registry(KeySpace):
         """
         if kind is NAMESPACE:
             return await self._terminate_namespace(name, resource_version, admit)
-        return await self._delete_now(kind, namespace, name, resource_version, admit)
+        return await self._delete_now(kind, namespace, name, resource_version, admit, options)
 
     async def finalize_namespace(self, name: str) -> Obj:
         """Remove a Terminating namespace for good (its contents are gone)."""
@@ -378,14 +378,15 @@ class Registry(KeySpace):
         name: str,
         resource_version: str | None,
         admit: Admit,
+        options: DeleteOptions | None = None,
     ) -> Obj:
         for _ in range(MAX_UPDATE_RETRIES):
             old = await self.get(kind, namespace, name)
-            current = old["metadata"]["resourceVersion"]
-            if resource_version is not None and str(resource_version) != current:
-                raise errors.conflict(kind.plural, name, STALE)
+            current = check_delete(kind, old, resource_version, options)
             await _admitted(admit, None, old)
             key = self.key(kind, namespace, name)
+            if (kept := await graceful_pod_deletion(self, kind, key, old, options)) is not None:
+                return kept
             ops: list[Operation] = [Delete(key)]
             ops.extend(Delete(k) for k in self._claims(kind, old))
             revision = await self._commit([ModRevisionIs(key, int(current))], ops)

@@ -20,9 +20,13 @@ Roles:
   ``podnet router-credentials``): reads routes (their TLS keys included), services,
   endpoints and endpoint slices in every namespace, and writes ``routes/status`` only:
   not a route's spec, not secrets, not pods;
-- the controllers run as their own process (group ``system:podnet:controllers``):
-  exactly the reads and writes the master's controllers make (``CONTROLLERS_RULES``);
-- everyone authenticated: access reviews (what may I do?).
+- the controllers (group ``system:podnet:controllers``; the master's own controllers act
+  as it too): exactly the reads and writes each controller job makes
+  (``CONTROLLER_JOBS``), then ControllerRestriction;
+- a metrics reader (kube's group ``system:monitoring``): ``/metrics`` and health;
+- everyone authenticated: access reviews (what may I do?), discovery, OpenAPI, version
+  and health (kube's ``system:discovery`` and ``system:public-info-viewer``); the
+  non-resource rules are ``PathRule``s (``role_path_rules``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from podnet.model.schemas_coordination import CONTROLLERS_LEASE_NAME, CONTROLLER
 
 READ_VERBS = frozenset({"get", "list", "watch"})
 WRITE_VERBS = frozenset({"create", "update", "patch"})
-# Non-resource requests carry the lowercase HTTP method as their verb (as in kube).
 NON_RESOURCE_READ_VERBS = READ_VERBS | {"head"}
 AUTHORIZATION_GROUP = "authorization.k8s.io"
 REVIEWS = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews"})
@@ -170,56 +173,118 @@ ROUTER_RULES = (
     grant("update patch", ROUTE_GROUP, "routes/status"),
 )
 
-# The master's controllers run as their own process (``podnet controllers``): the kinds
-# and verbs they use, read from every controller, and nothing else (no Node or pod spec
-# writes, no tokens, no ClusterNetwork delete).
-CONTROLLERS_RULES = (
+# The master's controllers, split by job as kube-controller-manager's roles are
+# (``system:controller:<name>``): what each controller reads and writes, and nothing
+# else (no Node or pod spec writes, no tokens, no ClusterNetwork delete). The jobs share
+# one identity today (group ``system:podnet:controllers``, the union below); what a
+# rule cannot say, ControllerRestriction (``podnet.api.controllerrestriction``) checks
+# per job, object by object: the endpoints controller writes only the Endpoints and
+# EndpointSlices it manages, of Services with a selector, with pods' addresses; the
+# namespace controller deletes only in Namespaces that are terminating (or gone); no
+# controller deletes anything else in a live Namespace, a NetworkPolicy included.
+CONTROLLER_JOBS: dict[str, tuple[Rule, ...]] = {
     # the ClusterNetwork, made to agree with the configuration (HostSubnets follow it)
-    grant("get list watch create update", NETWORK_GROUP, "clusternetworks"),
-    # subnets for nodes; VNIDs for namespaces
-    grant("get list watch create update delete", NETWORK_GROUP, "hostsubnets netnamespaces"),
-    # nodes: their conditions (NetworkUnavailable; Ready from the Lease heartbeats) and
-    # events about them
-    grant("get list watch", "", "nodes"),
-    grant("update", "", "nodes/status"),
-    grant("create", "", "events", EVENT_NAMESPACE),
-    grant("list watch", LEASE_GROUP, LEASE_PLURAL),
-    # Namespaces default, kube-node-lease and kube-system; a deleted one's contents
-    grant("get list watch create", "", "namespaces"),
-    grant("update", "", "namespaces/finalize"),
-    grant("list watch delete", "", "pods services"),
-    grant("list delete", "", "events"),
-    grant("delete", LEASE_GROUP, LEASE_PLURAL),
-    grant("list delete", NETWORKING_GROUP, "networkpolicies"),
-    grant("list delete", NETWORK_GROUP, "egressnetworkpolicies"),
-    grant("list delete", ROUTE_GROUP, "routes"),
-    # Endpoints and EndpointSlices of selector Services
-    grant("get list watch create update delete", "", "endpoints"),
-    grant("get list watch create update delete", DISCOVERY_GROUP, "endpointslices"),
-    # leader election: the one Lease of the controllers
-    grant("create", LEASE_GROUP, LEASE_PLURAL, CONTROLLERS_LEASE_NAMESPACE),
-    Rule(
-        frozenset({"get", "update"}),
-        LEASE_GROUP,
-        frozenset({LEASE_PLURAL}),
-        frozenset({CONTROLLERS_LEASE_NAME}),
-        CONTROLLERS_LEASE_NAMESPACE,
+    "clusternetwork": (grant("get list watch create update", NETWORK_GROUP, "clusternetworks"),),
+    # a subnet per node, and the NetworkUnavailable condition
+    "hostsubnets": (
+        grant("get list watch create update delete", NETWORK_GROUP, "hostsubnets"),
+        grant("get list watch", "", "nodes"),
+        grant("update", "", "nodes/status"),
     ),
-)
+    # a VNID per namespace (multitenant, networkpolicy)
+    "netnamespaces": (
+        grant("get list watch create update delete", NETWORK_GROUP, "netnamespaces"),
+        grant("get list watch", "", "namespaces"),
+    ),
+    # Namespaces default and kube-node-lease; a deleted one's contents, then itself
+    "namespace": (
+        grant("get list watch create", "", "namespaces"),
+        grant("update", "", "namespaces/finalize"),
+        grant("list watch delete", "", "pods services"),
+        grant("list delete", "", "events endpoints"),
+        grant("list delete", DISCOVERY_GROUP, "endpointslices"),
+        grant("list delete", LEASE_GROUP, LEASE_PLURAL),
+        grant("list delete", NETWORKING_GROUP, "networkpolicies"),
+        grant("list delete", NETWORK_GROUP, "egressnetworkpolicies"),
+        grant("list delete", ROUTE_GROUP, "routes"),
+    ),
+    # Ready from the Lease heartbeats, and events about nodes
+    "node-lifecycle": (
+        grant("get list watch", "", "nodes"),
+        grant("update", "", "nodes/status"),
+        grant("list watch", LEASE_GROUP, LEASE_PLURAL),
+        grant("create", "", "events", EVENT_NAMESPACE),
+    ),
+    # Endpoints and EndpointSlices of selector Services (slices mirrored for the others)
+    "endpoints": (
+        grant("list watch", "", "services pods"),
+        grant("get list watch create update delete", "", "endpoints"),
+        grant("get list watch create update delete", DISCOVERY_GROUP, "endpointslices"),
+    ),
+    # leader election: the one Lease of the controllers
+    "leader-election": (
+        grant("create", LEASE_GROUP, LEASE_PLURAL, CONTROLLERS_LEASE_NAMESPACE),
+        Rule(
+            frozenset({"get", "update"}),
+            LEASE_GROUP,
+            frozenset({LEASE_PLURAL}),
+            frozenset({CONTROLLERS_LEASE_NAME}),
+            CONTROLLERS_LEASE_NAMESPACE,
+        ),
+    ),
+}
+CONTROLLERS_RULES = tuple(rule for rules in CONTROLLER_JOBS.values() for rule in rules)
 
-RoleSet = tuple[bool, bool, bool, bool, bool]  # admin, node, proxy, router, controllers
+
+@dataclass(frozen=True)
+class PathRule:
+    """A non-resource rule (kube's ``nonResourceURLs``): verbs on paths, each exact or a
+    prefix ending in ``*``."""
+
+    verbs: frozenset[str]
+    paths: tuple[str, ...]
+
+    def allows(self, verb: str, path: str) -> bool:
+        """Whether this rule grants ``verb`` on ``path``."""
+        if verb not in self.verbs and ALL not in self.verbs:
+            return False
+        return any(path.startswith(p[:-1]) if p.endswith(ALL) else path == p for p in self.paths)
+
+
+def paths(verbs: str, urls: str) -> PathRule:
+    """A path rule from space-separated verbs and paths."""
+    return PathRule(frozenset(verbs.split()), tuple(urls.split()))
+
+
+# kube's system:public-info-viewer (anyone, even unauthenticated), system:discovery
+# (everyone authenticated) and system:monitoring (the admin; group system:monitoring).
+# Non-resource requests carry the lowercase HTTP method as their verb (as in kube).
+PUBLIC_INFO_RULE = paths("get head", "/healthz /livez /readyz /leaderz /version /version/")
+DISCOVERY_RULE = paths("get head", "/api /api/* /apis /apis/* /openapi /openapi/*")
+MONITORING_RULE = paths("get head", "/metrics /healthz /livez /readyz /leaderz")
+ADMIN_PATH_RULE = paths("*", "*")
+
+# admin, node, service proxy, router, controllers, metrics reader
+RoleSet = tuple[bool, bool, bool, bool, bool, bool]
 
 
 def roles_of(user: User) -> RoleSet:
     """Which roles ``user``'s name and groups give it."""
     node = user.node_name is not None
-    return (user.is_admin, node, user.is_proxy, user.is_router, user.is_controllers)
+    return (
+        user.is_admin,
+        node,
+        user.is_proxy,
+        user.is_router,
+        user.is_controllers,
+        user.is_monitoring,
+    )
 
 
-@functools.cache  # 32 role sets at most, whatever the number of nodes
+@functools.cache  # 64 role sets at most, whatever the number of nodes
 def role_rules(roles: RoleSet) -> tuple[Rule, ...]:
     """The union of the rules of ``roles``."""
-    admin, node, proxy, router, controllers = roles
+    admin, node, proxy, router, controllers, _ = roles
     if admin:
         return (*ADMIN_RULES, REVIEW_RULE)
     return (
@@ -229,6 +294,15 @@ def role_rules(roles: RoleSet) -> tuple[Rule, ...]:
         *(ROUTER_RULES if router else ()),
         *(CONTROLLERS_RULES if controllers else ()),
     )
+
+
+@functools.cache
+def role_path_rules(roles: RoleSet) -> tuple[PathRule, ...]:
+    """The non-resource rules of ``roles``: everyone authenticated has discovery and the
+    public information; ``/metrics`` is the admin's and the metrics readers'."""
+    if roles[0]:
+        return (ADMIN_PATH_RULE,)
+    return (PUBLIC_INFO_RULE, DISCOVERY_RULE, *((MONITORING_RULE,) if roles[5] else ()))
 
 
 @functools.cache

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import ssl
 import time
 from asyncio import sslproto
@@ -13,12 +15,16 @@ from prometheus_client import Counter, Histogram
 
 from podnet import __version__
 from podnet.api import access_review, discovery, openapi
+from podnet.api.audit import AuditLog
 from podnet.api.auth import TokenFile, User
+from podnet.api.authorizer import require_path
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
+from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
 from podnet.api.registry import Registry
 from podnet.api.requests import MAX_BODY, read_body
 from podnet.api.watchcache import WatchCache
+from podnet.listener import ConnectionLimits, Listener, listening_socket
 from podnet.model import errors
 from podnet.store.base import StoreUnavailable
 
@@ -29,9 +35,15 @@ log = logging.getLogger(__name__)
 # connections. A watch connection reads one request and then nothing; a large body is
 # read in more, smaller pieces. 4 KiB: 60 MB for 15,000.
 SSL_READ_BUFFER = 4 * 1024
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/version"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/leaderz", "/livez", "/version"})
 ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Why the server is not ready yet, or None when it is (besides etcd, which /readyz checks).
+Readiness = Callable[[], Awaitable[str | None]]
+
+
+async def _always_ready() -> str | None:
+    return None
 
 
 class ApiServer:
@@ -42,14 +54,22 @@ class ApiServer:
         registry: Registry,
         tokens: TokenFile,
         metrics: ApiMetrics | None = None,
-        ready: Callable[[], bool] = lambda: True,
+        ready: Readiness | None = None,
+        limits: RequestLimits | None = None,
+        connections: ConnectionLimits | None = None,
+        leading: Callable[[], bool] = lambda: False,
+        audit: AuditLog | None = None,
     ) -> None:
         self.registry = registry
         self.tokens = tokens
         self.metrics = metrics or ApiMetrics()
         self.cache = WatchCache(registry, observe=self.metrics.watch_dispatch.observe)
-        self.handlers = ResourceHandlers(registry, self.cache, self.metrics)
-        self._ready = ready
+        self.handlers = ResourceHandlers(registry, self.cache, self.metrics, limits)
+        self.connections = connections or ConnectionLimits()
+        self.listener: Listener | None = None
+        self._ready = ready or _always_ready
+        self._leading = leading
+        self.audit = audit  # podnet.api.audit: a line per write, after its response
         self._runner: web.AppRunner | None = None
         self._metric_children: dict[tuple[str, str, int], tuple[Counter, Histogram | None]] = {}
         self.address = ""
@@ -62,6 +82,7 @@ class ApiServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/livez", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/leaderz", self._leaderz)
         app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/openapi/v3", self._openapi_root)
@@ -82,13 +103,21 @@ class ApiServer:
         sslproto.SSLProtocol.max_size = min(sslproto.SSLProtocol.max_size, SSL_READ_BUFFER)
         await self.cache.start()
         self.handlers.admission.sweeper.start()
-        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        limits = self.connections
+        self._runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handler_cancellation=True,
+            keepalive_timeout=limits.idle_timeout,  # from the connection's start, too
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context, backlog=1024)
-        await site.start()
+        assert self._runner.server is not None
+        sock = listening_socket(host, port)
+        serve = connection_server(self._runner.server, ssl_context, limits.handshake_timeout)
+        self.listener = Listener(sock, serve, limits, "API server")
+        self.listener.start()
         scheme = "https" if ssl_context else "http"
-        bound = self._runner.addresses[0]
-        self.address = f"{scheme}://{host}:{bound[1]}"
+        self.address = f"{scheme}://{host}:{sock.getsockname()[1]}"
         log.info("API server listening on %s", self.address)
 
     async def stop(self) -> None:
@@ -96,6 +125,8 @@ class ApiServer:
         await self.cache.stop()
         if self._runner:
             await self._runner.cleanup()
+        if self.listener:
+            await self.listener.close()
 
     # ---- middleware -------------------------------------------------------------------
 
@@ -103,12 +134,14 @@ class ApiServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         code = 500
+        response: web.StreamResponse | None = None  # the audit log reads a create's name
         try:
             # Authentication here rather than in a middleware of its own: one layer less.
             if request.path in PUBLIC_PATHS:
                 request[USER] = ANONYMOUS
             else:
                 request[USER] = self.tokens.authenticate(request.headers.get("Authorization"))
+            require_path(request[USER], request.method, request.path)  # /metrics: roles.py
             response = await handler(request)
             code = response.status
             return response
@@ -134,6 +167,8 @@ class ApiServer:
             return json_response(errors.ApiError("internal error").status(), 500)
         finally:
             self._count(request, code, started)
+            if self.audit is not None:
+                self.audit.record(request, code, response)
 
     def _count(self, request: web.Request, code: int, started: float) -> None:
         verb = request.get(VERB, request.method.lower())
@@ -153,13 +188,21 @@ class ApiServer:
         return web.Response(text="ok")
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if not self._ready():
-            return web.Response(text="not ready: controllers starting", status=503)
         try:
+            why = await self._ready()
+            if why:
+                return web.Response(text=f"not ready: {why}", status=503)
             await self.registry.store.revision()
         except Exception as exc:
             return web.Response(text=f"not ready: etcd: {exc}", status=503)
         return web.Response(text="ok")
+
+    async def _leaderz(self, request: web.Request) -> web.Response:
+        """200 while this master leads, its controllers through their first sync; 503 on
+        a standby (which ``/readyz`` calls ready) and on a master without controllers."""
+        if self._leading():
+            return web.Response(text="leading")
+        return web.Response(text="not leading", status=503)
 
     async def _version(self, request: web.Request) -> web.Response:
         return json_response(
@@ -217,6 +260,55 @@ class ApiServer:
     async def _group_resources(self, request: web.Request) -> web.Response:
         info = request.match_info
         return _or_404(discovery.api_resource_list(f"{info['group']}/{info['version']}"))
+
+
+def connection_server(
+    server: web.Server, ssl_context: ssl.SSLContext | None, handshake_timeout: float
+) -> Callable[[socket.socket], Awaitable[None]]:
+    """Serve one accepted connection with aiohttp's ``server``, for ``podnet.listener``:
+    a TLS handshake not done in ``handshake_timeout`` seconds is cut; it returns when
+    the connection is closed (so the listener counts it until then)."""
+
+    async def serve(conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        closed: asyncio.Future[None] = loop.create_future()
+        timeout = handshake_timeout if ssl_context is not None else None
+        await loop.connect_accepted_socket(
+            lambda: _Watched(server(), closed), conn, ssl=ssl_context, ssl_handshake_timeout=timeout
+        )
+        await closed
+
+    return serve
+
+
+class _Watched(asyncio.Protocol):
+    """aiohttp's protocol for one connection, and a future set when the connection ends."""
+
+    def __init__(self, inner: asyncio.Protocol, closed: asyncio.Future[None]) -> None:
+        self.inner = inner
+        self.closed = closed
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self.inner.connection_lost(exc)
+        finally:
+            if not self.closed.done():
+                self.closed.set_result(None)
 
 
 async def _review_body(request: web.Request) -> object:

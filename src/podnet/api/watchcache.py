@@ -9,9 +9,9 @@ kube-apiserver's watch cache does. From that it keeps
 - the watchers (``podnet.api.fanout``), each a position in that ring: an event is encoded
   once and written to every watcher whose filter selects it.
 
-A watcher that asks for a revision older than the ring is served by its own etcd watch
-(``direct_events``; 410 Gone if etcd has compacted it); one that falls behind the ring or
-whose backlog grows over the limit is told 410 too, and relists.
+A watcher that asks for a revision older than the ring, falls behind it, or whose replay
+or backlog grows over the limit is told 410 Gone and relists, as with kube-apiserver's
+watch cache (``podnet.api.replay``). ``direct_events`` serves the in-process controllers.
 """
 
 from __future__ import annotations
@@ -334,23 +334,22 @@ class WatchCache:
             return False
         return True
 
-    # ---- watches ----------------------------------------------------------------------
-
     def covers(self, revision: int) -> bool:
         """Whether every change after ``revision`` is in the buffer."""
         return revision >= self._start_revision
 
-    def _position_after(self, revision: int) -> int:
-        # O(log n) on the ring itself (no list of its 20,000 revisions per watch request)
+    def position_after(self, revision: int) -> int:
+        """The absolute index of the first buffered event after ``revision`` (O(log n))."""
         return self._offset + bisect.bisect_right(self._events, revision, key=_revision_of)
 
-    def watch(self, wf: WatchFilter, sink: Sink, after: int, bookmarks: bool) -> Watcher:
-        """Serve a watcher from the fan-out, starting after revision ``after``.
+    def ring(self) -> tuple[int, Sequence[CachedEvent]]:
+        """(absolute index of the oldest buffered event, the buffer): valid until an await."""
+        return self._offset, self._events
 
-        Stop it with ``unwatch``; its ``done`` future says why it ended (an ApiError
-        when it must relist).
-        """
-        watcher = Watcher(wf, sink, self._position_after(after), bookmarks)
+    def watch(self, wf: WatchFilter, sink: Sink, after: int, bookmarks: bool) -> Watcher:
+        """Serve a watcher from the fan-out after revision ``after`` (stop it with
+        ``unwatch``; its ``done`` future says why it ended: an ApiError to relist)."""
+        watcher = Watcher(wf, sink, self.position_after(after), bookmarks)
         if not self.covers(after):
             watcher.finish(errors.gone(f"too old resource version: {after}"))
             return watcher
@@ -370,7 +369,7 @@ class WatchCache:
         (``podnet.api.followers``)."""
         if not self.covers(after_revision):
             raise errors.gone(f"too old resource version: {after_revision}")
-        position, seen = self._position_after(after_revision), after_revision
+        position, seen = self.position_after(after_revision), after_revision
         while True:
             while True:  # the ring may move on while the consumer holds an event
                 if position < self._offset:

@@ -1,14 +1,16 @@
 """Serving one watch request: the initial state, then the changes.
 
-Two paths. The usual one (JSON, a revision the watch cache covers) hands the connection's
-transport to the cache's fan-out (``podnet.api.fanout``): events are encoded once and
-written, pre-framed, to every watcher; the handler only waits for the watch to end. The
-other one (a Table watch, or a revision older than the cache's ring, read from etcd)
-renders and writes each event for its one watcher, as before.
+Two paths. The usual one (JSON) replays what the watcher has missed in bounded writes
+(``podnet.api.replay``), then hands the connection's transport to the cache's fan-out
+(``podnet.api.fanout``): events are encoded once and written, pre-framed, to every
+watcher; the handler only waits for the watch to end. A Table watch renders and writes
+each event for its one watcher.
 
 ``resourceVersion`` of a watch: unset is "the current state, then changes", the state
 read consistently (``podnet.api.listing``); ``0`` is any cached state, then changes;
-``N`` replays the changes after ``N``.
+``N`` replays the changes after ``N``: 410 Expired when ``N`` is older than the cache's
+ring, or when the replay would exceed a live watcher's backlog bound, as kube-apiserver's
+watch cache answers; the client relists.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import cast
 
 from aiohttp import web
@@ -27,13 +29,13 @@ from podnet.api.fanout import END, error_line, frame
 from podnet.api.metrics import ApiMetrics
 from podnet.api.params import QueryParams, watch_timeout
 from podnet.api.registry import Obj, Registry
-from podnet.api.watchcache import BOOKMARK_EVERY, WatchCache, direct_events
+from podnet.api.replay import OverBudget, added_chunks, replay
+from podnet.api.watchcache import BOOKMARK_EVERY, WatchCache
 from podnet.model import errors
 from podnet.model.kinds import Kind
 
 log = logging.getLogger("podnet.api.watches")
 
-INITIAL_BATCH = 500  # initial ADDED events per write
 CLOSE_GRACE = 60.0  # seconds a dropped watcher gets to read its 410 before the abort
 Stream = AsyncIterator[CachedEvent | int | Obj]
 
@@ -61,14 +63,11 @@ class WatchServer:
                 await listing.check_not_future(self.registry, revision)  # 504, never a hang
             await listing.check_not_compacted(self.registry, revision, "watch")
             await self.cache.wait_for(revision, listing.FRESH_WAIT)
-            if not self.cache.covers(revision):
-                self.metrics.watches_from_store.labels(wf.kind.plural).inc()
-                return await self._stream(
-                    request,
-                    wf,
-                    params,
-                    as_table,
-                    direct_events(self.registry, revision, wf.kind, wf.namespace),
+            if not self.cache.covers(revision):  # kube's watch cache: relist
+                self.metrics.watches_expired.labels(wf.kind.plural, "too_old").inc()
+                raise errors.gone(
+                    f"too old resource version: {revision} (the watch cache holds the "
+                    "changes after a later one)"
                 )
         if as_table:
             bookmarks = BOOKMARK_EVERY if params.allow_bookmarks else None
@@ -90,8 +89,10 @@ class WatchServer:
         self.metrics.watchers.labels(plural).inc()
         watcher, outcome = None, None
         try:
-            for batch in _batches(initial, INITIAL_BATCH):
-                await response.write(b"".join(_added(obj) for obj in batch))
+            for chunk in added_chunks(initial):
+                await response.write(chunk)
+            limit = self.cache.fanout.backlog_limit
+            revision = await replay(self.cache, wf, revision, response.write, limit)
             transport = request.transport
             if transport is None or transport.is_closing():
                 return response
@@ -100,6 +101,11 @@ class WatchServer:
                 outcome = await asyncio.shield(watcher.done)
         except (TimeoutError, ConnectionError, asyncio.CancelledError):
             pass
+        except errors.ApiError as exc:  # 410 during the replay: the client relists
+            why = "over_budget" if isinstance(exc, OverBudget) else "too_old"
+            self.metrics.watches_expired.labels(plural, why).inc()
+            with contextlib.suppress(ConnectionError):
+                await response.write(error_line(exc) + b"\n")
         finally:
             self.metrics.watchers.labels(plural).dec()
             if watcher is not None:
@@ -178,15 +184,6 @@ def _stream_response() -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     response.enable_chunked_encoding()
     return response
-
-
-def _added(obj: CachedObject) -> bytes:
-    return b'{"type":"ADDED","object":%s}\n' % obj.wire
-
-
-def _batches(items: list[CachedObject], size: int) -> Iterable[list[CachedObject]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def _render(

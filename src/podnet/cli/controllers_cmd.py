@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from podnet.cli.master_cmd import network_options, serve
+from podnet.cli.options import log_options
 
 if TYPE_CHECKING:
     from podnet.controllers.config import NetworkConfig
@@ -29,6 +30,7 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     help="hold the Lease kube-system/podnet-controllers (through the API) while running",
 )
 @click.option("--lease-seconds", default=15, show_default=True, type=click.IntRange(2, 3600))
+@log_options
 def controllers(
     server: str,
     token_file: Path,

@@ -30,7 +30,7 @@ from podnet.kubeconfig import ClientConfig, KubeconfigError, load_client_config
 
 # Sub-command name -> (module, attribute), imported on first use.
 COMMANDS = {
-    "adm": ("podnet.cli.adm", "adm"),
+    "adm": ("podnet.cli.adm_cmd", "adm"),
     "apply": ("podnet.cli.resources", "apply"),
     "cluster": ("podnet.cli.cluster_cmd", "cluster"),
     "controllers": ("podnet.cli.controllers_cmd", "controllers"),

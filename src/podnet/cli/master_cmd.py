@@ -15,10 +15,16 @@ import click
 
 from podnet.api.registry import DEFAULT_PREFIX
 from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
+from podnet.cli.audit_options import audit_options
+from podnet.cli.options import log_options, log_to_stderr
+from podnet.cli.serving_options import limit_options, listen_address
 
 if TYPE_CHECKING:
+    from podnet.api.audit import AuditOptions
+    from podnet.api.limits import RequestLimits
     from podnet.api.servicealloc import ServiceRanges
     from podnet.controllers.config import NetworkConfig
+    from podnet.listener import ConnectionLimits
     from podnet.store.etcd_pki import EtcdTls
 
 PLUGIN_ALIASES = {
@@ -102,15 +108,6 @@ def _network(
         raise click.BadParameter(str(exc)) from exc
 
 
-def _listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    try:
-        ipaddress.ip_address(host)
-        return host, int(port)
-    except ValueError as exc:
-        raise click.BadParameter(f"{value!r}: expected IP:PORT, e.g. 127.0.0.1:6443") from exc
-
-
 @click.command("master")
 @click.option(
     "--etcd",
@@ -190,6 +187,9 @@ def _listen(value: str) -> tuple[str, int]:
     type=click.FloatRange(0.0, min_open=True),
     help="seconds between full collections of the whole heap, frozen part included",
 )
+@limit_options
+@audit_options
+@log_options
 def master(
     etcd_endpoints: tuple[str, ...],
     etcd_cafile: Path | None,
@@ -211,11 +211,14 @@ def master(
     run_controllers: bool,
     gc_freeze_every: float,
     gc_thaw_every: float,
+    request_limits: RequestLimits,
+    connection_limits: ConnectionLimits,
+    audit: AuditOptions,
 ) -> None:
     """Run the podnet master: the API server on etcd, and its controllers."""
     from podnet.master import Master, MasterOptions
 
-    host, port = _listen(listen)
+    host, port = listen_address(listen)
     services = _service_ranges(network, service_node_port_range, external_ip_cidrs)
     options = MasterOptions(
         network=network,
@@ -235,6 +238,9 @@ def master(
         advertise_port=advertise_port,
         route_suffix=_route_suffix(route_suffix),
         heap=_heap_schedule(gc_freeze_every, gc_thaw_every),
+        request_limits=request_limits,
+        connection_limits=connection_limits,
+        audit=audit,
     )
     log_to_stderr()
     asyncio.run(run_until_signalled(Master(options), "podnet.master"))
@@ -348,12 +354,6 @@ def serve(make: Callable[[], Service], logger: str) -> None:
         raise click.ClickException(str(exc)) from exc
     log_to_stderr()
     asyncio.run(run_until_signalled(process, logger))
-
-
-def log_to_stderr() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
 
 # The master's state directory, where the credentials commands find the tokens and the CA.

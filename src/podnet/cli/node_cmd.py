@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 
 from podnet.agent import config as defaults
-from podnet.cli.options import choice_option
+from podnet.cli.options import choice_option, log_options, log_to_stderr
 from podnet.dataplane import registry
 from podnet.dataplane.interface import TUNNELS
+from podnet.dns import ratelimit
 from podnet.dns.podrecords import POD_RECORD_MODES
 
 if TYPE_CHECKING:
@@ -34,6 +35,15 @@ def _node_ip(value: str | None) -> ipaddress.IPv4Address | None:
         raise click.BadParameter(f"{value!r} is not an IPv4 address") from exc
 
 
+def _client_limits(
+    qps: float, uncached_qps: float, tcp_connections: int, forwards: int
+) -> ratelimit.ClientLimits:
+    try:
+        return ratelimit.ClientLimits(qps, uncached_qps, tcp_connections, forwards)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
 DNS_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--dns/--no-dns", {"default": True, "help": "Serve the cluster DNS to this node's pods"}),
     (
@@ -50,6 +60,41 @@ DNS_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             "type": click.Choice(POD_RECORD_MODES),
             "default": "verified",
             "help": "a-b-c-d.<ns>.pod names: for existing pods (watches Pods), any, none",
+        },
+    ),
+    (
+        "--dns-client-qps",
+        {
+            "type": click.FloatRange(min=1, max=1e9),
+            "default": ratelimit.DEFAULT_QPS,
+            "help": "DNS queries/s one pod may make (a token bucket holding 2 s of it); "
+            "UDP queries beyond it are dropped, TCP ones wait",
+        },
+    ),
+    (
+        "--dns-client-uncached-qps",
+        {
+            "type": click.FloatRange(min=1, max=1e9),
+            "default": ratelimit.DEFAULT_UNCACHED_QPS,
+            "help": "Of those, queries/s the answer cache cannot answer (new or forwarded "
+            "names: the costly ones); at most --dns-client-qps",
+        },
+    ),
+    (
+        "--dns-client-tcp-connections",
+        {
+            "type": click.IntRange(min=1),
+            "default": ratelimit.DEFAULT_TCP_CONNECTIONS,
+            "help": "DNS TCP connections one pod may hold open",
+        },
+    ),
+    (
+        "--dns-client-forwards",
+        {
+            "type": click.IntRange(min=1),
+            "default": ratelimit.DEFAULT_FORWARDS,
+            "help": "DNS queries of one pod that may wait on the upstream resolvers "
+            "(more are answered REFUSED)",
         },
     ),
 )
@@ -128,12 +173,7 @@ def dns_options(command: Callable[..., None]) -> Callable[..., None]:
     "linux",
     "Data plane implementation, from podnet.dataplane.registry (fake: tests only)",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning"]),
-    default="info",
-    show_default=True,
-)
+@log_options
 @click.pass_context
 def node(
     ctx: click.Context,
@@ -152,8 +192,11 @@ def node(
     dns: bool,
     dns_upstream_resolv_conf: Path,
     dns_pod_records: str,
+    dns_client_qps: float,
+    dns_client_uncached_qps: float,
+    dns_client_tcp_connections: int,
+    dns_client_forwards: int,
     dataplane: str,
-    log_level: str,
 ) -> None:
     """Run the podnet node agent: register the node, set up its network, serve CNI.
 
@@ -178,12 +221,12 @@ def node(
         dns=dns,
         dns_upstream_resolv_conf=dns_upstream_resolv_conf,
         dns_pod_records=dns_pod_records,
+        dns_client_limits=_client_limits(
+            dns_client_qps, dns_client_uncached_qps, dns_client_tcp_connections, dns_client_forwards
+        ),
         dns_device=registry.implementation(dataplane).gateway_device,
     )
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_to_stderr()
     asyncio.run(_run(config, dataplane))
 
 
@@ -194,7 +237,9 @@ async def _run(config: AgentConfig, dataplane_kind: str) -> None:
 
     path = str(config.kubeconfig) if config.kubeconfig else None
     client = AsyncApiClient(load_client_config(path))
-    node_ip = config.resolved_node_ip()
+    node_ip = await config.resolved_node_ip()
+    how = "given by --node-ip" if config.node_ip is not None else "detected"
+    logging.getLogger("podnet.agent").info("node IP %s (%s)", node_ip, how)
     options = registry.DataPlaneOptions(state_dir=config.state_dir)
     dataplane = await registry.create(dataplane_kind, options)
     agent = NodeAgent(config, dataplane, client, node_ip)

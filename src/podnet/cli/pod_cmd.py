@@ -2,11 +2,17 @@
 
 A pod here is a network namespace with one process (by default a TCP+UDP echo server on
 port 8080, or on each ``--port``), registered as a Pod object on its node, as a kubelet
-would. Its processes run as ``nobody`` in their own mount namespace, where podnet's state
-directories are hidden; ``--privileged`` runs them as root. They resolve names through
+would. Its processes run as a uid of the pod's own, without capabilities, in the pod's
+own mount, PID and IPC namespaces, where podnet's state directories are hidden and
+``/tmp`` and ``/dev/shm`` are private; ``--privileged`` runs them as root. ``pod exec``
+joins the running pod's namespaces, as its user. They resolve names through
 the cluster DNS and get their namespace's service variables. ``--ready-tcp`` or
 ``--ready-cmd`` gives the pod a readiness check, which its prober runs every
 ``--ready-period`` seconds; without one the pod is Ready once its process runs.
+``--volume HOST_DIR:POD_DIR`` shows a host directory in the pod, read-write, as a
+``hostPath`` volume does; one that would show podnet's state, the host's ``/tmp`` (or
+another directory each pod has private) or cover what the sandbox mounts is refused
+(``podnet.cluster.podvolumes``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import click
 
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cluster.pods import ECHO_COMMAND, ContainerPort, PodError, check_ports
+from podnet.cluster.podvolumes import Volume, check_volumes, parse_volume
 from podnet.cluster.readiness import ReadinessCheck, ReadinessError
 
 NAMESPACE = click.option("-n", "--namespace", default="default", show_default=True)
@@ -67,6 +74,14 @@ def _ports(values: tuple[str, ...]) -> list[ContainerPort]:
         raise click.BadParameter(str(exc), param_hint="--port") from exc
 
 
+def _volumes(values: tuple[str, ...], state_dir: Path) -> list[Volume]:
+    """Each ``HOST_DIR:POD_DIR`` as a checked volume; BadParameter naming it if not."""
+    try:
+        return list(check_volumes([parse_volume(value) for value in values], state_dir))
+    except PodError as exc:
+        raise click.BadParameter(str(exc), param_hint="--volume") from exc
+
+
 @click.group("pod")
 def pod() -> None:
     """Run, enter and delete pods of the local cluster."""
@@ -89,8 +104,16 @@ def pod() -> None:
 @click.option(
     "--privileged",
     is_flag=True,
-    help="run as root (default: nobody); podnet's directories stay hidden, but root can "
-    "undo that: not a security boundary",
+    help="run as root (default: a uid of the pod's own); podnet's directories stay hidden, "
+    "but root can undo that: not a security boundary",
+)
+@click.option(
+    "--volume",
+    "volumes",
+    multiple=True,
+    metavar="HOST_DIR:POD_DIR",
+    help="show host directory HOST_DIR at POD_DIR in the pod, read-write (repeatable); "
+    "POD_DIR must exist; one holding podnet's state or the host's /tmp is refused",
 )
 @click.option("--ready-tcp", type=int, metavar="PORT", help="ready while PORT accepts TCP")
 @click.option("--ready-cmd", metavar="CMD", help="ready while `sh -c CMD` exits 0 (run in the pod)")
@@ -119,6 +142,7 @@ def run(
     labels: tuple[str, ...],
     ports: tuple[str, ...],
     privileged: bool,
+    volumes: tuple[str, ...],
     ready_tcp: int | None,
     ready_cmd: str | None,
     ready_period: float,
@@ -132,6 +156,7 @@ def run(
     check = readiness_check(ready_tcp, ready_cmd, ready_period, ready_failures)
     container_ports = _ports(ports)
     pod_labels = _labels(labels)
+    pod_volumes = _volumes(volumes, state_dir)
     try:
         record = run_pod(
             state_dir,
@@ -143,6 +168,7 @@ def run(
             container_ports,
             privileged=privileged,
             readiness=check,
+            volumes=pod_volumes,
         )
     except PodError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -160,7 +186,7 @@ def run(
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(state_dir: Path, namespace: str, name: str, command: tuple[str, ...]) -> None:
-    """Run COMMAND (after `--`) in pod NAME (its network namespace and sandbox, as the
+    """Run COMMAND (after `--`) in running pod NAME (its namespaces and sandbox, as the
     user its process runs as); exit with its status."""
     from podnet.cluster.pods import exec_pod
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from podnet.cli.master_cmd import serve
+from podnet.cli.options import log_options
 
 DEFAULT_METRICS = "127.0.0.1:1936"  # OpenShift's router stats port, on the loopback only
 DEFAULT_RUN_DIR = Path("/run/podnet/router")
@@ -39,6 +40,7 @@ def _address(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 @click.option("--reload-interval", default=0.5, show_default=True,
               type=click.FloatRange(0.0, 60.0),
               help="seconds between two HAProxy reloads (changes between are merged)")  # fmt: skip
+@log_options
 @click.pass_context
 def router(ctx: click.Context, **flags: Any) -> None:
     """Run the router: watch Routes, Services and EndpointSlices and drive HAProxy.

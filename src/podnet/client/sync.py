@@ -141,9 +141,20 @@ class ApiClient:
         path = resource_path(kind, namespace, name, subresource)
         return self._send(Call("PATCH", path, patch, content_type=MERGE_PATCH))
 
-    def delete(self, kind: KindRef, namespace: str | None, name: str) -> dict[str, Any]:
-        """Delete one object; returns what the server answers (a Status or the object)."""
-        return self._send(Call("DELETE", resource_path(kind, namespace, name)))
+    def delete(
+        self,
+        kind: KindRef,
+        namespace: str | None,
+        name: str,
+        grace_period_seconds: int | None = None,
+    ) -> dict[str, Any]:
+        """Delete one object (a pod gracefully unless ``grace_period_seconds`` says
+        otherwise: 0 removes it at once); returns what the server answers (a Status or
+        the object)."""
+        params = None
+        if grace_period_seconds is not None:
+            params = {"gracePeriodSeconds": str(grace_period_seconds)}
+        return self._send(Call("DELETE", resource_path(kind, namespace, name), params=params))
 
     def _send(self, call: Call) -> dict[str, Any]:
         try:

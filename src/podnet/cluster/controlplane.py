@@ -223,9 +223,9 @@ class ControlPlane:
         if index == 0:
             state.master_pid = master.process.pid
         state.save(self.state_dir)
-        # The first master must lead (it writes the ClusterNetwork); the others only
-        # serve until the leader dies, so /healthz is their readiness.
-        master.wait_ready(60, "/readyz" if not self._another_leads(state, index) else "/healthz")
+        # A master alone must lead (it writes the ClusterNetwork; a restarted one waits out
+        # its old lease): /leaderz. The others only serve until the leader dies: /healthz.
+        master.wait_ready(60, "/leaderz" if not self._another_leads(state, index) else "/healthz")
         say(f"master {record.index} started (pid {master.process.pid}, {master.server})")
         return True
 

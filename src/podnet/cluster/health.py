@@ -2,7 +2,7 @@
 
 Each etcd member: its recorded process alive, and ``/health`` over TLS with the masters'
 client certificate (true only while the cluster has quorum). Each master: its process,
-``/healthz`` (serving) and ``/readyz`` (leading with synced controllers). The leader:
+``/healthz`` (serving) and ``/readyz`` (serving with etcd; standbys too). The leader:
 the holder of the election key in etcd, matched to a master by PID. Each node: what its
 agent's reconcile note (``podnet.io/reconcile``) says is wrong, e.g. a policy left out.
 """
@@ -43,7 +43,7 @@ class MasterHealth:
     port: int
     alive: bool
     serving: bool  # /healthz 200
-    ready: bool  # /readyz 200 (the leader, controllers synced)
+    ready: bool  # /readyz 200 (serving with etcd, the cluster set up; standbys too)
     leader: bool
 
 

@@ -8,13 +8,13 @@ with ``200`` and a JSON body::
     {"pod": "web-1", "method": "GET", "path": "/a", "tls": false,
      "headers": {"host": "www.apps.podnet.test", "x-forwarded-for": "192.168.100.250", ...}}
 
-HTTP/1.1 keep-alive is served (every answer has a Content-Length). The certificate and
-key files are read once at start. With ``--self-signed`` the server makes its own CA and
-a certificate for the names (the first is its CN), keeps the key in memory only (a
-memfd), and prints the CA certificate, so a re-encrypt route can name it as its
-destination CA. Connections idle for ``IDLE_TIMEOUT`` seconds are
-closed, request bodies are read up to ``MAX_BODY`` bytes, and SIGTERM/SIGINT end it. It
-only answers: it never starts traffic.
+HTTP/1.1 keep-alive is served (every answer has a Content-Length), with TCP_NODELAY.
+The certificate and key files are read once at start. With ``--self-signed`` the server
+makes its own CA and a certificate for the names (the first is its CN), keeps the key in
+memory only (a memfd), and prints the CA certificate, so a re-encrypt route can name it
+as its destination CA. Connections idle for ``IDLE_TIMEOUT`` seconds are closed, request
+bodies are read up to ``MAX_BODY`` bytes, and SIGTERM/SIGINT end it. It only answers: it
+never starts traffic.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def handler_class(pod: str, tls: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = IDLE_TIMEOUT
+        # TCP_NODELAY, as real servers set it: the body goes out after the headers at
+        # once, not when the client's delayed ACK (40 ms) of the headers arrives
+        disable_nagle_algorithm = True
         server_version = "podnet-httpecho"
 
         def _answer(self, send_body: bool) -> None:

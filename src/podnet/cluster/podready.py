@@ -18,7 +18,7 @@ from podnet import netns
 from podnet.cluster.nodes import NodePaths, node_paths
 from podnet.cluster.podwatch import ready_file, register, unregister
 from podnet.cluster.readiness import ReadinessCheck, readiness_status, rfc3339
-from podnet.cluster.sandbox import Sandbox
+from podnet.cluster.sandbox import exec_argv
 from podnet.cluster.state import ClusterState, PodRecord, ProcessRecord, spawn
 
 WATCHER_TIMEOUT = 30.0
@@ -29,9 +29,10 @@ def prober_log(state_dir: Path, pod: PodRecord) -> Path:
 
 
 def prober_command(
-    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck, sandbox: Sandbox
+    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck
 ) -> list[str]:
-    """The prober of ``pod``, wrapped to run in its node's namespace."""
+    """The prober of ``pod``, wrapped to run in its node's namespace (a command check
+    runs inside the running pod's sandbox, as its user)."""
     if pod.process is None:
         raise ValueError(f"pod {pod.key} has no process to probe")
     argv = [sys.executable, "-m", "podnet.cluster.prober"]
@@ -42,7 +43,7 @@ def prober_command(
     if check.tcp_port is not None:
         argv += ["--tcp", str(check.tcp_port)]
     else:
-        wrapped = sandbox.wrap(netns.path(pod.netns), ["sh", "-c", str(check.command)])
+        wrapped = exec_argv(pod.process.pid, pod.process.start, ["sh", "-c", str(check.command)])
         argv += ["--exec-json", json.dumps(wrapped)]
     argv += ["--period", f"{check.period:g}", "--timeout", f"{check.timeout:g}"]
     argv += ["--successes", str(check.successes), "--failures", str(check.failures)]
@@ -55,10 +56,10 @@ def prober_needle(pod: PodRecord) -> str:
 
 
 def start_prober(
-    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck, sandbox: Sandbox
+    state: ClusterState, state_dir: Path, pod: PodRecord, check: ReadinessCheck
 ) -> ProcessRecord:
     """Start the pod's prober in the background; recorded by PID."""
-    argv = prober_command(state, state_dir, pod, check, sandbox)
+    argv = prober_command(state, state_dir, pod, check)
     return spawn(argv, prober_log(state_dir, pod), prober_needle(pod))
 
 

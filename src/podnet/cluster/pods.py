@@ -8,10 +8,12 @@ namespace (by default the echo server on port 8080). ``delete_pod`` undoes it in
 Everything is recorded in the cluster state first, so ``cluster down`` removes it too.
 
 Pod processes (the command and every ``exec``) run in a sandbox (``podnet.cluster.sandbox``):
-their own mount namespace in which the cluster's state directory and podnet's default
-directories are hidden, as ``nobody`` unless the pod is ``privileged`` (root), with a
-minimal environment. The pod namespace lets unprivileged processes bind ports below 1024
-and ping.
+the pod's own mount, PID and IPC namespaces, in which the cluster's state directory and
+podnet's default directories are hidden and ``/tmp`` and ``/dev/shm`` are the pod's own,
+as a uid of the pod's own (``podnet.cluster.poduids``) with no capabilities unless the
+pod is ``privileged`` (root), with a minimal environment, and the host directories given
+as its volumes (``podnet.cluster.podvolumes``). The pod namespace lets unprivileged
+processes bind ports below 1024 and ping.
 
 Container ports (``(name or None, port, protocol)``) go into the Pod's
 ``spec.containers[0].ports``, where NetworkPolicy named ports find them; the default echo
@@ -35,17 +37,13 @@ from podnet.cluster.podcni import PodError as PodError
 from podnet.cluster.podcni import cni_call, result_dns, result_ip
 from podnet.cluster.podcni import cni_env as cni_env
 from podnet.cluster.podcni import plugin_config as plugin_config
-from podnet.cluster.podenv import (
-    load_environment,
-    namespace_service_environment,
-    save_environment,
-)
+from podnet.cluster.podenv import load_environment, namespace_service_environment, save_environment
 from podnet.cluster.podprocess import (
     PodProcessError,
+    exec_command,
     pod_environment,
-    pod_sandbox,
-    process_ids,
-    spawn_in_pod,
+    start_command,
+    stop_pod_processes,
 )
 from podnet.cluster.podready import (
     ensure_exit_watcher,
@@ -55,8 +53,9 @@ from podnet.cluster.podready import (
     watch_exit,
 )
 from podnet.cluster.podresolv import remove_resolv_conf, write_resolv_conf
+from podnet.cluster.podvolumes import Volume, check_volumes
 from podnet.cluster.readiness import ReadinessCheck
-from podnet.cluster.sandbox import POD_SYSCTLS, ROOT
+from podnet.cluster.sandbox import POD_SYSCTLS
 from podnet.cluster.state import ClusterState, PodRecord, locked
 from podnet.cluster.underlay import tcp_listens
 from podnet.cni.dnsconfig import DnsConfigError, resolv_conf
@@ -198,17 +197,20 @@ def run_pod(
     ports: Sequence[ContainerPort] = (),
     privileged: bool = False,
     readiness: ReadinessCheck | None = None,
+    volumes: Sequence[Volume] = (),
 ) -> PodRecord:
     """Create, wire and start one pod; roll back what was done if a step fails.
 
     With the default command the echo server serves ``echo_ports(ports)``, and the call
-    returns once it listens on each of them. The command runs as ``nobody`` in the pod
-    sandbox, or as root (still with podnet's directories hidden) when ``privileged``,
+    returns once it listens on each of them. The command runs as a uid of its own in
+    the pod sandbox, or as root (still with podnet's directories hidden) when ``privileged``,
     with the cluster DNS in its resolv.conf and its namespace's service variables. The
     Pod is Ready once its process runs, or, with ``readiness``, as its prober finds.
+    Each of ``volumes`` (host directory, directory in the pod) is bound in, if
+    ``podnet.cluster.podvolumes`` allows it (PodError before anything is done if not).
     """
-    checked = check_ports(ports)
-    launch = _Launch(tuple(command), checked, privileged, readiness)
+    bound = check_volumes(volumes, state_dir)
+    launch = _Launch(tuple(command), check_ports(ports), privileged, readiness, bound)
     with locked(state_dir):
         state = _loaded(state_dir)
         pod = _new_pod(state, name, namespace, node, labels)
@@ -247,7 +249,7 @@ def _new_pod(
 
 
 class _Launch:
-    """What a pod runs: its command (the echo server serving its ports) and its ports."""
+    """What a pod runs: its command (the echo server serving its ports), ports, volumes."""
 
     def __init__(
         self,
@@ -255,8 +257,10 @@ class _Launch:
         ports: list[ContainerPort],
         privileged: bool,
         readiness: ReadinessCheck | None = None,
+        volumes: tuple[Volume, ...] = (),
     ) -> None:
         is_echo = command == ECHO_COMMAND
+        self.volumes = volumes
         self.command = echo_command(ports) if is_echo else command
         self.ports = ports
         self.listening = echo_ports(ports) if is_echo else []
@@ -280,11 +284,12 @@ def _start_pod(state: ClusterState, state_dir: Path, pod: PodRecord, launch: _La
     pod.ip = result_ip(added)
     state.save(state_dir)
     _write_resolv_conf(pod, added)
-    sandbox = pod_sandbox(state_dir, launch.privileged, pod.netns)
     ensure_exit_watcher(state, state_dir, pod.node)
     try:
         log = pod_log(state_dir, pod)
-        pod.process = spawn_in_pod(pod, sandbox, launch.command, log, env)
+        pod.process = start_command(
+            state_dir, pod, launch.command, launch.privileged, log, env, launch.volumes
+        )
     except PodProcessError as exc:
         raise PodError(str(exc)) from exc
     state.save(state_dir)
@@ -308,8 +313,7 @@ def _start_readiness(state: ClusterState, state_dir: Path, pod: PodRecord, launc
         with admin_api(state_dir) as api:
             mark_running_ready(api, pod)
         return
-    sandbox = pod_sandbox(state_dir, launch.privileged, pod.netns)
-    pod.prober = start_prober(state, state_dir, pod, launch.readiness, sandbox)
+    pod.prober = start_prober(state, state_dir, pod, launch.readiness)
     state.save(state_dir)
 
 
@@ -333,7 +337,7 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
         pod.prober.stop(timeout=5)
     unwatch_exit(state_dir, pod)
     if pod.process is not None:
-        pod.process.stop(timeout=5)
+        stop_pod_processes(pod.process, timeout=5)
     try:
         cni_call(state_dir, pod, "DEL")
     except (PodError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
@@ -343,7 +347,8 @@ def _teardown_pod(state: ClusterState, state_dir: Path, pod: PodRecord, say: Say
     pod_env_file(state_dir, pod).unlink(missing_ok=True)
     try:
         with admin_api(state_dir) as api:
-            api.delete(POD, pod.namespace, pod.name)
+            # its sandbox is gone (DEL above): the node's final delete, at once
+            api.delete(POD, pod.namespace, pod.name, grace_period_seconds=0)
     except ClientError as exc:
         if getattr(exc, "code", 0) != 404:
             say(f"warning: deleting Pod {pod.key}: {exc}")
@@ -377,14 +382,14 @@ def exec_pod(
     capture: bool = True,
     timeout: float | None = 60.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` inside the pod (its network namespace and sandbox, as the user its
-    process runs as; ``nobody`` when that process is gone), with the service variables
-    it started with, and wait for it."""
+    """Run ``argv`` inside the running pod (its namespaces and sandbox, as the user its
+    process runs as), with the service variables it started with, and wait for it;
+    PodError when the pod's process has ended (as ``kubectl exec`` refuses)."""
     pod = find_pod(_loaded(state_dir), name, namespace)
-    ids = process_ids(pod.process.pid) if pod.process and pod.process.alive() else None
-    sandbox = pod_sandbox(state_dir, ids is not None and ids[0] == ROOT, pod.netns)
+    if pod.process is None or not pod.process.alive():
+        raise PodError(f"pod {pod.key}: its process has ended; there is nothing to exec into")
     return subprocess.run(
-        sandbox.wrap(netns.path(pod.netns), argv),
+        exec_command(pod.process, argv),
         capture_output=capture,
         text=True,
         timeout=timeout,

@@ -89,8 +89,9 @@ class MasterProcess:
         return self
 
     def wait_ready(self, timeout: float = 30.0, path: str = "/readyz") -> None:
-        """Block until ``path`` answers 200 (``/healthz``: serving; ``/readyz``: leading
-        or following with synced controllers)."""
+        """Block until ``path`` answers 200 (``/healthz``: serving; ``/readyz``: serving
+        with etcd, once the cluster is set up, standbys too; ``/leaderz``: leading with
+        synced controllers)."""
         deadline = time.monotonic() + timeout
         context = ssl.create_default_context()
         context.check_hostname = False

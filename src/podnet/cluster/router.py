@@ -141,7 +141,7 @@ def ensure_router(state: ClusterState, state_dir: Path, say: Say) -> RouterRecor
         pod = _wire_pod(state, state_dir, node, paths)
     _publish(state, state_dir, pod, paths)
     started = pod.process is None or not pod.process.alive()
-    if started:  # a HAProxy left by a router that died is adopted, serving on
+    if started:  # a router that died took its HAProxy along: its pod's PID namespace ended
         _start_process(state, state_dir, pod, paths)
     wait_router_listening(pod, [port.container for port in HOST_PORTS.values()])
     with admin_api(state_dir) as api:

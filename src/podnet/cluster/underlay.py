@@ -7,6 +7,11 @@ namespace, so the root namespace never sees a link, an address or a route of our
 
 Addresses come from the underlay CIDR (default 192.168.100.0/24), inside namespaces only:
 node ``k`` is ``.10+k`` and the external host ``.250``.
+
+The bridge has port security, as a managed switch would (``dataplane.linux.portsecurity``):
+each port takes frames only with the MAC of the host plugged into it, so no host on the
+underlay (the external host above all) can forge a node's MAC, and with it the node's
+VXLAN, whose outer source address and MAC its peers check.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from podnet import netns
 from podnet.cluster.state import ClusterState, ExternalHost, spawn
+from podnet.dataplane.linux import portsecurity
 
 DEFAULT_UNDERLAY = "192.168.100.0/24"
 BRIDGE = "br-underlay"
@@ -86,7 +92,8 @@ def ensure_underlay(state: ClusterState, state_dir: Path) -> None:
 
 def plug(state: ClusterState, namespace: str, bridge_port: str, address: IPv4Interface) -> None:
     """Connect ``namespace`` to the underlay bridge: a veth whose inner end is the uplink
-    with ``address``, whose outer end ``bridge_port`` is a port of the bridge."""
+    with ``address``, whose outer end ``bridge_port`` is a port of the bridge that takes
+    only the uplink's MAC (port security)."""
     inner = uplink_name(state)
     with netlink(underlay_netns(state)) as ipr:
         if not ipr.link_lookup(ifname=bridge_port):
@@ -98,10 +105,13 @@ def plug(state: ClusterState, namespace: str, bridge_port: str, address: IPv4Int
     with netlink(namespace) as ipr:
         index = ipr.link_lookup(ifname=inner)[0]
         ipr.link("set", index=index, mtu=MTU, state="up")
+        mac = str(ipr.get_links(index)[0].get_attr("IFLA_ADDRESS"))
         with contextlib.suppress(NetlinkError):  # EEXIST: already there
             ipr.addr(
                 "add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen
             )
+    with netns.entered(underlay_netns(state)):
+        portsecurity.allow(bridge_port, mac)
 
 
 def ensure_external_host(state: ClusterState, state_dir: Path) -> ExternalHost:

@@ -35,9 +35,11 @@ from podnet.controllers.objects import (
     REASON_EXHAUSTED,
     annotations_of,
     has_condition,
+    host_matches,
     hostsubnet_object,
     is_assigned_host,
     node_internal_ip,
+    node_underlay_mac,
     record_node_event,
     set_network_condition,
     subnet_of,
@@ -208,7 +210,7 @@ class HostSubnetController(Controller):
             except SubnetsExhausted:
                 await self._exhausted(node)
                 return
-            body = hostsubnet_object(name, ip, subnet, uid)
+            body = hostsubnet_object(name, ip, subnet, uid, node_underlay_mac(node))
             try:
                 created = await call(
                     partial(self.api.create, HOST_SUBNET, body), f"create HostSubnet {name}"
@@ -239,13 +241,14 @@ class HostSubnetController(Controller):
         return True
 
     async def _update_host(self, hostsubnet: Obj, node: Obj, ip: str) -> None:
-        """Keep the subnet; bring hostIP and the node-uid annotation up to date."""
+        """Keep the subnet; bring hostIP, the node-uid and underlay MAC annotations up to
+        date."""
         name, uid = node["metadata"]["name"], str(node["metadata"].get("uid") or "")
         subnet = subnet_of(hostsubnet)
-        owner = annotations_of(hostsubnet).get(NODE_UID_ANNOTATION)
-        if hostsubnet.get("hostIP") != ip or owner != uid:
+        mac = node_underlay_mac(node)
+        if not host_matches(hostsubnet, ip, uid, mac):
             updated = await guaranteed_update(
-                self.api, HOST_SUBNET, None, name, lambda hs: with_host(hs, ip, uid)
+                self.api, HOST_SUBNET, None, name, lambda hs: with_host(hs, ip, uid, mac)
             )
             if updated is not None:
                 if hostsubnet.get("hostIP") != ip:

@@ -2,7 +2,8 @@
 
 Deleting a Namespace through the API only marks it ``Terminating`` (deletionTimestamp
 set; new content is refused). This controller deletes the routes, pods, services,
-endpoints, endpoint slices, policies and events left inside it, then removes the
+endpoints, endpoint slices, policies and events left inside it, then, once its pods
+are gone too (a pod's deletion is graceful: its node finalizes it), removes the
 Namespace itself.
 Once synced, and every resync period, it also finds namespaced objects whose Namespace
 is gone entirely and removes those.
@@ -43,6 +44,10 @@ Obj = dict[str, Any]
 WORKERS = 4
 SWEEP_RETRY_SECONDS = 10.0  # a failed orphan sweep (a list timing out under load) waits
 SWEEP_RETRY_MAX_SECONDS = 300.0  # this long, times its failures in a row, up to this
+# Pods are deleted gracefully: each stays (deletionTimestamp set) until the node running
+# it finalizes it, or, with that node down, until a DELETE after its grace removes it.
+# The namespace is looked at again this often until its pods are gone.
+POD_RECHECK_SECONDS = 2.0
 
 # Deleted in this order: what lets traffic in from outside (routes), workloads, then
 # what describes them.
@@ -134,6 +139,10 @@ class NamespaceCleanupController(Controller):
             self.namespaces.put(namespace)  # alive (or recreated meanwhile): keep its objects
             return
         await self._delete_contents(name)
+        if POD in self.kinds and await self._list(POD, name):  # their nodes finalize them
+            self.log.info("namespace %s: waiting for its pods to terminate", name)
+            self.queue.add_after(name, POD_RECHECK_SECONDS)
+            return
         if namespace is not None:
             await call(lambda: self.api.finalize_namespace(name), f"finalize namespace {name}")
             self.log.info("namespace %s finalized", name)

@@ -1,7 +1,9 @@
 """The objects the HostSubnet controller reads and writes, and their annotations.
 
 HostSubnets carry ``pod.network.openshift.io/node-uid`` (the Node they belong to) or, for
-a host that is not a node, ``pod.network.openshift.io/assign-subnet: "true"``. A node that
+a host that is not a node, ``pod.network.openshift.io/assign-subnet: "true"``; and
+``podnet.io/underlay-mac``, copied from the Node's own annotation when it holds a usable
+MAC (removed when it no longer does), which the other nodes check their VXLAN against. A node that
 finds no free subnet gets ``NetworkUnavailable=True`` (reason ``NoSubnetsAvailable``) and a
 Warning Event in namespace ``default``; once it gets a subnet the condition turns
 ``False`` (reason ``SubnetAllocated``).
@@ -18,6 +20,7 @@ from podnet.api.objects import now_rfc3339
 from podnet.client.errors import ClientError, has_reason
 from podnet.controllers.calls import ControllerApi, call, guaranteed_update
 from podnet.model.kinds import EVENT, HOST_SUBNET, NODE
+from podnet.model.underlaymac import UNDERLAY_MAC_ANNOTATION, annotated_mac
 
 Obj = dict[str, Any]
 
@@ -51,32 +54,55 @@ def subnet_of(hostsubnet: Obj) -> IPv4Network | None:
         return None
 
 
-def hostsubnet_object(node: str, host_ip: str, subnet: IPv4Network, node_uid: str) -> Obj:
-    """The HostSubnet of ``node``."""
+def hostsubnet_object(
+    node: str, host_ip: str, subnet: IPv4Network, node_uid: str, mac: str | None = None
+) -> Obj:
+    """The HostSubnet of ``node`` (``mac``: its published underlay MAC, if any)."""
+    notes = {NODE_UID_ANNOTATION: node_uid, **({UNDERLAY_MAC_ANNOTATION: mac} if mac else {})}
     return {
         "apiVersion": HOST_SUBNET.api_version,
         "kind": HOST_SUBNET.kind,
-        "metadata": {"name": node, "annotations": {NODE_UID_ANNOTATION: node_uid}},
+        "metadata": {"name": node, "annotations": notes},
         "host": node,
         "hostIP": host_ip,
         "subnet": str(subnet),
     }
 
 
-def with_host(hostsubnet: Obj, ip: str, uid: str) -> Obj | None:
-    """``hostsubnet`` with hostIP and node-uid set (None when already so)."""
+def with_host(hostsubnet: Obj, ip: str, uid: str, mac: str | None = None) -> Obj | None:
+    """``hostsubnet`` with hostIP, node-uid and the underlay MAC (removed when ``mac`` is
+    None) set (None when already so)."""
     meta = hostsubnet.setdefault("metadata", {})
     notes = meta.setdefault("annotations", {})
-    if hostsubnet.get("hostIP") == ip and notes.get(NODE_UID_ANNOTATION) == uid:
+    if host_matches(hostsubnet, ip, uid, mac):
         return None
     if notes.get(NODE_UID_ANNOTATION) not in (None, "", uid):
         return None  # it now belongs to another node object: the next reconcile decides
     hostsubnet["hostIP"] = ip
     notes[NODE_UID_ANNOTATION] = uid
+    if mac:
+        notes[UNDERLAY_MAC_ANNOTATION] = mac
+    else:
+        notes.pop(UNDERLAY_MAC_ANNOTATION, None)
     return hostsubnet
 
 
+def host_matches(hostsubnet: Obj, ip: str, uid: str, mac: str | None) -> bool:
+    """Whether the HostSubnet already has this hostIP, node-uid and underlay MAC."""
+    notes = annotations_of(hostsubnet)
+    return (
+        hostsubnet.get("hostIP") == ip
+        and notes.get(NODE_UID_ANNOTATION) == uid
+        and notes.get(UNDERLAY_MAC_ANNOTATION) == mac
+    )
+
+
 # ---- Nodes --------------------------------------------------------------------------------
+
+
+def node_underlay_mac(node: Obj) -> str | None:
+    """The usable underlay MAC the node published about itself, or None."""
+    return annotated_mac(node)
 
 
 def node_internal_ip(node: Obj) -> str | None:

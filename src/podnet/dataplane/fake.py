@@ -208,6 +208,13 @@ class FakeDataPlane:
         self.state.remotes.pop(name, None)
         self._save()
 
+    def drift_sandbox_gone(self, container_id: str, ifname: str) -> None:
+        """Simulate a pod's network namespace deleted without a DEL: the kernel removes
+        its veth, so the pod is no longer wired (the "kernel" forgets it)."""
+        self.state.pods.pop((container_id, ifname), None)
+        self.state.pod_routes.pop((container_id, ifname), None)
+        self._save()
+
     def drift_version_note(self, note: str = "") -> None:
         """Simulate a half-done or foreign set-up: the next ``check_node`` fails."""
         self.state.version_note = note

@@ -58,7 +58,10 @@ def dump_state(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -
     """The file's content: ``state`` with its pods as ``pod_record``s, and ``calls``."""
     return {
         "version_note": state.version_note,
-        "remotes": [{k: str(v) for k, v in asdict(r).items()} for r in state.remotes.values()],
+        "remotes": [
+            {k: str(v) for k, v in asdict(r).items() if v is not None}
+            for r in state.remotes.values()
+        ],
         "pods": pods,
         "calls": calls,
         "policy_fingerprint": state.policy_fingerprint,
@@ -66,7 +69,9 @@ def dump_state(state: FakeState, pods: list[dict[str, Any]], calls: list[str]) -
 
 
 def _remote(data: dict[str, str]) -> RemoteNode:
-    return RemoteNode(data["name"], IPv4Address(data["node_ip"]), IPv4Network(data["subnet"]))
+    return RemoteNode(
+        data["name"], IPv4Address(data["node_ip"]), IPv4Network(data["subnet"]), data.get("mac")
+    )
 
 
 def _attachment(data: dict[str, Any]) -> PodAttachment:

@@ -58,6 +58,11 @@ class NodeNetwork:
     vni: int = 1  # VNI used for flat (subnet-plugin) traffic
     underlay_interface: str | None = None  # autodetected from node_ip when None
     isolation: bool = False  # multitenant/networkpolicy: bridged IPv4 passes the inet hooks
+    # UDP queries a second one source may send to the gateway's DNS port; beyond it the
+    # kernel drops them before they reach the DNS socket (None: no DNS on this node)
+    dns_client_qps: float | None = None
+    dns_client_burst: int = 0  # queries a source may send at once (at least one second's)
+    dns_port: int = 53
 
     @property
     def tunnel_overhead(self) -> int:
@@ -86,6 +91,9 @@ class RemoteNode:
     name: str
     node_ip: IPv4Address
     subnet: IPv4Network
+    # the MAC of its underlay interface, as the node published it (lower case); None when
+    # it did not (an older agent): its VXLAN is then accepted by address alone
+    mac: str | None = None
 
 
 def pod_mac(ip: IPv4Address) -> str:
@@ -151,7 +159,9 @@ class DataPlane(Protocol):
         """Make routes/FDB/neighbour entries match exactly ``remotes``: add what is
         missing, fix what is wrong, remove what is stale. Changes only what differs.
         The remotes' node IPs are then the only sources the node accepts tunnel traffic
-        from (VXLAN's inner source address is trusted once decapsulated)."""
+        from (VXLAN's inner source address is trusted once decapsulated), each with its
+        published underlay MAC as the outer source where it is on the underlay's subnet
+        (``podnet.dataplane.vteppeers``)."""
 
     async def attach_pod(self, pod: PodNetwork) -> PodAttachment:
         """Wire one pod interface: veth, address, MAC, routes, MTU, anti-spoofing."""

@@ -14,7 +14,10 @@ Answers are kept in a small cache (``max_entries``), for as long as their smalle
 (at most ``MAX_TTL``), or, when negative, their SOA's minimum (at most
 ``MAX_NEGATIVE_TTL``); served from the cache, their TTLs count down. At most
 ``max_in_flight`` queries wait on upstreams at once: beyond that a query fails at once,
-so a flood of unanswerable names cannot pile up sockets.
+so a flood of unanswerable names cannot pile up sockets; and one client (a source
+address) may hold at most ``per_client`` of them: beyond that its query fails at once
+with ``ClientBusy`` (answered REFUSED, as CoreDNS's ``max_concurrent``), so one pod
+asking for names that never answer cannot take the forwarder from the others.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from dnslib import DNSRecord
 
 from podnet.dns.names import normalize
+from podnet.dns.ratelimit import DEFAULT_FORWARDS, Slots
 from podnet.dns.upstreams import Server, Upstreams
 from podnet.dns.wire import NOERROR, NXDOMAIN, OPT, REFUSED, SERVFAIL, has_edns
 
@@ -46,6 +50,10 @@ CacheKey = tuple[str, int, int, bool, int]
 
 class UpstreamError(Exception):
     """No upstream answered the question."""
+
+
+class ClientBusy(UpstreamError):
+    """The asking client already has ``per_client`` queries waiting on upstreams."""
 
 
 def _cache_key(query: DNSRecord) -> CacheKey:
@@ -104,13 +112,20 @@ class Forwarder:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_entries: int = DEFAULT_CACHE_ENTRIES
     clock: Callable[[], float] = time.monotonic
+    per_client: int = DEFAULT_FORWARDS
     in_flight: int = field(default=0, init=False)
+    clients: Slots = field(init=False)  # the queries each client has waiting
     _cache: OrderedDict[CacheKey, tuple[bytes, float, int]] = field(
         default_factory=OrderedDict, init=False
     )
 
-    async def forward(self, query: DNSRecord, data: bytes, tcp: bool = False) -> bytes:
-        """The answer to ``query`` (``data``, as the client sent it) with the client's ID."""
+    def __post_init__(self) -> None:
+        self.clients = Slots(self.per_client)
+
+    async def forward(
+        self, query: DNSRecord, data: bytes, tcp: bool = False, client: str = ""
+    ) -> bytes:
+        """The answer to ``query`` (``data``, as ``client`` sent it) with the client's ID."""
         key = _cache_key(query)
         cached = self._cached(key, query)
         if cached is not None:
@@ -120,11 +135,14 @@ class Forwarder:
             raise UpstreamError("no upstream resolvers")
         if self.in_flight >= self.max_in_flight:
             raise UpstreamError(f"{self.in_flight} queries already wait on upstreams")
+        if not self.clients.acquire(client):
+            raise ClientBusy(f"{client} has {self.per_client} queries waiting on upstreams")
         self.in_flight += 1
         try:
             answer = await self._ask_each(servers, query, data, tcp)
         finally:
             self.in_flight -= 1
+            self.clients.release(client)
         self._store(key, answer)
         return data[:2] + answer[2:]
 

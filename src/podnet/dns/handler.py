@@ -10,7 +10,14 @@
    index has its first complete view of the cluster such names answer SERVFAIL (a
    client retries, where an early NXDOMAIN would be cached as the truth);
 4. a name outside the zone, and an ExternalName's out-of-zone target, go to the
-   forwarder: then ``answer`` returns a coroutine for the transport to run.
+   forwarder: then ``answer`` returns a coroutine for the transport to run; a client
+   with too many forwards waiting already is answered REFUSED.
+
+The listeners run on a thread of their own while the agent's watches change the index
+on the agent's loop: ``lock`` is held by whoever reads or changes the index, and fills
+or invalidates the caches, so an answer read from the index before a change is never
+stored after that change's invalidation. A repeated question is answered from the
+cache without the lock (one dict lookup, atomic in CPython).
 
 Nothing a client sends makes ``answer`` raise: an unexpected failure is logged and
 answered SERVFAIL (or dropped when there is no query to answer).
@@ -19,6 +26,7 @@ answered SERVFAIL (or dropped when there is no query to answer).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +34,13 @@ from typing import Any
 from dnslib import EDNS0, DNSHeader, DNSQuestion, DNSRecord
 
 from podnet.dns.cache import AnswerCache
-from podnet.dns.forwarder import Forwarder, UpstreamError
+from podnet.dns.forwarder import ClientBusy, Forwarder, UpstreamError
 from podnet.dns.lookup import Resolution, resolve
 from podnet.dns.wire import (
     NOERROR,
     NXDOMAIN,
     OUR_PAYLOAD,
+    REFUSED,
     SERVFAIL,
     TCP_MAX,
     BadQuery,
@@ -69,6 +78,7 @@ class QueryHandler:
     udp_cache: AnswerCache = field(default_factory=AnswerCache)
     tcp_cache: AnswerCache = field(default_factory=_tcp_cache)
     malformed: int = field(default=0, init=False)  # FORMERR/NOTIMP/REFUSED or dropped
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def invalidate(self, names: Iterable[str]) -> None:
         """Forget the cached answers read from ``names`` (the zone index calls this)."""
@@ -76,8 +86,9 @@ class QueryHandler:
         self.udp_cache.invalidate(names)
         self.tcp_cache.invalidate(names)
 
-    def answer(self, data: bytes, tcp: bool = False) -> Answer:
-        """The answer to ``data`` (None: send nothing), or a coroutine giving it."""
+    def answer(self, data: bytes, tcp: bool = False, client: str = "") -> Answer:
+        """The answer to ``data`` from ``client`` (None: send nothing), or a coroutine
+        giving it."""
         cache = self.tcp_cache if tcp else self.udp_cache
         key = data[2:]
         hit = cache.get(key)
@@ -90,34 +101,41 @@ class QueryHandler:
             log.debug("bad query: %s", exc)
             return exc.answer
         try:
-            return self._answer(query, data, key, tcp)
+            with self.lock:
+                return self._answer(query, data, key, tcp, client)
         except Exception:
             log.exception("answering %s failed", query.q)
             return error_header(data, SERVFAIL)
 
-    def _answer(self, query: DNSRecord, data: bytes, key: bytes, tcp: bool) -> Answer:
+    def _answer(self, query: DNSRecord, data: bytes, key: bytes, tcp: bool, client: str) -> Answer:
         limit = TCP_MAX if tcp else udp_limit(query)
         result = resolve(self.index, str(query.q.qname), query.q.qtype)
         if result is None:
-            return self._forwarded(query, data, tcp, limit)
+            return self._forwarded(query, data, tcp, limit, client)
         if result.authoritative and not self.ready():
             return status_reply(query, SERVFAIL)
         if result.external is not None:
-            return self._chased(query, result, tcp, limit)
+            return self._chased(query, result, tcp, limit, client)
         answer = fit(query, bytes(zone_reply(query, result, self.index.ttl).pack()), limit)
         (self.tcp_cache if tcp else self.udp_cache).put(key, answer[2:], result.names)
         return answer
 
-    async def _forwarded(self, query: DNSRecord, data: bytes, tcp: bool, limit: int) -> bytes:
+    async def _forwarded(
+        self, query: DNSRecord, data: bytes, tcp: bool, limit: int, client: str
+    ) -> bytes:
         if self.forwarder is None:
             return status_reply(query, SERVFAIL)
         try:
-            return fit(query, await self.forwarder.forward(query, data, tcp), limit)
+            return fit(query, await self.forwarder.forward(query, data, tcp, client), limit)
+        except ClientBusy:
+            return status_reply(query, REFUSED)
         except UpstreamError as exc:
             log.debug("forwarding %s failed: %s", query.q.qname, exc)
             return status_reply(query, SERVFAIL)
 
-    async def _chased(self, query: DNSRecord, result: Resolution, tcp: bool, limit: int) -> bytes:
+    async def _chased(
+        self, query: DNSRecord, result: Resolution, tcp: bool, limit: int, client: str
+    ) -> bytes:
         """The CNAME chain, then what the upstreams say of its out-of-zone target."""
         assert result.external is not None
         if self.forwarder is None:
@@ -125,7 +143,11 @@ class QueryHandler:
         ask = DNSRecord(DNSHeader(rd=1), questions=[DNSQuestion(result.external, query.q.qtype, 1)])
         ask.add_ar(EDNS0(udp_len=OUR_PAYLOAD))
         try:
-            told = DNSRecord.parse(await self.forwarder.forward(ask, bytes(ask.pack()), tcp))
+            told = DNSRecord.parse(
+                await self.forwarder.forward(ask, bytes(ask.pack()), tcp, client)
+            )
+        except ClientBusy:
+            return status_reply(query, REFUSED)
         except Exception as exc:  # UpstreamError, or an answer dnslib cannot read
             log.debug("resolving %s upstream failed: %s", result.external, exc)
             return status_reply(query, SERVFAIL)

@@ -12,6 +12,13 @@ complete query or ``tcp_queries`` queries; at most ``udp_pending`` forwarded UDP
 waiting (more are dropped: the client retries); UDP answers are dropped rather than
 queued when the socket's send buffer is full. The answer
 caches are bounded by entries and bytes (``podnet.dns.cache``).
+
+Per client (source address, ``podnet.dns.ratelimit``), so that one pod cannot take what
+the others need: token buckets of queries and of uncached queries (a UDP query beyond
+them is dropped before any work is done for it; a TCP connection waits for its next
+token), at most
+``clients.tcp_connections`` TCP connections, and at most ``clients.forwards`` queries
+waiting on upstreams (``podnet.dns.forwarder``).
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ import ipaddress
 import logging
 import socket
 import struct
-from collections.abc import Coroutine
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.dns.handler import QueryHandler
+from podnet.dns.ratelimit import ClientLimits, Slots, TokenBuckets
 
 log = logging.getLogger("podnet.dns.server")
 
@@ -56,6 +65,7 @@ class Limits:
     tcp_idle: float = 10.0
     tcp_queries: int = 1000
     udp_pending: int = 512
+    clients: ClientLimits = field(default_factory=ClientLimits)  # per source address
 
 
 class ClientCheck:
@@ -88,7 +98,8 @@ class _Udp:
     up to ``UDP_BATCH`` datagrams, and answers go out with a non-blocking ``sendto``
     (one dropped when the kernel's buffer is full: the client asks again). This costs
     about half of what asyncio's datagram transport does per query, and queues
-    nothing in user space."""
+    nothing in user space. A query beyond its client's token buckets is dropped right
+    after it is read (one dict lookup and a few float operations)."""
 
     def __init__(self, server: DnsServer, sock: socket.socket) -> None:
         self.server = server
@@ -99,6 +110,8 @@ class _Udp:
         answer_of, allowed = server.handler.answer, server.allowed
         cached, known = server.handler.udp_cache.answers.get, allowed.known.get
         recvfrom, sendto = sock.recvfrom, sock.sendto
+        take, work = server.buckets.take, server.uncached.take
+        now = server.clock()  # one clock read per batch
         for _ in range(UDP_BATCH):
             try:
                 data, addr = recvfrom(UDP_RECEIVE_SIZE)
@@ -107,7 +120,8 @@ class _Udp:
             except OSError as exc:  # an ICMP error about an earlier answer
                 log.debug("UDP error: %s", exc)
                 continue
-            if not (known(addr[0]) or allowed(addr[0])):
+            host = addr[0]
+            if not (known(host) or allowed(host)) or not take(host, now):
                 continue
             hit = cached(data[2:])  # the common case, inline: a repeated question
             if hit is not None:
@@ -116,7 +130,9 @@ class _Udp:
                 except OSError:
                     server.dropped += 1
                 continue
-            answer = answer_of(data)
+            if not work(host, now):
+                continue
+            answer = answer_of(data, False, host)
             if answer is None:
                 continue
             if isinstance(answer, bytes):
@@ -169,11 +185,23 @@ def bound_pair(listen: Listen, attempts: int = 20) -> tuple[socket.socket, socke
 class DnsServer:
     """UDP and TCP listeners answering through ``handler``."""
 
-    def __init__(self, handler: QueryHandler, listen: Listen, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        handler: QueryHandler,
+        listen: Listen,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: the token buckets' time (tests stop it)."""
         self.handler = handler
+        self.clock = clock
         self.listen = listen
         self.limits = limits or Limits()
         self.allowed = ClientCheck(listen.clients)
+        clients = self.limits.clients
+        self.buckets = TokenBuckets(clients.qps)  # every query
+        self.uncached = TokenBuckets(clients.uncached_qps)  # those the cache cannot answer
+        self.tcp_slots = Slots(clients.tcp_connections)
         self.port = listen.port  # the bound port (when ``listen.port`` is 0)
         self.connections = 0
         self.dropped = 0  # answers or queries dropped at a bound
@@ -234,29 +262,38 @@ class DnsServer:
             udp.send(data, addr)
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername") or ("",)
-        if not self.allowed(peer[0]) or self.connections >= self.limits.tcp_connections:
+        host = (writer.get_extra_info("peername") or ("",))[0]
+        if not self.allowed(host) or self.connections >= self.limits.tcp_connections:
             self.dropped += 1
+            writer.transport.abort()
+            return
+        if not self.tcp_slots.acquire(host):
             writer.transport.abort()
             return
         self.connections += 1
         try:
-            await self._tcp_queries(reader, writer)
+            await self._tcp_queries(reader, writer, host)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError):
             pass
         finally:
             self.connections -= 1
+            self.tcp_slots.release(host)
             writer.close()
 
     async def _tcp_queries(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
     ) -> None:
         limits = self.limits
         for _ in range(limits.tcp_queries):
             async with asyncio.timeout(limits.tcp_idle):
                 (size,) = struct.unpack("!H", await reader.readexactly(2))
                 data = await reader.readexactly(size)
-            answer = self.handler.answer(data, tcp=True)
+            if not await self._paced(self.buckets, host):
+                return
+            cached = self.handler.tcp_cache.answers.get(data[2:]) is not None
+            if not (cached or await self._paced(self.uncached, host)):
+                return
+            answer = self.handler.answer(data, True, host)
             if answer is not None and not isinstance(answer, bytes):
                 answer = await answer
             if answer is None:
@@ -265,6 +302,14 @@ class DnsServer:
             async with asyncio.timeout(limits.tcp_idle):
                 await writer.drain()
         await _part(reader, writer, limits.tcp_idle)
+
+    async def _paced(self, bucket: TokenBuckets, host: str) -> bool:
+        """Wait for ``host``'s next token of ``bucket``; False (close the connection)
+        when it is so far over its rate that it would idle out waiting."""
+        wait = bucket.reserve(host, self.clock(), self.limits.tcp_idle)
+        if wait:
+            await asyncio.sleep(wait)
+        return wait is not None
 
 
 async def _part(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle: float) -> None:

@@ -9,10 +9,15 @@ queries keep being answered while 10,000 services load.
 
 It serves on this node's pod-subnet gateway address, port 53, bound to the bridge that
 address lives on, and answers only sources in the node's pod subnet
-(``podnet.dns.server``): each node answers its own pods, as OpenShift 3.x's per-node DNS
-did. Binding fails while the bridge or address is missing (a node being set up, or a
-fake data plane): the failure is logged and binding retried. When the bridge is made
-again (a repaired node), its index changes and the listeners are bound again.
+(``podnet.dns.server``), each within its per-client limits (``DnsSettings.limits``):
+each node answers its own pods, as OpenShift 3.x's per-node DNS did. The listeners run
+on a thread and event loop of their own (``podnet.dns.thread``), so a flood of queries
+cannot delay the agent's loop; the watches stay on the agent's loop and change the
+index under the handler's lock, one object at a time.
+
+Binding fails while the bridge or address is missing (a node being set up, or a fake
+data plane): the failure is logged and binding retried. When the bridge is made again
+(a repaired node), its index changes and the listeners are bound again.
 
 Until every watch has delivered its first listing, names in the zone answer SERVFAIL
 (names outside it are forwarded already). The agent may hold the first listings back
@@ -42,6 +47,7 @@ from podnet.dns.names import ZONE
 from podnet.dns.podrecords import VERIFIED
 from podnet.dns.records import Key, object_key
 from podnet.dns.server import DnsServer, Limits, Listen
+from podnet.dns.thread import run_in_thread
 from podnet.dns.upstreams import Upstreams
 from podnet.dns.zone import DEFAULT_TTL, ZoneIndex
 from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE, Kind
@@ -108,8 +114,10 @@ class ClusterDns:
         )
         gateway = str(node.gateway.ip)
         upstreams = Upstreams(settings.upstream_resolv_conf, exclude={gateway})
-        self.handler = QueryHandler(self.index, Forwarder(upstreams), ready=self.is_ready)
+        self.forwarder = Forwarder(upstreams, per_client=settings.limits.clients.forwards)
+        self.handler = QueryHandler(self.index, self.forwarder, ready=self.is_ready)
         self.index.on_change = self.handler.invalidate
+        self.lock = self.handler.lock  # held for every change to the index
         listen = Listen(gateway, settings.port, settings.device, node.subnet)
         self.server = DnsServer(self.handler, listen, settings.limits)
         index = self.index
@@ -164,9 +172,11 @@ class ClusterDns:
                     # over 5,000 services' records would stall answers for tens of ms).
                     gc.freeze()
         elif event.type == DELETED:
-            target.remove(object_key(event.object))
+            with self.lock:
+                target.remove(object_key(event.object))
         else:
-            target.put(event.object)
+            with self.lock:
+                target.put(event.object)
         self.changes += 1
 
     async def _wait_after(self) -> None:
@@ -177,20 +187,32 @@ class ClusterDns:
 
     async def _replace(self, target: _Kind, items: tuple[Obj, ...]) -> None:
         current = {object_key(obj) for obj in items}
+        lock = self.lock
         for key in target.held():
             if key not in current:
-                target.remove(key)
+                with lock:
+                    target.remove(key)
         for start in range(0, len(items), CHUNK):
             for obj in items[start : start + CHUNK]:
-                target.put(obj)
+                with lock:  # per object: the DNS thread answers between two
+                    target.put(obj)
             await asyncio.sleep(0)
 
     # ---- the listeners -------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Keep the listeners bound: retry while binding fails, bind again when the
-        bridge is made again."""
+        """Keep the listeners bound, on the DNS thread (see ``_serve``)."""
+        home = asyncio.get_running_loop()
+        await run_in_thread(functools.partial(self._serve, home), "podnet-dns")
+
+    async def _serve(self, home: asyncio.AbstractEventLoop) -> None:
+        """Retry while binding fails, bind again when the bridge is made again; ``bound``
+        (an event of the agent's loop, ``home``) says whether the listeners are up."""
         settings, failure = self.settings, ""
+
+        def bound(up: bool) -> None:
+            home.call_soon_threadsafe(self.bound.set if up else self.bound.clear)
+
         try:
             while True:
                 device_index = _device_index(settings.device)
@@ -203,14 +225,15 @@ class ClusterDns:
                     await asyncio.sleep(settings.retry)
                     continue
                 failure = ""
-                self.bound.set()
+                bound(True)
                 while _device_index(settings.device) == device_index:
                     await asyncio.sleep(settings.retry)
                 log.warning("DNS: %s was made again; listening again", settings.device)
-                self.bound.clear()
+                bound(False)
                 await self.server.stop()
         finally:
-            self.bound.clear()
+            with contextlib.suppress(RuntimeError):  # the agent's loop is closed
+                bound(False)
             await self.server.stop()
 
 

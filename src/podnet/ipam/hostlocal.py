@@ -38,7 +38,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, ip_address
@@ -103,6 +103,7 @@ class _Claim:
     owner: str
     held: list[IPv4Address]
     created: list[str] = field(default_factory=list)
+    avoid: set[str] = field(default_factory=set)  # names not to take round-robin
 
 
 class HostLocalStore:
@@ -127,11 +128,13 @@ class HostLocalStore:
         ifname: str,
         range_sets: Sequence[RangeSet],
         requested: Sequence[IPAddress] = (),
+        avoid: Collection[IPv4Address] = (),
     ) -> list[Allocation]:
         """One address per range set, all or nothing.
 
         ``requested`` IPs go to the range set holding them (one per set); the others are
-        taken round-robin after ``last_reserved_ip.<index>``. A pair that already holds an
+        taken round-robin after ``last_reserved_ip.<index>``, skipping ``avoid`` (addresses
+        resting after their release: ``podnet.ipam.cooldown``). A pair that already holds an
         address in a set gets that address back (idempotent re-ADD). Raises
         ``IpamExhausted``, ``IpamConflict`` or ``IpamConfigError``; on any failure the
         files this call created are removed.
@@ -140,7 +143,9 @@ class HostLocalStore:
         sets = ipv4_sets(range_sets)
         wanted = assign_requested(sets, requested)
         with self._locked() as dfd:
-            claim = _Claim(owner, self._held(dfd, container_id, ifname))
+            claim = _Claim(
+                owner, self._held(dfd, container_id, ifname), avoid={str(ip) for ip in avoid}
+            )
             try:
                 return [
                     self._allocate_one(dfd, claim, i, rset, wanted.get(i))
@@ -292,7 +297,7 @@ class HostLocalStore:
         if want is not None:
             ip = self._reserve_requested(dfd, claim.owner, rset, want)
         else:
-            ip = self._reserve_next(dfd, claim.owner, index, rset)
+            ip = self._reserve_next(dfd, claim, index, rset)
         claim.created.append(str(ip))
         self._write_cursor(dfd, index, ip)
         return _allocation(rset, ip, index)
@@ -308,11 +313,13 @@ class HostLocalStore:
             raise IpamConflict(f"requested IP address {ip} is not available in range set {rset}")
         return ip
 
-    def _reserve_next(self, dfd: int, owner: str, index: int, rset: RangeSet) -> IPv4Address:
+    def _reserve_next(self, dfd: int, claim: _Claim, index: int, rset: RangeSet) -> IPv4Address:
         taken = self._index.owner_of  # every name listed under the lock just now
         for ip, _ in rset.candidates(self._read_cursor(dfd, index)):
             name = str(ip)
-            if name not in taken and self._try_create(dfd, name, owner):
+            if name in claim.avoid:
+                continue
+            if name not in taken and self._try_create(dfd, name, claim.owner):
                 return v4(ip)
         raise IpamExhausted(rset, index)
 

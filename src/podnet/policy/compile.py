@@ -64,12 +64,33 @@ def compile_rules(
     *,
     node_ips: Iterable[str] = (),
     node_addresses: Iterable[tuple[str, str]] = (),
+    pod_networks: Iterable[str | IPv4Network] = (),
 ) -> RuleSet:
     """The rule set for ``plugin`` over the whole cluster (``node_ips``: known host IPs;
     ``node_addresses``: (node, address) pairs, each node's IP and gateway, which are host
-    IPs too and always reach that node's own pods)."""
+    IPs too and always reach that node's own pods; ``pod_networks``: the ClusterNetwork's
+    CIDRs, where an address without a live owner is denied)."""
     ruleset = _compile(plugin, pods, namespaces, netnamespaces, policies, node_ips)
-    return with_node_addresses(ruleset, node_addresses)
+    return with_pod_networks(with_node_addresses(ruleset, node_addresses), pod_networks)
+
+
+def with_pod_networks(ruleset: RuleSet, networks: Iterable[str | IPv4Network]) -> RuleSet:
+    """``ruleset`` knowing the cluster's pod networks (sorted), so that it fails closed
+    (subnet mode isolates nothing: its rule set stays the empty one)."""
+    parsed = tuple(sorted({IPv4Network(n) for n in networks}))
+    return replace(ruleset, pod_networks=parsed) if parsed and ruleset.plugin != SUBNET else ruleset
+
+
+def cluster_pod_networks(cluster_network: Obj) -> list[str]:
+    """The CIDRs of a ClusterNetwork object (``clusterNetworks``, or the legacy
+    ``network``); unreadable entries are left out."""
+    found = [str(e.get("CIDR") or "") for e in cluster_network.get("clusterNetworks") or []]
+    found.append(str(cluster_network.get("network") or ""))
+    valid = []
+    for text in found:
+        with contextlib.suppress(ValueError):
+            valid.append(str(IPv4Network(text)))
+    return sorted(set(valid))
 
 
 def with_node_addresses(ruleset: RuleSet, pairs: Iterable[tuple[str, str]]) -> RuleSet:

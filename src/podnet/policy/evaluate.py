@@ -92,6 +92,8 @@ def evaluate(
     packet = Packet(_address(src), _address(dst), protocol.upper(), port)
     if packet.src == packet.dst:
         side = _Side(True, ["loopback: traffic to its own address never leaves the pod"])
+    elif ruleset.unowned(packet.src) or ruleset.unowned(packet.dst):
+        side = _unowned(ruleset, packet)
     elif ruleset.plugin == SUBNET:
         side = _Side(True, ["subnet mode: one flat network, every pod reaches every pod"])
     elif ruleset.plugin == MULTITENANT:
@@ -132,11 +134,24 @@ def vnid_of(ruleset: RuleSet, ip: IPv4Address) -> int | None:
 
 
 def describe_address(ruleset: RuleSet, ip: IPv4Address) -> str:
-    """What ``ip`` is: a pod (with its node), the host, or an outside address."""
+    """What ``ip`` is: a pod (with its node), the host, an unowned pod-network address,
+    or an outside address."""
     endpoint = ruleset.by_ip.get(ip)
     if endpoint is not None:
         return f"pod {endpoint.key} ({ip} on {endpoint.node or 'no node'})"
-    return f"host {ip}" if ip in ruleset.host_ips else f"external {ip}"
+    if ip in ruleset.host_ips:
+        return f"host {ip}"
+    return f"unowned {ip}" if ruleset.unowned(ip) else f"external {ip}"
+
+
+def _unowned(ruleset: RuleSet, packet: Packet) -> _Side:
+    """Fail closed: a pod-network address that no running pod or node owns."""
+    ends = [ip for ip in (packet.src, packet.dst) if ruleset.unowned(ip)]
+    why = (
+        f"{' and '.join(map(str, ends))} is in the pod network but no running pod or node "
+        "owns it: an address without a live owner is allowed nothing (fail closed)"
+    )
+    return _Side(False, [why], denied_because=why)
 
 
 # --- multitenant --------------------------------------------------------------------------

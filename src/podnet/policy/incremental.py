@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from typing import Any, TypeVar
 
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS, SUBNET
@@ -38,6 +38,7 @@ from podnet.policy.compile import (
     pods_and_hosts,
     vnid_isolation,
     with_node_addresses,
+    with_pod_networks,
 )
 from podnet.policy.model import EGRESS, INGRESS, CompiledPolicy, Endpoint, RuleSet, VnidIsolation
 from podnet.policy.relevance import NAME_LABEL, PolicyShape
@@ -112,6 +113,7 @@ class PolicyCompiler:
         self._objects: dict[str, dict[str, Slim]] = {c: {} for c in COLLECTIONS}
         self._node_ips: frozenset[IPv4Address] = frozenset()
         self._node_addresses: tuple[tuple[str, str], ...] = ()
+        self._pod_networks: tuple[IPv4Network, ...] = ()
         self._view: _View | None = None
         self._compiled: dict[str, CompiledPolicy | None] = {}  # None: it does not compile
         self._earlier: dict[str, CompiledPolicy | None] = {}  # from before the view rebuild
@@ -120,6 +122,7 @@ class PolicyCompiler:
         self._touched: list[Change] | None = []  # pods changed since the view; None: all
         self._shapes: dict[str, tuple[Slim, PolicyShape]] = {}
         self._rules: RuleSet | None = None
+        self._last: RuleSet | None = None  # the last rule set assembled (its owned set)
 
     def objects(self, collection: str) -> Mapping[str, Slim]:
         """The kept (slim) objects of ``collection`` by ``object_name``."""
@@ -167,6 +170,13 @@ class PolicyCompiler:
         wanted = tuple(sorted(set(pairs)))
         if wanted != self._node_addresses:
             self._node_addresses = wanted
+            self._rules = None
+
+    def set_pod_networks(self, networks: Iterable[str | IPv4Network]) -> None:
+        """The ClusterNetwork's CIDRs: an address there with no live owner is denied."""
+        wanted = tuple(sorted({IPv4Network(n) for n in networks}))
+        if wanted != self._pod_networks:
+            self._pod_networks = wanted
             self._rules = None
 
     def set_node_ips(self, ips: Iterable[str]) -> None:
@@ -260,7 +270,28 @@ class PolicyCompiler:
     # ---- assembling the rule set -------------------------------------------------------------
 
     def _assemble(self, view: _View) -> RuleSet:
-        return with_node_addresses(self._assemble_view(view), self._node_addresses)
+        ruleset = with_node_addresses(self._assemble_view(view), self._node_addresses)
+        hosts = self._keep("hosts and nodes", ruleset.host_ips)  # new at every compile
+        if hosts is not ruleset.host_ips:
+            ruleset = dataclasses.replace(ruleset, host_ips=hosts)
+        return self._owned_kept(with_pod_networks(ruleset, self._pod_networks))
+
+    def _owned_kept(self, ruleset: RuleSet) -> RuleSet:
+        """``ruleset`` with the last rule set's ``owned`` when it is computed from the
+        same endpoints and hosts (the same objects) and pod networks: a policy change
+        then costs no pass over every pod, and the data plane's renderer, which
+        remembers sets by identity, renders the fail-closed set only when it changed."""
+        last, self._last = self._last, ruleset
+        if (
+            last is not None
+            and "owned" in last.__dict__
+            and last.endpoints is ruleset.endpoints
+            and last.host_ips is ruleset.host_ips
+            and last.pod_networks == ruleset.pod_networks
+            and last.plugin == ruleset.plugin
+        ):
+            ruleset.__dict__["owned"] = last.owned  # a cached_property's own slot
+        return ruleset
 
     def _assemble_view(self, view: _View) -> RuleSet:
         hosts = self._keep("hosts", view.pod_hosts | self._node_ips)

@@ -25,10 +25,15 @@ How a backend renders it, with a rule count that does not grow with pods x pods:
   always reach each other, as Kubernetes defines. nftables: see
   ``podnet.dataplane.linux.policytable``; in OpenFlow the same rules become conjunctive matches.
 - Sets are shared: rules with equal members use one set, named by a digest of its
-  members (``distinct_sets``, ``SetDigests``). ``size`` counts what such a rendering
+  members (``distinct_sets``, ``podnet.policy.digests``). ``size`` counts what such a rendering
   holds, so rules grow with policy rules and elements with pods + peers.
 - Traffic from a pod to its own IP never leaves the pod's network namespace (loopback), so
   no data plane sees it, and the rule set allows it.
+- Fail closed (multitenant and networkpolicy): an address inside the cluster's pod
+  networks (``pod_networks``) that no running pod and no node owns (``unowned``: a
+  sandbox whose Pod object is gone, an address not yet or no longer recorded) is allowed
+  nothing, to or from, whatever the rest says. VNID 0 goes only to what is positively
+  global: pods of global projects and the nodes' own addresses.
 
 Named ports are resolved here, once, per destination pod: a rule port ``http`` becomes the
 entries (pod IP, protocol, containerPort) of the pods that name a port ``http`` with that
@@ -47,6 +52,9 @@ from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
+from podnet.model.network import SUBNET
+from podnet.policy.digests import SetDigests
+
 GLOBAL_VNID = 0
 INGRESS, EGRESS = "ingress", "egress"
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -55,25 +63,6 @@ LOWEST_PORT, HIGHEST_PORT = 0, 65535
 
 def _ip_order(ips: Iterable[IPv4Address]) -> list[str]:
     return [str(ip) for ip in sorted(ips)]
-
-
-class SetDigests:
-    """Names a set by a digest of its members, computing each distinct set once.
-
-    The canonical form refers to sets by these digests, so a fingerprint costs the
-    members of the distinct sets, not of every reference to them.
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[frozenset[Any], str] = {}
-
-    def __call__(self, members: frozenset[Any]) -> str:
-        found = self._known.get(members)
-        if found is None:
-            text = "\n".join(sorted(map(str, members)))
-            found = hashlib.sha256(text.encode()).hexdigest()[:32]
-            self._known[members] = found
-        return found
 
 
 @dataclass(frozen=True)
@@ -283,6 +272,30 @@ class RuleSet:
     ingress_isolated: frozenset[IPv4Address] = frozenset()
     egress_isolated: frozenset[IPv4Address] = frozenset()
     node_addresses: tuple[tuple[str, IPv4Address], ...] = ()  # (node, its IP or gateway)
+    pod_networks: tuple[IPv4Network, ...] = ()  # the cluster networks: owned, or denied
+
+    @property
+    def fails_closed(self) -> bool:
+        """Whether unowned pod-network addresses are denied (isolating modes that know
+        their pod networks)."""
+        return self.plugin != SUBNET and bool(self.pod_networks)
+
+    @cached_property
+    def owned(self) -> frozenset[IPv4Address]:
+        """The addresses in the pod networks that have a live owner: a running pod, a
+        node (its gateway) or a hostNetwork pod. Empty unless ``fails_closed``."""
+        if not self.fails_closed:
+            return frozenset()
+        known = {e.ip for e in self.endpoints} | self.host_ips
+        return frozenset(ip for ip in known if self.in_pod_networks(ip))
+
+    def in_pod_networks(self, ip: IPv4Address) -> bool:
+        """Whether ``ip`` lies in one of the cluster's pod networks."""
+        return any(ip in network for network in self.pod_networks)
+
+    def unowned(self, ip: IPv4Address) -> bool:
+        """Whether ``ip`` is a pod-network address with no live owner (fail closed)."""
+        return self.fails_closed and self.in_pod_networks(ip) and ip not in self.owned
 
     def resident(self, node: str) -> frozenset[IPv4Address]:
         """The addresses of node ``node`` (its IP, its gateway): a pod's own node."""
@@ -330,6 +343,7 @@ class RuleSet:
             "ingress_isolated": _ip_order(self.ingress_isolated),
             "egress_isolated": _ip_order(self.egress_isolated),
             "nodes": [[node, str(ip)] for node, ip in self.node_addresses],
+            "pod_networks": [str(n) for n in self.pod_networks],
         }
 
     def fingerprint(self) -> str:
@@ -341,6 +355,7 @@ class RuleSet:
         """Rules and set elements a set-based rendering needs (see the module docstring)."""
         rules = 4 if self.isolation is not None else 0
         rules += 2 if self.policies else 0
+        rules += 2 if self.fails_closed else 0
         rules += sum(_rendered_rules(rule) for rule in self.rules)
         return RuleSetSize(rules, sum(len(members) for members in self.distinct_sets()))
 

@@ -30,7 +30,7 @@ from podnet.model.kinds import (
     Kind,
 )
 from podnet.model.network import CLUSTER_NETWORK_NAME, SUBNET
-from podnet.policy.compile import compile_rules, hostsubnet_addresses
+from podnet.policy.compile import cluster_pod_networks, compile_rules, hostsubnet_addresses
 from podnet.policy.evaluate import Packet
 from podnet.policy.explain import ALLOWED_MARK, CORNER, DENIED_MARK
 from podnet.policy.model import PROTOCOLS, Endpoint, RuleSet
@@ -77,6 +77,7 @@ class ClusterObjects:
     policies: list[Obj]
     node_ips: list[str]
     node_addresses: list[tuple[str, str]] = field(default_factory=list)
+    pod_networks: list[str] = field(default_factory=list)
 
     def ruleset(self) -> RuleSet:
         """The compiled rule set, as the data plane builds it."""
@@ -88,25 +89,33 @@ class ClusterObjects:
             self.policies,
             node_ips=self.node_ips,
             node_addresses=self.node_addresses,
+            pod_networks=self.pod_networks,
         )
 
 
 def fetch_objects(api: ObjectReader) -> ClusterObjects:
     """Read the plugin and every object the rule set is compiled from."""
     hostsubnets = _items(api, HOST_SUBNET)
+    network = _cluster_network(api)
     return ClusterObjects(
-        plugin=cluster_plugin(api),
+        plugin=str(network.get("pluginName") or SUBNET),
         pods=_items(api, POD),
         namespaces=_items(api, NAMESPACE),
         netnamespaces=_items(api, NET_NAMESPACE),
         policies=_items(api, NETWORK_POLICY),
         node_ips=host_ips(hostsubnets),
         node_addresses=[pair for hs in hostsubnets for pair in hostsubnet_addresses(hs)],
+        pod_networks=cluster_pod_networks(network),
     )
 
 
 def cluster_plugin(api: ObjectReader) -> str:
     """``pluginName`` of the ClusterNetwork ``default`` (OpenShift's default: subnet)."""
+    return str(_cluster_network(api).get("pluginName") or SUBNET)
+
+
+def _cluster_network(api: ObjectReader) -> Obj:
+    """The ClusterNetwork ``default``; a clear error while there is none."""
     from podnet.client import StatusError
 
     try:
@@ -118,7 +127,7 @@ def cluster_plugin(api: ObjectReader) -> str:
             f'the ClusterNetwork "{CLUSTER_NETWORK_NAME}" does not exist yet: '
             "has the master started?"
         ) from exc
-    return str(network.get("pluginName") or SUBNET)
+    return network
 
 
 def _items(api: ObjectReader, kind: Kind) -> list[Obj]:

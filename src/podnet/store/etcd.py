@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from podnet.store.base import (
 )
 from podnet.store.etcd_client import EtcdClient, parse_endpoints
 from podnet.store.etcd_pki import EtcdTls
+from podnet.store.health import StoreHealth
 from podnet.store.readbatch import ReadBatcher
 
 TIMEOUT = 10.0
@@ -56,7 +58,9 @@ class EtcdStore:
 
     ``endpoints`` is ``host:port``, several of them comma-separated, or a list: the
     client uses one member and fails over to the next (``podnet.store.etcd_client``).
-    ``tls`` (CA, client certificate and key) is required by a TLS etcd.
+    ``tls`` (CA, client certificate and key) is required by a TLS etcd. With
+    ``fail_fast`` (the master's store), calls fail at once while etcd does not answer
+    (``podnet.store.health``) instead of waiting for their deadline.
     """
 
     def __init__(
@@ -64,25 +68,45 @@ class EtcdStore:
         endpoints: str | Sequence[str] = "127.0.0.1:2379",
         timeout: float = TIMEOUT,
         tls: EtcdTls | None = None,
+        fail_fast: bool = False,
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self._client = EtcdClient(self.endpoints, tls, int(timeout))
         self._timeout = timeout
         self._gets: ReadBatcher[Any] = ReadBatcher(self._get_many)  # podnet.store.readbatch
+        self.health = StoreHealth(self._probe) if fail_fast else None
 
     async def connect(self) -> None:
         try:
             await asyncio.wait_for(self._client.connect(), self._timeout)
         except (aetcd.exceptions.ClientError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"cannot reach etcd: {exc}") from exc
+        if self.health is not None:
+            self.health.start()
+
+    async def _probe(self, timeout: float) -> None:
+        """A count-only read the connected member answers alone (serializable: a leader
+        election is not an outage), failing at once when no member is reachable."""
+        request = rpc.RangeRequest(key=b"\0", count_only=True, serializable=True)
+        await self._client.kvstub.Range(
+            request, timeout=timeout, metadata=self._client.metadata, wait_for_ready=False
+        )
+
+    def _guarded(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.health.guarded() if self.health is not None else contextlib.nullcontext()
 
     async def _call(self, stub_method: Any, request: Any) -> Any:
         # wait_for_ready: while the channel moves to another member (or waits for a
-        # restarted one) a request waits, up to its deadline, instead of failing at once.
+        # restarted one) a request waits, up to its deadline, instead of failing at once
+        # (unless the health probe finds etcd down: then it fails at once).
         try:
-            return await stub_method(
-                request, timeout=self._timeout, metadata=self._client.metadata, wait_for_ready=True
-            )
+            async with self._guarded():
+                return await stub_method(
+                    request,
+                    timeout=self._timeout,
+                    metadata=self._client.metadata,
+                    wait_for_ready=True,
+                )
         except grpc.aio.AioRpcError as exc:
             message = f"etcd request failed: {exc.code().name}: {exc.details()}"
             if exc.code() in TRANSIENT:
@@ -201,9 +225,12 @@ class EtcdStore:
     async def check_revision(self, revision: int) -> None:
         request = rpc.RangeRequest(key=b"\0", count_only=True, revision=revision + 1)
         try:
-            await self._client.kvstub.Range(
-                request, timeout=self._timeout, metadata=self._client.metadata
-            )
+            async with self._guarded():
+                await self._client.kvstub.Range(
+                    request, timeout=self._timeout, metadata=self._client.metadata
+                )
+        except StoreUnavailable:
+            raise
         except Exception as exc:
             if "compacted" in str(exc):
                 raise Compacted(revision, 0) from exc
@@ -218,6 +245,8 @@ class EtcdStore:
         )
 
     async def close(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         await self._client.close()
 
     @property

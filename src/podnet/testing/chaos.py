@@ -12,6 +12,11 @@ object, bound to its node, as the scheduler would; while the API is down it ADDs
 one, as podman does. The agent writes the Pod's IP; after a successful DEL the runtime
 deletes the Pod object, as a kubelet finalizes a pod.
 
+Issue 19: the runtime also orphans sandboxes, the way users do: it force-deletes a live
+sandbox's Pod object (grace 0), or deletes a whole namespace holding one, and leaves the
+sandbox running, wired and serving, until the checks have shown that nothing reaches it
+and it reaches nothing (``orphans``); then it DELs it, as a runtime finally would.
+
 ``Churn`` drives ADDs and DELs on every node from background threads, bounded in count and
 time. ``podnet.testing.chaoskill`` crashes and revives the agent, the master or etcd;
 ``podnet.testing.chaoscheck`` holds the invariants.
@@ -19,34 +24,29 @@ time. ``podnet.testing.chaoskill`` crashes and revives the agent, the master or 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-import json
-import os
 import random
 import secrets
-import socket
-import subprocess
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podnet import netns
-from podnet.cluster import nodes
 from podnet.cluster.pods import admin_api, ensure_namespace
+from podnet.testing.cniexec import CNI_TIMEOUT, IFNAME, CniAnswer, run_cni
 from podnet.testing.e2e import load_state
+from podnet.testing.echoservers import EchoServers
 
 if TYPE_CHECKING:
     from podnet.client.sync import ApiClient
 
-ECHO_PORT = 8080
-IFNAME = "eth0"
-CNI_TIMEOUT = 60.0
 OP_PAUSE = 0.1  # between one churn thread's operations: keeps two cores breathing
+ORPHAN_GRACE = 1  # seconds: the chaos pods' terminationGracePeriodSeconds
 
 
 @dataclass
@@ -59,125 +59,7 @@ class Sandbox:
     container_id: str
     ip: str = ""
     has_object: bool = False  # its Pod object was created before the ADD
-
-
-@dataclass(frozen=True)
-class CniAnswer:
-    """What the CNI executable said: exit code, and its JSON (``{}`` if none)."""
-
-    returncode: int
-    body: dict[str, Any]
-    text: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    @property
-    def code(self) -> int:
-        """The CNI error code (0 on success, -1 if the output was no error JSON)."""
-        return 0 if self.ok else int(self.body.get("code", -1))
-
-
-def run_cni(
-    state_dir: Path, node: str, env: dict[str, str], extra: dict[str, Any] | None = None
-) -> CniAnswer:
-    """Run ``node``'s installed CNI executable inside the node namespace, as its runtime
-    would: the podnet plugin's conflist entry (plus ``extra``) on stdin."""
-    paths = nodes.node_paths(state_dir, node)
-    conflist = json.loads(paths.conflist.read_text())
-    plugin = next(p for p in conflist["plugins"] if p.get("type") == "podnet")
-    config = {"cniVersion": conflist["cniVersion"], "name": conflist["name"], **plugin}
-    full_env = {
-        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-        "CNI_PATH": f"{paths.cni_bin_dir}:/usr/lib/cni",
-        "CNI_IFNAME": IFNAME,
-        **env,
-    }
-    argv = netns.command(load_state(state_dir).nodes[node].netns, [str(paths.shim)])
-    try:
-        done = subprocess.run(
-            argv,
-            input=json.dumps({**config, **(extra or {})}),
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=CNI_TIMEOUT,
-        )
-    except subprocess.TimeoutExpired:
-        return CniAnswer(-9, {"msg": f"no answer in {CNI_TIMEOUT}s"}, "")
-    try:
-        body = json.loads(done.stdout) if done.stdout.strip() else {}
-    except json.JSONDecodeError:
-        body = {}
-    return CniAnswer(done.returncode, body if isinstance(body, dict) else {}, done.stdout)
-
-
-class EchoServers:
-    """TCP echo on port 8080 inside each live sandbox, served by one event loop thread.
-
-    The listening socket is created inside the sandbox's namespace (a socket stays in
-    the namespace it was made in). ``stop`` closes it and every accepted connection, so
-    nothing of ours pins a namespace that is about to be removed."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.servers: dict[str, asyncio.Server] = {}
-        self.conns: dict[str, set[asyncio.StreamWriter]] = {}
-
-    def start(self, key: str, namespace: str) -> None:
-        """Serve echo in ``namespace`` under ``key``."""
-        with netns.entered(namespace):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("0.0.0.0", ECHO_PORT))
-        sock.listen(64)
-        sock.setblocking(False)
-        conns: set[asyncio.StreamWriter] = set()
-
-        async def serve() -> asyncio.Server:
-            return await asyncio.start_server(self._handler(conns), sock=sock)
-
-        server = asyncio.run_coroutine_threadsafe(serve(), self.loop).result(10)
-        self.servers[key], self.conns[key] = server, conns
-
-    def _handler(self, conns: set[asyncio.StreamWriter]) -> Any:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            conns.add(writer)
-            try:
-                while data := await asyncio.wait_for(reader.read(4096), 10):
-                    writer.write(data)
-                    await writer.drain()
-            except (OSError, TimeoutError):
-                pass
-            finally:
-                conns.discard(writer)
-                writer.close()
-
-        return handle
-
-    def stop(self, key: str) -> None:
-        """Close ``key``'s listener and connections (no-op if unknown)."""
-        server, conns = self.servers.pop(key, None), self.conns.pop(key, set())
-        if server is None:
-            return
-
-        async def close() -> None:
-            server.close()
-            for writer in list(conns):
-                writer.transport.abort()
-            await server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
-
-    def close(self) -> None:
-        """Stop every server and the loop."""
-        for key in list(self.servers):
-            self.stop(key)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+    namespace: str = ""  # its Pod's namespace
 
 
 @dataclass
@@ -190,6 +72,7 @@ class Runtime:
     live: dict[str, Sandbox] = field(default_factory=dict)  # by container ID
     pending_del: dict[str, Sandbox] = field(default_factory=dict)
     pending_pod_deletes: set[str] = field(default_factory=set)
+    orphans: dict[str, Sandbox] = field(default_factory=dict)  # object gone, sandbox running
     made: list[str] = field(default_factory=list)  # every sandbox namespace, for cleanup
     stats: Counter[str] = field(default_factory=Counter)
 
@@ -212,7 +95,7 @@ class Runtime:
             return list(self.live.values())
 
     def _env(self, sandbox: Sandbox, command: str) -> dict[str, str]:
-        args = f"K8S_POD_NAMESPACE={self.pod_namespace};K8S_POD_NAME={sandbox.name}"
+        args = f"K8S_POD_NAMESPACE={sandbox.namespace};K8S_POD_NAME={sandbox.name}"
         path = netns.path(sandbox.netns)
         return {
             "CNI_COMMAND": command,
@@ -221,11 +104,12 @@ class Runtime:
             "CNI_ARGS": f"IgnoreUnknown=1;{args}",
         }
 
-    def add(self, node: str) -> Sandbox | None:
+    def add(self, node: str, namespace: str | None = None) -> Sandbox | None:
         """Create a sandbox on ``node`` and ADD it; on failure DEL it (the CNI contract)."""
         seq = next(self._seq)
         name = f"chaos-{self.tag}-{seq}"
         sandbox = Sandbox(name, node, f"{self.prefix}-c{self.tag}-{seq}", secrets.token_hex(32))
+        sandbox.namespace = namespace or self.pod_namespace
         sandbox.has_object = self._create_pod_object(sandbox)
         with self.lock:
             self.made.append(sandbox.netns)
@@ -250,12 +134,16 @@ class Runtime:
         obj = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": sandbox.name, "namespace": self.pod_namespace},
-            "spec": {"nodeName": sandbox.node, "containers": [{"name": "main", "image": "x"}]},
+            "metadata": {"name": sandbox.name, "namespace": sandbox.namespace},
+            "spec": {
+                "nodeName": sandbox.node,
+                "containers": [{"name": "main", "image": "x"}],
+                "terminationGracePeriodSeconds": ORPHAN_GRACE,
+            },
         }
         try:
             with quick_api(self.state_dir) as api:
-                api.create(POD, obj, namespace=self.pod_namespace)
+                api.create(POD, obj, namespace=sandbox.namespace)
         except (ClientError, OSError):
             self._count("Pod object not created (API down)")
             return False
@@ -280,11 +168,84 @@ class Runtime:
         self._count("DEL ok")
         return True
 
+    def orphan(self, sandbox: Sandbox) -> bool:
+        """Force-delete ``sandbox``'s Pod object (grace 0, as ``kubectl delete --force
+        --grace-period=0``) and keep the sandbox running: an orphan. False (and still
+        live) when the API does not take the delete."""
+        from podnet.client import ClientError
+        from podnet.model.kinds import POD
+
+        try:
+            with quick_api(self.state_dir) as api:
+                api.delete(POD, sandbox.namespace, sandbox.name, grace_period_seconds=0)
+        except (ClientError, OSError):
+            self._count("orphaning refused (API down)")
+            return False
+        self._make_orphan(sandbox)
+        return True
+
+    def orphan_by_namespace(self, node: str, api: Any, timeout: float = 60.0) -> str:
+        """ADD a sandbox in a namespace of its own, delete the namespace and wait until
+        its Pod object is gone (the namespace controller deletes it, gracefully; the node
+        finishes it when the grace runs out); the sandbox then runs on as an orphan.
+        Returns a problem, or ""."""
+        from podnet.model.kinds import NAMESPACE, POD
+
+        namespace = f"chaos-{self.tag}-ns{next(self._seq)}"
+        ensure_namespace(api, namespace)
+        sandbox = self.add(node, namespace)
+        if sandbox is None:
+            return f"ADD in namespace {namespace} failed"
+        with self.lock:
+            self.live.pop(sandbox.container_id, None)
+        api.delete(NAMESPACE, None, namespace)
+        deadline = time.monotonic() + timeout
+        while api.list(POD, namespace=namespace)["items"]:
+            if time.monotonic() > deadline:
+                self._make_orphan(sandbox)
+                return f"the Pod of deleted namespace {namespace} is still there after {timeout}s"
+            time.sleep(0.05)
+        self._make_orphan(sandbox)
+        return ""
+
+    def _make_orphan(self, sandbox: Sandbox) -> None:
+        with self.lock:
+            self.live.pop(sandbox.container_id, None)
+            self.orphans[sandbox.container_id] = sandbox
+        self._count("orphaned")
+
+    def release_orphans(self) -> list[str]:
+        """DEL every orphan (it must succeed: the node may have detached it already) and
+        remove its namespace; what failed, as messages."""
+        with self.lock:
+            orphans = list(self.orphans.values())
+            self.orphans.clear()
+        problems = []
+        for sandbox in orphans:
+            self.echo.stop(sandbox.container_id)
+            answer = run_cni(self.state_dir, sandbox.node, self._env(sandbox, "DEL"))
+            if not answer.ok:
+                problems.append(f"DEL of orphan {sandbox.name} failed: {answer.text.strip()}")
+                with self.lock:
+                    self.pending_del[sandbox.container_id] = sandbox
+                continue
+            netns.remove(sandbox.netns)
+        return problems
+
     def retry_deletes(self) -> list[str]:
-        """DEL every sandbox whose DEL failed; what still fails, as messages."""
+        """DEL every sandbox whose DEL failed, all at once (a runtime retries each of its
+        containers on its own); what still fails, as messages."""
         with self.lock:
             pending = list(self.pending_del.values())
-        return [f"DEL of {s.name} on {s.node} fails again" for s in pending if not self.delete(s)]
+        if not pending:
+            return []
+        with ThreadPoolExecutor(len(pending)) as pool:
+            done = list(pool.map(self.delete, pending))
+        return [
+            f"DEL of {s.name} on {s.node} fails again"
+            for s, ok in zip(pending, done, strict=True)
+            if not ok
+        ]
 
     def delete_pod_objects(self, api: Any) -> None:
         """Delete the Pod objects of deleted sandboxes (as a kubelet finalizes a pod)."""
@@ -295,7 +256,7 @@ class Runtime:
             names = sorted(self.pending_pod_deletes)
         for name in names:
             try:
-                api.delete(POD, self.pod_namespace, name)
+                api.delete(POD, self.pod_namespace, name, grace_period_seconds=0)
             except StatusError as exc:
                 if exc.code != 404:
                     continue
@@ -304,14 +265,18 @@ class Runtime:
 
     def gc(self, node: str) -> CniAnswer:
         """A CNI GC on ``node`` listing every live attachment there."""
-        valid = [{"containerID": s.container_id, "ifname": IFNAME} for s in self.live_on(node)]
+        with self.lock:  # an orphan's sandbox still runs: the runtime still lists it
+            orphans = [s for s in self.orphans.values() if s.node == node]
+        held = self.live_on(node) + orphans
+        valid = [{"containerID": s.container_id, "ifname": IFNAME} for s in held]
         extra = {"cniVersion": "1.1.0", "cni.dev/valid-attachments": valid}
         return run_cni(self.state_dir, node, {"CNI_COMMAND": "GC"}, extra)
 
     def close(self) -> None:
         """DEL every sandbox (best effort), stop the echo loop, remove every namespace
         this runtime made, by exact name."""
-        for sandbox in self.snapshot() + list(self.pending_del.values()):
+        held = [*self.snapshot(), *self.pending_del.values(), *self.orphans.values()]
+        for sandbox in held:
             with contextlib.suppress(Exception):
                 self.delete(sandbox)
         self.echo.close()

@@ -16,7 +16,11 @@ After every crash, restart and GC, what each node holds must equal what the runt
 - no address is held twice in the cluster; the Pod object of each live sandbox (when the
   API was up to create it) shows its address and node, and no other Pod object claims
   an address;
-- every live sandbox reaches every other (TCP echo, bounded).
+- every live sandbox reaches every other (TCP echo, bounded), once every node's data
+  plane holds the rule set the API's objects compile to (isolating modes fail closed:
+  a pod is reachable only once its address is recorded);
+- issue 19: no orphan (a sandbox whose Pod object is gone) reaches a live sandbox, and
+  none reaches it, while it still runs, wired and serving.
 
 Each check returns a list of problems, each one line naming what differs.
 """
@@ -38,13 +42,19 @@ from podnet.cluster.pods import admin_api
 from podnet.cluster.state import ClusterState
 from podnet.dataplane.wiring import host_veth_name
 from podnet.ipam.reservations import parse_owner
-from podnet.testing.chaos import ECHO_PORT, IFNAME, Runtime, Sandbox
+from podnet.testing import planeview
+from podnet.testing.chaos import IFNAME, Runtime, Sandbox
+from podnet.testing.echoservers import ECHO_PORT
 from podnet.testing.planeview import anti_spoofing, flow_problems, pod_ports, pod_veths
 
 NETWORK = "podnet"  # the conflist's network name: IPAM keeps <ipam dir>/<network>/
 IPAM_BOOKKEEPING = ("lock", "last_reserved_ip.")
 PROBE_TIMEOUT = 3.0
+ORPHAN_PROBE_TIMEOUT = 1.0  # a probe that must fail: a dropped SYN is never answered
+ORPHAN_PEERS = 3  # live sandboxes probed from and to each orphan
+POLICY_TIMEOUT = 30.0
 PROBE_WORKERS = 8
+POLL = 0.05  # seconds between looks while waiting for the API or a node's policy
 PAYLOAD = b"chaos-probe\n"
 
 
@@ -150,15 +160,15 @@ def wait_api_agrees(state_dir: Path, runtime: Runtime, timeout: float) -> list[s
             problems = api_problems(objects, live)
             if not problems or time.monotonic() > deadline:
                 return problems
-            time.sleep(0.2)
+            time.sleep(POLL)
 
 
-def tcp_echo(source: Sandbox, destination: Sandbox) -> bool:
+def tcp_echo(source: Sandbox, destination: Sandbox, timeout: float = PROBE_TIMEOUT) -> bool:
     """Whether ``destination``'s echo answers a connection from inside ``source``."""
     with netns.entered(source.netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.settimeout(PROBE_TIMEOUT)
+        sock.settimeout(timeout)
         sock.connect((destination.ip, ECHO_PORT))
         sock.sendall(PAYLOAD)
         got = b""
@@ -186,6 +196,47 @@ def reachability_problems(live: list[Sandbox]) -> list[str]:
     ]
 
 
+def policy_problems(state_dir: Path, timeout: float = POLICY_TIMEOUT) -> list[str]:
+    """Wait until every node's data plane holds the rule set the API's objects compile
+    to; the nodes still behind after ``timeout``."""
+    from podnet.policy.trace import fetch_objects
+
+    deadline = time.monotonic() + timeout
+    while True:
+        state = ClusterState.load(state_dir)
+        assert state is not None
+        with admin_api(state_dir) as api:
+            rules = fetch_objects(api).ruleset()
+        late = planeview.policy_behind(state_dir, state, rules)
+        if not late:
+            return []
+        if time.monotonic() > deadline:
+            return [f"policy of {late} still differs from the API's after {timeout}s"]
+        time.sleep(POLL)
+
+
+def orphan_problems(state_dir: Path, runtime: Runtime) -> list[str]:
+    """Issue 19: once the nodes hold the API's rule set, no orphan reaches a live sandbox
+    and no live sandbox reaches an orphan (up to ``ORPHAN_PEERS`` of each, TCP echo)."""
+    orphans = list(runtime.orphans.values())
+    if not orphans:
+        return []
+    problems = policy_problems(state_dir)
+    live = runtime.snapshot()[:ORPHAN_PEERS]
+    pairs = [(o, p) for o in orphans for p in live] + [(p, o) for o in orphans for p in live]
+    # All at once: each probe that holds lasts its whole timeout (a dropped SYN).
+    with ThreadPoolExecutor(max(len(pairs), 1)) as pool:
+        results = list(
+            pool.map(lambda pair: tcp_echo(pair[0], pair[1], ORPHAN_PROBE_TIMEOUT), pairs)
+        )
+    return problems + [
+        f"{a.name} ({a.ip}) reaches {b.name} ({b.ip}), but the Pod object of "
+        f"{a.name if a in orphans else b.name} is gone"
+        for (a, b), ok in zip(pairs, results, strict=True)
+        if ok
+    ]
+
+
 def leak_problems(state_dir: Path, runtime: Runtime) -> list[str]:
     """IPAM files, veths, switch ports, anti-spoofing entries and (ovs) flows of every
     node against the live sandboxes."""
@@ -198,11 +249,23 @@ def leak_problems(state_dir: Path, runtime: Runtime) -> list[str]:
     return problems
 
 
-def check_all(state_dir: Path, runtime: Runtime, api_timeout: float = 30.0) -> list[str]:
-    """Every invariant; the problems found (empty when all hold)."""
+def api_side_problems(state_dir: Path, runtime: Runtime, api_timeout: float = 30.0) -> list[str]:
+    """Agents that do not answer, addresses held twice, and the API's Pod objects against
+    the live sandboxes (waited for up to ``api_timeout``)."""
     state = ClusterState.load(state_dir)
     assert state is not None
-    live = runtime.snapshot()
-    problems = agent_problems(state_dir, state) + duplicate_problems(live)
-    problems += leak_problems(state_dir, runtime) + reachability_problems(live)
+    problems = agent_problems(state_dir, state) + duplicate_problems(runtime.snapshot())
     return problems + wait_api_agrees(state_dir, runtime, api_timeout)
+
+
+def node_side_problems(state_dir: Path, runtime: Runtime) -> list[str]:
+    """What every node holds against the live sandboxes, then, once every node holds the
+    API's rule set, reachability between them."""
+    problems = leak_problems(state_dir, runtime) + policy_problems(state_dir)
+    return problems + reachability_problems(runtime.snapshot())
+
+
+def check_all(state_dir: Path, runtime: Runtime, api_timeout: float = 30.0) -> list[str]:
+    """Every invariant; the problems found (empty when all hold)."""
+    problems = api_side_problems(state_dir, runtime, api_timeout)
+    return problems + node_side_problems(state_dir, runtime)

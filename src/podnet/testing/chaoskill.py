@@ -96,7 +96,7 @@ def kill(state_dir: Path, victim: Victim) -> int:
 def restart(state_dir: Path, victim: Victim, timeout: float = 90.0) -> None:
     """Start the victim again as ``podnet cluster up`` would (same ports, same data), and
     wait for its signal: an agent's CNI STATUS and Node Ready; a master's readiness as
-    the control plane defines it (/readyz when it must lead, /healthz when another
+    the control plane defines it (/leaderz when it must lead, /healthz when another
     master runs); an etcd member's health. Then the API must serve (a pod list through
     the masters, which reads etcd) and every agent must answer CNI STATUS. An OVS daemon
     is the agent's to restart: it must run again and (``ovs-vswitchd``) br0 must hold
@@ -167,7 +167,7 @@ def wait_api_serves(state_dir: Path, timeout: float) -> None:
 
 
 def wait_master_ready(state_dir: Path, timeout: float) -> None:
-    """Until a master's /readyz answers 200: the leader, its controllers synced."""
+    """Until a master's /leaderz answers 200: the leader, its controllers synced."""
     import ssl
     import urllib.request
 
@@ -177,14 +177,14 @@ def wait_master_ready(state_dir: Path, timeout: float) -> None:
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 
     def ready(port: int) -> bool:
-        url = f"https://127.0.0.1:{port}/readyz"
+        url = f"https://127.0.0.1:{port}/leaderz"
         try:
             with urllib.request.urlopen(url, timeout=2, context=context) as resp:
                 return bool(resp.status == 200)
         except OSError:  # refused, or an HTTP error status such as 503
             return False
 
-    what = "a master's /readyz to answer 200"
+    what = "a master's /leaderz to answer 200"
     wait_for(lambda: any(ready(port) for port in ports), timeout, what, interval=0.05)
 
 

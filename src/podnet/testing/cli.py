@@ -41,3 +41,25 @@ def run_kubectl(
         input=stdin,
         check=False,
     )
+
+
+# What every authenticated identity may read, as kube's system:discovery and
+# system:public-info-viewer grant it, in `kubectl auth can-i --list`'s rows.
+DISCOVERY_PATHS = (
+    "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/readyz", "/leaderz",
+    "/openapi", "/openapi/*", "/version", "/version/",
+)  # fmt: skip
+DISCOVERY_ROWS = frozenset(
+    f"[{p}] [] [{verb}]" for p in DISCOVERY_PATHS for verb in ("get", "head")
+)
+
+
+def can_i_rows(listing: str) -> set[str]:
+    """The rows of `kubectl auth can-i --list`, spaces collapsed and each row's verbs
+    sorted (kubectl merges verbs in the order the rules give them)."""
+    rows = set()
+    for line in listing.splitlines()[1:]:
+        *head, verbs = line.split("[")
+        words = " ".join(sorted(verbs.rstrip(" ]").split()))
+        rows.add(" ".join("[".join([*head, words + "]"]).split()))
+    return rows

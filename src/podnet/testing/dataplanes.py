@@ -30,6 +30,7 @@ from podnet.dataplane import registry
 from podnet.dataplane.fake import FakeDataPlane
 from podnet.dataplane.interface import DataPlane, NodeNetwork, PodNetwork, RemoteNode
 from podnet.dataplane.linux.desired import BRIDGE, NFT_TABLE, POD_PORTS_SET, VXLAN, host_veth_name
+from podnet.testing.e2e import wait_for
 from podnet.testing.lab import Lab, policy_table, sh
 
 NODE = 1  # the node under test; remotes use the lab's addressing of nodes 2, 3...
@@ -132,6 +133,11 @@ class Harness(ABC):
     async def drift_remote(self, remote: RemoteNode) -> None:
         """Remove the route to ``remote`` by hand."""
 
+    @abstractmethod
+    async def drift_sandbox_gone(self, pod: PodNetwork) -> None:
+        """Delete ``pod``'s network namespace behind the plane's back (a runtime that
+        crashed, or removed a sandbox without a DEL)."""
+
 
 class FakeHarness(Harness):
     """``fake``: its state file plays the kernel; the views read the plane opened last."""
@@ -188,6 +194,9 @@ class FakeHarness(Harness):
 
     async def drift_remote(self, remote: RemoteNode) -> None:
         self.fake.drift_remove_remote(remote.name)
+
+    async def drift_sandbox_gone(self, pod: PodNetwork) -> None:
+        self.fake.drift_sandbox_gone(pod.container_id, pod.ifname)
 
 
 class LinuxHarness(Harness):
@@ -263,6 +272,13 @@ class LinuxHarness(Harness):
 
     async def drift_remote(self, remote: RemoteNode) -> None:
         sh(self.ns, "ip", "route", "del", str(remote.subnet))
+
+    async def drift_sandbox_gone(self, pod: PodNetwork) -> None:
+        assert netns.remove(Path(pod.netns).name), f"{pod.netns} was not there"
+        # the kernel frees a namespace (and with it both ends of the veth) a moment later
+        host = host_veth_name(pod.container_id, pod.ifname)
+        gone = lambda: netns.run(self.ns, ["ip", "link", "show", host]).returncode != 0  # noqa: E731
+        wait_for(gone, 10, f"{host} to go with its pod's namespace", interval=0.05)
 
 
 def snapshot(ns: str) -> tuple[str, ...]:

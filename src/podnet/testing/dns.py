@@ -9,14 +9,18 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, A, DNSRecord
 
+from podnet.client import WatchEvent
+from podnet.dataplane.interface import NodeNetwork
 from podnet.dns.server import Listen, bound_pair
+from podnet.model.kinds import Kind
 
 Obj = dict[str, Any]
 
@@ -187,3 +191,29 @@ class StaticUpstream(asyncio.DatagramProtocol):
                 await writer.drain()
         finally:
             writer.close()
+
+
+# A node for DNS tests of the agent's side (sync, thread): its subnet is loopback's, so
+# the listeners bind where a test can reach them.
+NODE = NodeNetwork(
+    node_name="node-1",
+    node_ip=ipaddress.IPv4Address("192.0.2.10"),
+    subnet=ipaddress.IPv4Network("127.0.0.0/24"),
+    cluster_networks=(ipaddress.IPv4Network("10.128.0.0/14"),),
+    service_network=ipaddress.IPv4Network("172.30.0.0/16"),
+    mtu=1450,
+)
+
+
+class Feed:
+    """A watch source fed by the test, one queue per kind."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[WatchEvent]] = {}
+
+    def queue(self, kind: Kind) -> asyncio.Queue[WatchEvent]:
+        return self.queues.setdefault(kind.plural, asyncio.Queue())
+
+    async def watch(self, kind: Kind) -> AsyncIterator[WatchEvent]:
+        while True:
+            yield await self.queue(kind).get()

@@ -8,7 +8,9 @@ once it answers, and ``applied N`` after each line it has applied: the tests' an
 benchmark's readiness signals.
 
 ``--unguarded`` drops the device binding and the source check: the tests' proof that
-their attacks would get answers without them.
+their attacks would get answers without them. ``--client-qps`` and
+``--client-uncached-qps`` set the per-client limits (the benchmark's single client
+measures the server's capacity with limits it never reaches).
 
 ``python -m podnet.testing.dnsrunner upstream --address A --record NAME=IP ...`` runs a
 ``StaticUpstream`` there and prints ``ready PORT``.
@@ -27,7 +29,8 @@ from typing import Any
 
 from podnet.client import LISTED, WatchEvent
 from podnet.dataplane.interface import NodeNetwork
-from podnet.dns.server import DnsServer, Listen
+from podnet.dns.ratelimit import DEFAULT_QPS, DEFAULT_UNCACHED_QPS, ClientLimits
+from podnet.dns.server import DnsServer, Limits, Listen
 from podnet.dns.sync import ClusterDns, DnsSettings
 from podnet.model.kinds import ENDPOINT_SLICE, POD, SERVICE, Kind
 from podnet.testing.dns import StaticUpstream
@@ -82,6 +85,7 @@ async def serve(args: argparse.Namespace) -> None:
         device=args.device or None,
         upstream_resolv_conf=Path(args.upstream_resolv_conf) if args.upstream_resolv_conf else None,
         retry=0.1,
+        limits=Limits(clients=ClientLimits(args.client_qps, args.client_uncached_qps)),
     )
     cluster = ClusterDns(feed, node, settings)
     if args.unguarded:  # the counterfactual of the tests' attacks: no device, no source check
@@ -117,6 +121,8 @@ def main() -> None:
     run.add_argument("--objects")
     run.add_argument("--upstream-resolv-conf")
     run.add_argument("--unguarded", action="store_true", help="answer anyone (tests only)")
+    run.add_argument("--client-qps", type=float, default=DEFAULT_QPS)
+    run.add_argument("--client-uncached-qps", type=float, default=DEFAULT_UNCACHED_QPS)
     fake = sub.add_parser("upstream")
     fake.add_argument("--address", required=True)
     fake.add_argument("--port", type=int, default=53)

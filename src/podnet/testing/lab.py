@@ -9,6 +9,7 @@ before it is created and removed by exact name in ``Lab.close``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
 from podnet import netns
 from podnet.dataplane.interface import NodeNetwork, PodNetwork, RemoteNode
-from podnet.dataplane.linux import LinuxDataPlane
-from podnet.dataplane.linux.policytable import TABLE_KEY
+from podnet.dataplane.linux import LinuxDataPlane, portsecurity
+from podnet.dataplane.linux.policyvalues import TABLE_KEY
 
 UNDERLAY = IPv4Network("198.51.100.0/24")
 EXTERNAL_IP = IPv4Address("198.51.100.100")
@@ -141,6 +142,17 @@ class Lab:
         for i in range(1, nodes + 1):
             self.plug(self.namespace(f"n{i}"), f"u-n{i}", IPv4Interface(f"{self.node_ip(i)}/24"))
 
+    def port_security(self) -> None:
+        """Port security on the underlay's switch, as on a managed switch: each port
+        takes frames only with the source MAC of the host plugged into it."""
+        hosts = {"u-ext": f"{self.run}-ext"}
+        hosts |= {
+            f"u-n{i}": self.node_ns(i) for i in range(1, 100) if self.node_ns(i) in self.created
+        }
+        ports = {port: self.underlay_mac(ns) for port, ns in hosts.items()}
+        with netns.entered(self.underlay):
+            portsecurity.apply(ports)
+
     def network(self, i: int, tunnel: str = "vxlan", **overrides: object) -> NodeNetwork:
         values: dict[str, object] = {
             "node_name": f"node-{i}",
@@ -154,8 +166,18 @@ class Lab:
         values.update(overrides)
         return NodeNetwork(**values)  # type: ignore[arg-type]
 
-    def remote(self, i: int) -> RemoteNode:
-        return RemoteNode(f"node-{i}", self.node_ip(i), self.subnet(i))
+    def remote(self, i: int, *, mac: bool = True) -> RemoteNode:
+        """Node ``i`` as its peers see it: with the underlay MAC it publishes (``mac``
+        False: a node that publishes none, such as an older agent). A node the lab did not
+        build gets a made-up MAC (``02:58:`` + its IP)."""
+        ns, ip = self.node_ns(i), self.node_ip(i)
+        made_up = "02:58:" + ":".join(f"{b:02x}" for b in ip.packed)
+        published = (self.underlay_mac(ns) if ns in self.created else made_up) if mac else None
+        return RemoteNode(f"node-{i}", ip, self.subnet(i), published)
+
+    def underlay_mac(self, ns: str) -> str:
+        """The MAC of ``ns``'s interface on the underlay (its ``eth0``)."""
+        return link_mac(ns, "eth0")
 
     def plane(self, i: int) -> LinuxDataPlane:
         with netns.entered(self.node_ns(i)):
@@ -189,6 +211,11 @@ class Lab:
         finally:
             for name in reversed(self.created):
                 netns.remove(name)
+
+
+def link_mac(ns: str, name: str) -> str:
+    """The MAC of interface ``name`` in namespace ``ns``, lower case."""
+    return str(json.loads(sh(ns, "ip", "-j", "link", "show", "dev", name))[0]["address"]).lower()
 
 
 def unique_run(tag: str) -> str:

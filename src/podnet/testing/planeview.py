@@ -41,7 +41,8 @@ from podnet.dataplane.interface import NodeNetwork, Tunnel, pod_mac
 from podnet.dataplane.linux.desired import BRIDGE as LINUX_BRIDGE
 from podnet.dataplane.linux.desired import vtep_mac
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
-from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyRenderer
+from podnet.dataplane.linux.policytable import PolicyRenderer
+from podnet.dataplane.linux.policyvalues import TABLE_KEY
 from podnet.dataplane.ovs import pipeline
 from podnet.dataplane.ovs import tables as t
 from podnet.dataplane.ovs.flow import Flow, flows_text

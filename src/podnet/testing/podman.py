@@ -1,6 +1,6 @@
 """podman 4.3 as a real CNI client, confined to a temporary folder and a network namespace.
 
-The recipe (REFERENCE.md): podman on its CNI backend, runc, cgroupfs, file events, raised
+The recipe: podman on its CNI backend, runc, cgroupfs, file events, raised
 ulimits, a private storage root, and a local busybox image imported from a rootfs tarball
 (no registry). Every podman command runs inside a network namespace the test made, so
 the bridges, rules and sysctls it creates stay there.

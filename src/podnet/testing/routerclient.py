@@ -6,7 +6,10 @@ the cluster's objects the router tests make (backend pods, Services, Routes).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -21,11 +24,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from podnet.api.pki import issue_leaf, key_pem
 from podnet.cluster import pods
+from podnet.cluster.router import router_paths
 from podnet.cluster.state import ClusterState
 from podnet.cluster.underlay import external_netns
 from podnet.testing.routecerts import RouteCa
 
 HTTPECHO = (sys.executable, "-m", "podnet.cluster.httpecho")
+RUN_DIR = "haproxy"  # the router's --run-dir in its volume (podnet.cluster.router)
 TIMEOUT = 30.0
 
 
@@ -121,6 +126,9 @@ def shares(state: ClusterState, host: str, count: int) -> Counter[str]:
     return Counter(json.loads(done.stdout))
 
 
+TLS_MOUNT = Path("/mnt")  # where a TLS backend pod sees its certificate and key
+
+
 def backend_pod(
     state_dir: Path,
     name: str,
@@ -130,14 +138,20 @@ def backend_pod(
     tls: tuple[Path, Path] | None = None,
 ) -> pods.PodRecord:
     """An httpecho pod serving HTTP on 8080 (and HTTPS on 8443 with ``tls``: the
-    certificate and key files, read as root: such a pod is privileged)."""
+    certificate and key files, in one directory, which the pod sees at ``TLS_MOUNT``, as
+    it sees none of the host's /tmp; read as root: such a pod is privileged)."""
     command = [*HTTPECHO, "--name", name, "--port", "8080"]
     ports: list[pods.ContainerPort] = [("http", 8080, "TCP")]
+    volumes: list[tuple[Path, Path]] = []
     if tls is not None:
-        command += ["--tls-port", "8443", "--cert", str(tls[0]), "--key", str(tls[1])]
+        assert tls[0].parent == tls[1].parent, "one directory for both files"
+        volumes.append((tls[0].parent, TLS_MOUNT))
+        cert, key = (str(TLS_MOUNT / path.name) for path in tls)
+        command += ["--tls-port", "8443", "--cert", cert, "--key", key]
         ports.append(("https", 8443, "TCP"))
+    privileged = tls is not None
     pod = pods.run_pod(
-        state_dir, name, namespace, node, labels, tuple(command), ports, privileged=tls is not None
+        state_dir, name, namespace, node, labels, tuple(command), ports, privileged, volumes=volumes
     )
     for _, port, _ in ports:
         pods.wait_listening(pod, port)
@@ -188,6 +202,35 @@ def route(
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+def echo_routes(service: str, http_host: str, edge_host: str) -> list[dict[str, Any]]:
+    """An http Route (``web``) and an edge Route (``edge``: TLS ends at the router) to the
+    plain-HTTP port (``http``) of an httpecho ``service``.
+
+    The port is named as ``oc expose service`` names it: a Route without one is served
+    by every port of the Service's endpoints (OpenShift's router does the same), so over a
+    Service with the pods' HTTPS port too, every other plain request would go to the TLS
+    port, fail, and cost the client its kept-alive connection.
+    """
+    return [
+        route("web", http_host, service, port="http"),
+        route("edge", edge_host, service, tls={"termination": "edge"}, port="http"),
+    ]
+
+
+def frontend_sessions(state_dir: Path) -> dict[str, int]:
+    """The connections each frontend of the cluster router's HAProxy has accepted (its
+    ``stot`` in ``show stat``, read over the current worker's runtime API), by name."""
+    sock = router_paths(state_dir).volume / RUN_DIR / "haproxy.sock"
+    with socket.socket(socket.AF_UNIX) as cli:
+        cli.settimeout(TIMEOUT)
+        cli.connect(str(sock))
+        cli.sendall(b"show stat\n")
+        text = b"".join(iter(lambda: cli.recv(65536), b"")).decode()
+    header, _, body = text.lstrip("# ").partition("\n")
+    rows = csv.DictReader(io.StringIO(body), fieldnames=header.rstrip(",").split(","))
+    return {r["pxname"]: int(r["stot"]) for r in rows if r.get("svname") == "FRONTEND"}
 
 
 def admitted(route_obj: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -46,6 +46,8 @@ TOOLS: dict[str, Tool] = {
         Tool("haproxy", "Debian package haproxy (2.6)", "/usr/sbin/haproxy", ("-v",)),
         Tool("openssl", "Debian package openssl", version_argv=("version",)),
         Tool("curl", "Debian package curl"),
+        Tool("unshare", "Debian package util-linux", version_argv=("--version",)),
+        Tool("systemd-analyze", "Debian package systemd", "/usr/bin/systemd-analyze", ()),
         Tool(
             "host-local",
             "Debian package containernetworking-plugins",

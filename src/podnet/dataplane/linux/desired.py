@@ -14,7 +14,10 @@ disagree about what "right" means.
 - The nftables tables are rendered in ``podnet.dataplane.linux.nftrules``.
 - Tunnel safety: a node takes VXLAN only from its peers (the remote nodes' underlay
   addresses, the ``vtep_peers`` set, kept equal to the FDB's destinations) arriving on the
-  underlay interface, and pods never reach any node's tunnel port.
+  underlay interface, each with its published underlay MAC as the Ethernet source where
+  that is checked (``vtep_macs``; ``vtep_ip_only`` the others, see ``vteppeers``), and
+  pods never reach any node's tunnel port. A peer with a MAC also gets a permanent
+  neighbour entry on the underlay interface, so no ARP reply can move its address.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Generic, TypeVar
 
 from podnet.dataplane import wiring
 from podnet.dataplane.interface import NodeNetwork, PodAttachment, PodNetwork, RemoteNode, pod_mac
+from podnet.dataplane.vteppeers import VtepPeer, with_mac
 
 # shared with ovs, kept here under their old names for linux's modules
 HOST_VETH_PREFIX = wiring.HOST_VETH_PREFIX
@@ -40,6 +44,8 @@ ROUTE_PROTO = 80  # rtnetlink protocol marking podnet's routes and neighbour ent
 NFT_TABLE = "podnet"  # in families inet and bridge
 POD_PORTS_SET = "pod_ports"
 VTEP_PEERS_SET = "vtep_peers"  # in the inet table: who may send us VXLAN
+VTEP_MACS_SET = "vtep_macs"  # (peer IP, peer MAC): the Ethernet source its VXLAN must have
+VTEP_IP_ONLY_SET = "vtep_ip_only"  # peers accepted by address alone
 ALIAS_TAG = "podnet/1"
 IFALIAS_MAX = 255
 
@@ -156,9 +162,13 @@ class RemoteEntries:
 
 
 def remote_entries(
-    node: NodeNetwork, remotes: Iterable[RemoteNode], underlay: str
+    node: NodeNetwork,
+    remotes: Iterable[RemoteNode],
+    underlay: str,
+    peers: Iterable[VtepPeer] = (),
 ) -> RemoteEntries:
-    """The routes, neighbours and FDB entries for ``remotes`` under ``node.tunnel``."""
+    """The routes, neighbours and FDB entries for ``remotes`` under ``node.tunnel``, and
+    with VXLAN a permanent neighbour on ``underlay`` for each of ``peers`` with a MAC."""
     chosen = usable_remotes(node, remotes)
     service = service_route(node)
     if node.tunnel == "host-gw":
@@ -167,10 +177,20 @@ def remote_entries(
     return RemoteEntries(
         routes=frozenset({service, *(_vxlan_route(node, r) for r in chosen)}),
         neighbours=frozenset(
-            NeighEntry(r.subnet.network_address, vtep_mac(r.node_ip), VXLAN) for r in chosen
+            {
+                *(NeighEntry(r.subnet.network_address, vtep_mac(r.node_ip), VXLAN) for r in chosen),
+                *underlay_neighbours(peers, underlay),
+            }
         ),
         fdb=frozenset(FdbEntry(vtep_mac(r.node_ip), r.node_ip, VXLAN) for r in chosen),
     )
+
+
+def underlay_neighbours(peers: Iterable[VtepPeer], underlay: str) -> frozenset[NeighEntry]:
+    """A permanent neighbour entry on the underlay interface for each peer whose MAC is
+    known: the node sends to that MAC whatever ARP says, and an ARP reply forged for the
+    peer's address changes nothing."""
+    return frozenset(NeighEntry(p.ip, p.mac, underlay) for p in with_mac(peers) if p.mac)
 
 
 def service_route(node: NodeNetwork) -> RouteEntry:
@@ -266,8 +286,12 @@ def remote_changes(want: RemoteEntries, have: RemoteEntries) -> RemoteChanges:
     )
 
 
-def vtep_peers(fdb: Iterable[FdbEntry]) -> frozenset[IPv4Address]:
-    """The addresses that may send us VXLAN: the destinations of podnet's FDB entries
-    (one per remote node, VTEP MAC derived from its IP), so the kernel itself records the
-    peer set and a restarted agent compares the two without asking the API."""
-    return frozenset(e.dst for e in fdb if e.mac.lower() == vtep_mac(e.dst))
+def vtep_peers(fdb: Iterable[FdbEntry], underlay: Iterable[NeighEntry] = ()) -> frozenset[VtepPeer]:
+    """The peers that may send us VXLAN: the destinations of podnet's FDB entries (one
+    per remote node, VTEP MAC derived from its IP), each with the MAC of podnet's
+    permanent neighbour entry for it on the underlay interface (``underlay``), if any. So
+    the kernel itself records the peer set, and a restarted agent compares the two
+    without asking the API."""
+    macs = {n.ip: n.mac.lower() for n in underlay}
+    ips = {e.dst for e in fdb if e.mac.lower() == vtep_mac(e.dst)}
+    return frozenset(VtepPeer(ip, macs.get(ip)) for ip in ips)

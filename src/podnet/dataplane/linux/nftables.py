@@ -7,6 +7,7 @@ pure, so the comparison of a listing with a rendered ruleset is unit-tested.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -14,7 +15,15 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from podnet.dataplane.interface import DataPlaneError, DataPlaneRejected
-from podnet.dataplane.linux.desired import NFT_TABLE, POD_PORTS_SET, VTEP_PEERS_SET, PodPort
+from podnet.dataplane.linux.desired import (
+    NFT_TABLE,
+    POD_PORTS_SET,
+    VTEP_IP_ONLY_SET,
+    VTEP_MACS_SET,
+    VTEP_PEERS_SET,
+    PodPort,
+)
+from podnet.dataplane.vteppeers import VtepPeer
 
 NFT = "nft"
 TIMEOUT = 10.0
@@ -136,7 +145,10 @@ def elements_script(target: str, add: Iterable[str], delete: Iterable[str]) -> s
 
 # Sets whose elements change while the node runs (pods come and go, nodes join and
 # leave): they are edited in place. Any other difference replaces the whole table.
-DYNAMIC_SETS = {f"bridge {NFT_TABLE}": POD_PORTS_SET, f"inet {NFT_TABLE}": VTEP_PEERS_SET}
+DYNAMIC_SETS: dict[str, tuple[str, ...]] = {
+    f"bridge {NFT_TABLE}": (POD_PORTS_SET,),
+    f"inet {NFT_TABLE}": (VTEP_PEERS_SET, VTEP_MACS_SET, VTEP_IP_ONLY_SET),
+}
 
 
 def repair_script(want: Mapping[str, str], have: Mapping[str, str]) -> str:
@@ -146,23 +158,26 @@ def repair_script(want: Mapping[str, str], have: Mapping[str, str]) -> str:
     when everything matches."""
     replaced, edits = [], ""
     for key, text in want.items():
-        dynamic = DYNAMIC_SETS.get(key, "")
+        dynamic = DYNAMIC_SETS.get(key, ())
         wanted = table_view(text)
         listed = table_view(have[key]) if key in have else None
         if listed is None or _fixed(wanted, dynamic) != _fixed(listed, dynamic):
             replaced.append(text)
             continue
-        should, has = (
-            wanted.elements.get(dynamic, frozenset()),
-            listed.elements.get(dynamic, frozenset()),
-        )
-        edits += elements_script(f"{key} {dynamic}", should - has, has - should)
+        for name in dynamic:
+            should, has = (
+                wanted.elements.get(name, frozenset()),
+                listed.elements.get(name, frozenset()),
+            )
+            edits += elements_script(f"{key} {name}", should - has, has - should)
     return replace_script(replaced) + edits
 
 
-def _fixed(view: TableView, dynamic: str) -> tuple[tuple[str, ...], dict[str, frozenset[str]]]:
-    """A table's rules and every set's elements but the dynamic one's."""
-    return view.lines, {k: v for k, v in view.elements.items() if k != dynamic}
+def _fixed(
+    view: TableView, dynamic: tuple[str, ...]
+) -> tuple[tuple[str, ...], dict[str, frozenset[str]]]:
+    """A table's rules and every set's elements but the dynamic ones'."""
+    return view.lines, {k: v for k, v in view.elements.items() if k not in dynamic}
 
 
 # --- pure parsing ------------------------------------------------------------------------
@@ -193,21 +208,25 @@ def split_tables(listing: str) -> dict[str, str]:
 
 
 def table_view(text: str) -> TableView:
-    """Normalise one table's text (rendered or listed) for comparison."""
+    """Normalise one table's text (rendered or listed) for comparison. The elements of a
+    set the kernel fills (``flags dynamic``: a meter's entries) are left out."""
     lines: list[str] = []
     elements: dict[str, frozenset[str]] = {}
-    current_set, collecting, buffer = "", False, ""
+    current_set, collecting, buffer, kernel_filled = "", False, "", False
     for raw in text.splitlines():
         line = _COUNTER.sub("counter", " ".join(raw.split()))
         if collecting or line.startswith("elements = {"):
             buffer += " " + line
             collecting = "}" not in line
-            if not collecting:
+            if not collecting and not kernel_filled:
                 elements[current_set] = _elements(buffer)
+            if not collecting:
                 buffer = ""
             continue
         if line.startswith("set ") or line.startswith("map "):
-            current_set = line.split()[1]
+            current_set, kernel_filled = line.split()[1], False
+        elif line.startswith("flags ") and "dynamic" in line:
+            kernel_filled = True  # a meter's entries: the kernel's, not desired state
         if line:
             lines.append(line)
     return TableView(tuple(lines), elements)
@@ -221,6 +240,21 @@ def _elements(buffer: str) -> frozenset[str]:
 def pod_ports_in(text: str) -> frozenset[str]:
     """The anti-spoofing elements (as text) in a listed bridge table."""
     return table_view(text).elements.get(POD_PORTS_SET, frozenset())
+
+
+def vtep_peers_in(text: str) -> frozenset[VtepPeer]:
+    """The VTEP peers a listed inet table holds: each pair of ``vtep_macs`` and each
+    address of ``vtep_ip_only`` (malformed elements are left out)."""
+    elements = table_view(text).elements
+    peers = set()
+    for element in elements.get(VTEP_MACS_SET, frozenset()):
+        ip, _, mac = (part.strip() for part in element.partition(" . "))
+        with contextlib.suppress(ValueError):
+            peers.add(VtepPeer(IPv4Address(ip), mac.lower()))
+    for element in elements.get(VTEP_IP_ONLY_SET, frozenset()):
+        with contextlib.suppress(ValueError):
+            peers.add(VtepPeer(IPv4Address(element)))
+    return frozenset(peers)
 
 
 def parse_element(element: str) -> PodPort | None:

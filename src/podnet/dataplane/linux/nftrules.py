@@ -1,25 +1,33 @@
 """podnet's two nftables tables for a node, rendered in the exact form ``nft list table``
 prints, so the same text is applied and compared (pure: nothing here touches the kernel).
 
-- ``inet podnet``: masquerade of pod traffic leaving the cluster, and the tunnel's guard
-  (VXLAN only from peers on the underlay; pods kept off every node's tunnel port).
+- ``inet podnet``: masquerade of pod traffic leaving the cluster, the tunnel's guard
+  (VXLAN only from peers on the underlay, with the peer's MAC where it is known; pods kept
+  off every node's tunnel port), and the DNS's per-source UDP rate (``_dns_limit``).
 - ``bridge podnet``: per-pod anti-spoofing over one set of (host veth, MAC, IP).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, collapse_addresses
+from ipaddress import IPv4Network, collapse_addresses
 
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux.desired import (
     HOST_VETH_PREFIX,
     NFT_TABLE,
     POD_PORTS_SET,
+    VTEP_IP_ONLY_SET,
+    VTEP_MACS_SET,
     VTEP_PEERS_SET,
     PodPort,
 )
+from podnet.dataplane.vteppeers import VtepPeer, by_ip, ip_only, with_mac
+
+DNS_CLIENTS_SET = "dns_clients"  # the DNS rate meter's entries, one per source address
+DNS_CLIENTS_MAX = 65535  # sources metered at once (a node's subnet holds far fewer pods)
 
 
 @dataclass(frozen=True)
@@ -38,13 +46,13 @@ def render_ruleset(
     node: NodeNetwork,
     ports: Iterable[PodPort],
     underlay: str,
-    peers: Iterable[IPv4Address] = (),
+    peers: Iterable[VtepPeer] = (),
 ) -> Ruleset:
     """The node's tables: NAT and the tunnel's guard (inet), anti-spoofing (bridge)."""
     return Ruleset(inet=render_inet_table(node, underlay, peers), bridge=render_bridge_table(ports))
 
 
-def render_inet_table(node: NodeNetwork, underlay: str, peers: Iterable[IPv4Address] = ()) -> str:
+def render_inet_table(node: NodeNetwork, underlay: str, peers: Iterable[VtepPeer] = ()) -> str:
     """Masquerade pod traffic that leaves the cluster and service networks; guard the
     tunnel port (``_tunnel_chains``). ``peers`` is ignored with host-gw (no tunnel)."""
     cluster = list(collapse(node.cluster_networks))
@@ -54,8 +62,9 @@ def render_inet_table(node: NodeNetwork, underlay: str, peers: Iterable[IPv4Addr
         _set("no_masquerade", "ipv4_addr", [str(n) for n in internal], interval=True),
     ]
     if node.tunnel == "vxlan":
-        elements = [str(p) for p in sorted(set(peers))]
-        sets.append(_set(VTEP_PEERS_SET, "ipv4_addr", elements, interval=False))
+        sets += _peer_sets(by_ip(set(peers)))
+    if node.dns_client_qps is not None:
+        sets.append(_kernel_filled_set(DNS_CLIENTS_SET, "ipv4_addr", DNS_CLIENTS_MAX, "1m"))
     postrouting = _chain(
         "postrouting",
         "type nat hook postrouting priority srcnat; policy accept;",
@@ -64,13 +73,24 @@ def render_inet_table(node: NodeNetwork, underlay: str, peers: Iterable[IPv4Addr
     return _table("inet", [*sets, *_tunnel_chains(node, underlay), postrouting])
 
 
+def _peer_sets(peers: list[VtepPeer]) -> list[str]:
+    """Every peer's address; the (address, MAC) pairs that must match; the addresses
+    accepted alone (no MAC published, or not on the underlay's subnets)."""
+    return [
+        _set(VTEP_PEERS_SET, "ipv4_addr", [str(p.ip) for p in peers], interval=False),
+        _set(VTEP_MACS_SET, "ipv4_addr . ether_addr", [p.pair() for p in with_mac(peers)]),
+        _set(VTEP_IP_ONLY_SET, "ipv4_addr", [str(p.ip) for p in ip_only(peers)]),
+    ]
+
+
 def _tunnel_chains(node: NodeNetwork, underlay: str) -> list[str]:
     """Who may reach the tunnel port. The kernel decapsulates any UDP datagram that
     reaches vxlan0's port and trusts the inner source address, so:
 
     - input: only a peer's underlay address, arriving on the underlay interface (not
       from a pod on br0, not nested inside the tunnel on vxlan0, no IPv6, not an outside
-      host); anything else to the port is dropped;
+      host), and with that peer's MAC as the Ethernet source unless the peer is accepted
+      by address alone (``vteppeers``); anything else to the port is dropped;
     - forward: a pod's datagram to the port of anything outside the cluster network (a
       node's underlay address above all) is dropped here, before the masquerade in
       postrouting would give it this node's address, which every peer accepts. A pod's
@@ -87,16 +107,20 @@ def _tunnel_chains(node: NodeNetwork, underlay: str) -> list[str]:
         # to a service) meets this rule, and only UDP to the port needs the two lookups
         [f"udp dport {port} ip saddr @cluster_networks ip daddr != @cluster_networks drop"],
     )
+    dns = _dns_limit(node)
     if node.tunnel != "vxlan":
-        guard = [f"ip saddr @cluster_networks udp dport {port} drop"]
+        guard = [f"ip saddr @cluster_networks udp dport {port} drop", *dns]
         hook = "type filter hook input priority filter; policy accept;"
         return [_chain("input", hook, guard), keep_pods_off]
     ip = node.node_ip
     guard = [
         f'udp dport {port} iifname != "{underlay}" drop',
         f"udp dport {port} ip saddr != @{VTEP_PEERS_SET} drop",
+        f"udp dport {port} ip saddr != @{VTEP_IP_ONLY_SET} "
+        f"ip saddr . ether saddr != @{VTEP_MACS_SET} drop",
         f"meta nfproto ipv6 udp dport {port} drop",
         f"ip daddr {ip} udp dport {port} accept",
+        *dns,
     ]
     return [
         _chain(
@@ -111,6 +135,27 @@ def _tunnel_chains(node: NodeNetwork, underlay: str) -> list[str]:
         ),
         _chain("input", "type filter hook input priority filter; policy accept;", guard),
         keep_pods_off,
+    ]
+
+
+def _dns_limit(node: NodeNetwork) -> list[str]:
+    """The DNS's per-client UDP rate, enforced where it is cheap: each source's queries
+    to the gateway's DNS port beyond ``dns_client_qps`` (with ``dns_client_burst`` packets
+    saved) are dropped by the kernel, before they reach the DNS socket. A flooding pod
+    then cannot fill that socket's queue, which is shared by every pod, whatever CPU the
+    DNS thread gets. The DNS's own buckets still apply below this rate (the tighter one
+    for uncached names) and to TCP. One meter entry per source, in a set the kernel fills
+    and expires (``dns_clients``); only sources of the node's pod subnet, the only ones
+    the DNS answers, so forged outside sources cannot fill the set. None when the node
+    serves no DNS."""
+    if node.dns_client_qps is None:
+        return []
+    rate = max(1, math.ceil(node.dns_client_qps))
+    burst = max(rate, node.dns_client_burst)
+    meter = f"{{ ip saddr limit rate over {rate}/second burst {burst} packets }}"
+    return [
+        f"ip saddr {node.subnet} ip daddr {node.gateway.ip} udp dport {node.dns_port} "
+        f"update @{DNS_CLIENTS_SET} {meter} counter drop"
     ]
 
 
@@ -150,13 +195,21 @@ def _table(family: str, body: list[str]) -> str:
     return f"table {family} {NFT_TABLE} {{\n" + "\n\n".join(body) + "\n}\n"
 
 
-def _set(name: str, type_: str, elements: list[str], *, interval: bool) -> str:
+def _set(name: str, type_: str, elements: list[str], *, interval: bool = False) -> str:
     lines = [f"\tset {name} {{", f"\t\ttype {type_}"]
     if interval:
         lines.append("\t\tflags interval")
     if elements:
         lines.append("\t\telements = { " + ",\n\t\t\t     ".join(elements) + " }")
     return "\n".join([*lines, "\t}"])
+
+
+def _kernel_filled_set(name: str, type_: str, size: int, timeout: str) -> str:
+    """A set whose elements the kernel adds and expires (a meter): none are rendered,
+    and the comparison with the listed table leaves them out (``nftables.table_view``)."""
+    lines = [f"\tset {name} {{", f"\t\ttype {type_}", f"\t\tsize {size}"]
+    lines += ["\t\tflags dynamic,timeout", f"\t\ttimeout {timeout}", "\t}"]
+    return "\n".join(lines)
 
 
 def _chain(name: str, hook: str | None, rules: list[str]) -> str:

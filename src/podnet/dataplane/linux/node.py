@@ -8,7 +8,6 @@ matches changes nothing (no link flap, no address re-add, no new ifindex).
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from podnet.dataplane.linux.desired import (
 )
 from podnet.dataplane.linux.netlink import Link, Netlink
 from podnet.dataplane.linux.nftrules import render_inet_table, render_ruleset
+from podnet.dataplane.vteppeers import VtepPeer, vtep_peers
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def check(nl: Netlink, node: NodeNetwork) -> list[str]:
         problems += [f"net.bridge.{s.name} is not {want}" for s, want in wrong]
     problems += [f"net.ipv4.conf.{s.parent.name}.send_redirects is on" for s in redirects_on()]
     problems += _vxlan_problems(nl, node, underlay)
-    problems += nft_problems(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
+    peers = kernel_peers(nl, node, underlay)
+    problems += nft_problems(node, pods.attached_ports(nl), underlay.name, peers)
     bridge = nl.link(BRIDGE)
     if bridge is not None and bridge.alias != node.version_note():
         problems.append(f"version note is {bridge.alias!r}, want {node.version_note()!r}")
@@ -191,7 +192,7 @@ def _vxlan_problems(nl: Netlink, node: NodeNetwork, underlay: Link) -> list[str]
 
 
 def nft_problems(
-    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[IPv4Address]
+    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[VtepPeer]
 ) -> list[str]:
     """How podnet's nftables tables differ from the ruleset rendered for ``node``."""
     have = nftables.podnet_tables()
@@ -201,12 +202,13 @@ def nft_problems(
     ]
 
 
-def kernel_peers(nl: Netlink, node: NodeNetwork) -> frozenset[IPv4Address]:
-    """The VTEP peers the kernel's FDB names (none without vxlan0 or with host-gw)."""
+def kernel_peers(nl: Netlink, node: NodeNetwork, underlay: Link) -> frozenset[VtepPeer]:
+    """The VTEP peers the kernel's FDB names, with the MACs of podnet's neighbour entries
+    on the underlay interface (none without vxlan0 or with host-gw)."""
     link = nl.link(VXLAN) if node.tunnel == "vxlan" else None
     if link is None or link.kind != "vxlan":
         return frozenset()
-    return desired.vtep_peers(nl.fdb_entries(link))
+    return desired.vtep_peers(nl.fdb_entries(link), nl.neighbours(underlay))
 
 
 # --- setup -----------------------------------------------------------------------------
@@ -231,7 +233,7 @@ def setup(nl: Netlink, node: NodeNetwork) -> None:
     elif nl.delete(VXLAN):
         log.info("removed stale %s (tunnel %s)", VXLAN, node.tunnel)
     pods.remove_orphans(nl, bridge)
-    ensure_nft(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node))
+    ensure_nft(node, pods.attached_ports(nl), underlay.name, kernel_peers(nl, node, underlay))
     if bridge.alias != node.version_note():
         nl.change(bridge, ifalias=node.version_note())
 
@@ -282,7 +284,7 @@ def _ensure_vxlan(nl: Netlink, node: NodeNetwork, underlay: Link) -> None:
 
 
 def ensure_nft(
-    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[IPv4Address]
+    node: NodeNetwork, ports: set[PodPort], underlay: str, peers: frozenset[VtepPeer]
 ) -> None:
     """Replace a podnet table whose rules differ, otherwise only add and delete the
     anti-spoofing and VTEP peer elements that differ: one transaction, or none."""
@@ -292,8 +294,8 @@ def ensure_nft(
         nftables.run(script)
 
 
-def ensure_peers(node: NodeNetwork, underlay: str, peers: frozenset[IPv4Address]) -> None:
-    """Make the inet table's ``vtep_peers`` equal ``peers`` (the whole table if its rules
+def ensure_peers(node: NodeNetwork, underlay: str, peers: frozenset[VtepPeer]) -> None:
+    """Make the inet table's peer sets equal ``peers`` (the whole table if its rules
     differ); the bridge table and its pods are not read."""
     key = f"inet {desired.NFT_TABLE}"
     listed = nftables.list_table(key)
@@ -307,19 +309,21 @@ def ensure_peers(node: NodeNetwork, underlay: str, peers: frozenset[IPv4Address]
 
 
 def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
-    """Make podnet's routes, neighbours and FDB entries match ``remotes`` exactly, then
-    the VTEP peers accepted on the tunnel port (the FDB's destinations, one nft change).
-    host-gw: remotes that are not L2 adjacent get no route and are refused at the end."""
+    """Make podnet's routes, neighbours and FDB entries match ``remotes`` exactly (with
+    VXLAN, a permanent neighbour on the underlay for each peer whose MAC is checked),
+    then the VTEP peers accepted on the tunnel port (one nft change). host-gw: remotes
+    that are not L2 adjacent get no route and are refused at the end."""
     underlay = underlay_link(nl, node)
     chosen = desired.usable_remotes(node, remotes)
+    nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
     refused: list[str] = []
     if node.tunnel == "host-gw":
-        nets = [a.network for a in nl.ipv4_addresses(underlay.index)]
         refused = desired.non_adjacent(chosen, nets)
         chosen = [r for r in chosen if r.name not in refused]
-    want = desired.remote_entries(node, chosen, underlay.name)
-    _apply_remote(nl, node, want)
-    ensure_peers(node, underlay.name, desired.vtep_peers(want.fdb))
+    peers = vtep_peers(node, chosen, nets)
+    want = desired.remote_entries(node, chosen, underlay.name, peers)
+    _apply_remote(nl, node, want, underlay)
+    ensure_peers(node, underlay.name, peers)
     if refused:
         raise NodeSetupRefused(
             f"host-gw needs L2 adjacency: node(s) {', '.join(refused)} are not on a subnet "
@@ -327,12 +331,12 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
         )
 
 
-def _apply_remote(nl: Netlink, node: NodeNetwork, want: RemoteEntries) -> None:
+def _apply_remote(nl: Netlink, node: NodeNetwork, want: RemoteEntries, underlay: Link) -> None:
     index = {link.name: link.index for link in nl.links()}
     vxlan = nl.link(VXLAN) if VXLAN in index else None
     if node.tunnel == "vxlan" and (vxlan is None or vxlan.kind != "vxlan"):
         raise DataPlaneError(f"{VXLAN} is missing: set the node up first")
-    changes = desired.remote_changes(want, _current_remote(nl, vxlan, index))
+    changes = desired.remote_changes(want, _current_remote(nl, vxlan, underlay, index))
     for r in changes.routes.delete:
         nl.delete_route(r, index.get(r.dev, 0))
     for n in changes.neighbours.delete:
@@ -349,14 +353,18 @@ def _apply_remote(nl: Netlink, node: NodeNetwork, want: RemoteEntries) -> None:
         nl.put_route(r, index[r.dev], replace=r in changes.routes.replace)
 
 
-def _current_remote(nl: Netlink, vxlan: Link | None, index: dict[str, int]) -> RemoteEntries:
-    """podnet's entries in the kernel: its routes anywhere, neighbours and FDB on vxlan0."""
+def _current_remote(
+    nl: Netlink, vxlan: Link | None, underlay: Link, index: dict[str, int]
+) -> RemoteEntries:
+    """podnet's entries in the kernel: its routes anywhere, its neighbours on the
+    underlay interface (peers' MACs), its neighbours and FDB on vxlan0."""
     names = {i: name for name, i in index.items()}
     routes = frozenset(nl.owned_routes(names))
+    neighbours = frozenset(nl.neighbours(underlay))
     if vxlan is None or vxlan.kind != "vxlan":
-        return RemoteEntries(routes=routes)
+        return RemoteEntries(routes=routes, neighbours=neighbours)
     return RemoteEntries(
         routes=routes,
-        neighbours=frozenset(nl.neighbours(vxlan)),
+        neighbours=neighbours | frozenset(nl.neighbours(vxlan)),
         fdb=frozenset(nl.fdb_entries(vxlan)),
     )

@@ -14,7 +14,7 @@ import logging
 from podnet.dataplane.interface import DataPlaneError
 from podnet.dataplane.linux import nftables
 from podnet.dataplane.linux.policyscript import parse_listing, transaction
-from podnet.dataplane.linux.policytable import TABLE_KEY, PolicyTable
+from podnet.dataplane.linux.policyvalues import TABLE_KEY, PolicyTable
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping
 from typing import Protocol
 
-from podnet.dataplane.linux.policytable import TABLE_KEY, Chain, NftSet, PolicyTable
+from podnet.dataplane.linux.policyvalues import TABLE_KEY, Chain, NftSet, PolicyTable
 
 # --- the transaction -----------------------------------------------------------------------
 

@@ -8,6 +8,14 @@ script.
 
 ``table inet podnet_policy`` (absent when nothing is isolated):
 
+- fail closed (multitenant and networkpolicy, ``RuleSet.fails_closed``): every base
+  chain starts with two drops, of a packet whose source or whose destination lies in
+  the pod networks (an interval set) and is not owned (an interval set of every running
+  pod's and node's address there, as runs of consecutive addresses). They come before
+  conntrack's accept, so an orphaned sandbox loses its open connections too; ``input``
+  and ``output`` chains hold the same drops, so it reaches neither its node nor anything
+  through it (DNS, the outside).
+
 - multitenant: one base chain on the forward hook. It accepts when the source or the
   destination is not a pod of a non-global project (``!= @nonglobal``), and otherwise
   jumps, through a verdict map keyed by the source IP, to the chain of the source's VNID,
@@ -40,12 +48,26 @@ Two choices keep a change cheap at thousands of pods and policies:
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address
 from typing import Any
 
+from podnet.dataplane.linux.policygates import Gates
+from podnet.dataplane.linux.policyvalues import (
+    FORWARD_FILTER,
+    INGRESS_GATE,
+    INPUT_FILTER,
+    IPV4,
+    NAMED_PORTS,
+    OUTPUT_FILTER,
+    PORTS,
+    VERDICT_MAP,
+    Chain,
+    NftSet,
+    PolicyTable,
+    bucket,
+    set_name,
+)
 from podnet.policy.model import (
     EGRESS,
     GLOBAL_VNID,
@@ -55,84 +77,7 @@ from podnet.policy.model import (
     RuleSet,
 )
 
-POLICY_TABLE = "podnet_policy"
-TABLE_KEY = f"inet {POLICY_TABLE}"
-BUCKETS = 32
-FORWARD_FILTER = "type filter hook forward priority filter; policy accept;"
-ESTABLISHED = "ct state established,related accept"
-HAIRPIN_MARK = "0x00008000"  # set by the service proxy on a pod's packet to itself
-HAIRPIN = f"meta mark & {HAIRPIN_MARK} == {HAIRPIN_MARK} accept"  # loopback, as evaluate
-EGRESS_CHAIN, INGRESS_CHAIN, INGRESS_GATE = "egress", "ingress", "ingress_gate"
-IPV4 = "ipv4_addr"
-PORTS = "inet_proto . inet_service"
-NAMED_PORTS = "ipv4_addr . inet_proto . inet_service"
-VERDICT_MAP = "ipv4_addr : verdict"
-
-
-@dataclass(frozen=True)
-class NftSet:
-    """A named set (or verdict map) with its elements, rendered as nft prints them."""
-
-    name: str
-    type: str
-    interval: bool
-    elements: tuple[str, ...] = ()
-
-    @property
-    def kind(self) -> str:
-        """``map`` for a verdict map, else ``set``."""
-        return "map" if " : " in self.type else "set"
-
-    def body(self) -> str:
-        """``{ type ...; flags interval; elements = { ... } }``."""
-        parts = [f"type {self.type};"]
-        if self.interval:
-            parts.append("flags interval;")
-        if self.elements:
-            parts.append(f"elements = {{ {', '.join(self.elements)} }}")
-        return "{ " + " ".join(parts) + " }"
-
-
-@dataclass(frozen=True)
-class Chain:
-    """A chain: ``hook`` is the base chain's type/hook/priority line, None for a regular one."""
-
-    name: str
-    hook: str | None
-    rules: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class PolicyTable:
-    """The whole table. ``sets`` may lack elements when read back (names say enough)."""
-
-    sets: Mapping[str, NftSet] = field(default_factory=dict)
-    chains: Mapping[str, Chain] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        """True when there is nothing to enforce: no table at all."""
-        return not self.chains
-
-    def size(self) -> tuple[int, int]:
-        """(rules, set and map elements)."""
-        rules = sum(len(c.rules) for c in self.chains.values())
-        return rules, sum(len(s.elements) for s in self.sets.values())
-
-
 # --- rendering -----------------------------------------------------------------------------
-
-
-def set_name(type_: str, elements: Iterable[str]) -> str:
-    """The content address: a digest of the type and the sorted elements."""
-    text = type_ + "\n" + "\n".join(elements)
-    prefix = "m_" if " : " in type_ else "s_"
-    return prefix + hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def bucket(rule: str) -> int:
-    """The bucket chain of a rule (stable across runs: a digest, not ``hash``)."""
-    return int.from_bytes(hashlib.sha256(rule.encode()).digest()[:4], "big") % BUCKETS
 
 
 class PolicyRenderer:
@@ -154,7 +99,7 @@ class PolicyRenderer:
         self._used, self._sets = {}, {}
         if rules.isolation is not None:
             chains = self._multitenant(rules)
-        elif rules.policies:
+        elif rules.policies or rules.fails_closed:
             chains = self._network_policy(rules)
         else:
             chains = []
@@ -192,6 +137,41 @@ class PolicyRenderer:
         """``members`` that are pods of this node (remembered like a set)."""
         return self._memo(members, f"local {id(local)}", lambda: members & local)
 
+    # --- fail closed ------------------------------------------------------------------
+
+    def _guard(self, rules: RuleSet) -> tuple[str, ...]:
+        """The rules that drop a packet from or to a pod-network address with no live
+        owner (``RuleSet.unowned``), first in every base chain (empty when the rule set
+        does not fail closed)."""
+        if not rules.fails_closed:
+            return ()
+        networks = self._set(frozenset(rules.pod_networks), IPV4, True)
+        owned = self._ranges_set(rules.owned)
+        return tuple(
+            f"ip {end} @{networks} ip {end} != @{owned} drop" for end in ("saddr", "daddr")
+        )
+
+    def _ranges_set(self, members: frozenset[IPv4Address]) -> str:
+        """Name of an interval set holding exactly ``members`` as runs of consecutive
+        addresses (host-local hands addresses out in order, so a node's pods are a few
+        runs): ``nft -f`` reads every element of the table's sets for a transaction that
+        adds a set, so thousands of single addresses would slow every policy change."""
+
+        def make() -> NftSet:
+            elements = tuple(address_runs(members))
+            return NftSet(set_name(IPV4, elements), IPV4, True, elements)
+
+        made: NftSet = self._memo(members, "ranges", make)
+        self._sets[made.name] = made
+        return made.name
+
+    def _node_chains(self, guard: tuple[str, ...]) -> list[Chain]:
+        """The node's own traffic with pods (input and output): the guard alone, so an
+        unowned address reaches neither the node nor anything through it."""
+        if not guard:
+            return []
+        return [Chain("input", INPUT_FILTER, guard[:1]), Chain("output", OUTPUT_FILTER, guard[1:])]
+
     # --- multitenant -------------------------------------------------------------------
 
     def _multitenant(self, rules: RuleSet) -> list[Chain]:
@@ -202,8 +182,13 @@ class PolicyRenderer:
                 by_vnid.setdefault(vnid, []).append(ip)
         nonglobal = frozenset(ip for ips in by_vnid.values() for ip in ips)
         nonglobal |= rules.isolation.unassigned
+        guard = self._guard(rules)
         if not nonglobal:
-            return []
+            return (
+                [Chain("isolation", FORWARD_FILTER, guard), *self._node_chains(guard)]
+                if guard
+                else []
+            )
         chains = [
             Chain(
                 vnid_chain(vnid),
@@ -216,12 +201,13 @@ class PolicyRenderer:
         vmap = self._set(jumps, VERDICT_MAP, False, _jump_element)
         members = self._set(nonglobal, IPV4, False)
         base = (
+            *guard,
             f"ip saddr != @{members} accept",
             f"ip daddr != @{members} accept",
             f"ip saddr vmap @{vmap}",
             "drop",
         )
-        return [Chain("isolation", FORWARD_FILTER, base), *chains]
+        return [Chain("isolation", FORWARD_FILTER, base), *chains, *self._node_chains(guard)]
 
     # --- networkpolicy -----------------------------------------------------------------
 
@@ -237,13 +223,15 @@ class PolicyRenderer:
                 buckets[direction].setdefault(where, set()).add(text)
         egress = rules.egress_isolated & local
         ingress = rules.ingress_isolated & local
-        if not (egress or ingress):
+        guard = self._guard(rules)
+        if not (egress or ingress or guard):
             return []
-        gates = _Gates(
+        gates = Gates(
             self._set(egress, IPV4, False) if egress else None,
             self._set(ingress, IPV4, False) if ingress else None,
+            guard,
         )
-        return gates.chains(buckets)
+        return [*gates.chains(buckets), *self._node_chains(guard)]
 
     def _policy_texts(
         self, policy: CompiledPolicy, local: frozenset[IPv4Address]
@@ -312,46 +300,6 @@ class PolicyRenderer:
         return found
 
 
-@dataclass(frozen=True)
-class _Gates:
-    """The NetworkPolicy chains around the rule buckets, given the names of the sets of
-    this node's egress- and ingress-isolated pods (None: no such pod).
-
-    One base chain, ``forward``, checking egress then ingress, so a packet of an open
-    connection costs one conntrack test, and nothing else is hooked (the tunnel's own
-    packets on input and output meet no podnet rule). An egress rule that allows goes on
-    to ``ingress_gate`` (``goto``: it ends there, accepted or dropped), so that passing
-    egress never skips the ingress check; ingress rules accept.
-    """
-
-    egress: str | None
-    ingress: str | None
-
-    def chains(self, buckets: Mapping[str, Mapping[int, set[str]]]) -> list[Chain]:
-        egress_check = self._check("ip saddr", self.egress, EGRESS_CHAIN)
-        ingress_check = self._check("ip daddr", self.ingress, INGRESS_CHAIN)
-        found = [
-            Chain("forward", FORWARD_FILTER, (ESTABLISHED, HAIRPIN, *egress_check, *ingress_check)),
-            Chain(INGRESS_GATE, None, (*ingress_check, "accept")),
-        ]
-        for direction, present in ((EGRESS_CHAIN, self.egress), (INGRESS_CHAIN, self.ingress)):
-            if present:
-                found += _bucket_chains(direction, buckets[direction])
-        return found
-
-    @staticmethod
-    def _check(subject: str, isolated: str | None, chain: str) -> tuple[str, ...]:
-        if isolated is None:
-            return ()
-        return (f"{subject} @{isolated} jump {chain}", f"{subject} @{isolated} drop")
-
-
-def _bucket_chains(direction: str, buckets: Mapping[int, set[str]]) -> list[Chain]:
-    """A direction's dispatch chain and its bucket chains."""
-    parts = [Chain(f"{direction}_{i}", None, tuple(sorted(b))) for i, b in sorted(buckets.items())]
-    return [Chain(direction, None, tuple(f"jump {c.name}" for c in parts)), *parts]
-
-
 def vnid_chain(vnid: int) -> str:
     """The chain accepting destinations of ``vnid``."""
     return f"vnid_{vnid}"
@@ -368,3 +316,18 @@ def _range_element(span: PortRange) -> str:
 
 def _named_element(key: tuple[IPv4Address, str, int]) -> str:
     return f"{key[0]} . {key[1].lower()} . {key[2]}"
+
+
+def address_runs(members: Iterable[IPv4Address]) -> list[str]:
+    """``members`` as nftables interval elements: each run of consecutive addresses as
+    ``first-last`` (a lone address as itself), in order."""
+    numbers = sorted(int(ip) for ip in members)
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    return [
+        str(IPv4Address(a)) if a == b else f"{IPv4Address(a)}-{IPv4Address(b)}" for a, b in runs
+    ]

@@ -74,7 +74,7 @@ from collections.abc import Mapping
 from podnet.dataplane.interface import NodeNetwork
 from podnet.dataplane.linux import servicenft as nft
 from podnet.dataplane.linux.nftrules import collapse
-from podnet.dataplane.linux.policytable import HAIRPIN_MARK
+from podnet.dataplane.linux.policyvalues import HAIRPIN_MARK
 from podnet.dataplane.linux.servicenft import (
     Chain,
     EndpointGroup,

@@ -87,10 +87,29 @@ class OvsDataPlane:
                 "check_node", lambda nl: hostnet.problems(nl, node, self.state.remotes)
             )
             problems += await self._flow_problems(node)
+            problems += await self._dead_pod_ports()
         if not problems:
             self.state.node = node
             self._supervise()
         return DataPlaneStatus(ok=not problems, problems=problems)
+
+    async def _dead_pod_ports(self) -> list[str]:
+        """Pod ports whose veth is gone: its pod's network namespace was deleted without a
+        DEL (OVSDB keeps the port, and its ofport too for a while). ``setup_node`` removes
+        them, so ``attached_pods`` stops listing the pod and its address is released."""
+        return [
+            f"pod port {name} has no device (its sandbox is gone)" for name in await self._gone()
+        ]
+
+    async def _gone(self) -> list[str]:
+        """Pod ports on br0 whose veth is not in the kernel (an ADD makes the veth before
+        the port, so no port in the middle of an ADD is among them)."""
+        names = await self.ports.pod_port_names()
+        if not names:
+            return []
+        return await self._node(
+            "pod ports", lambda nl: sorted(set(names) - {link.name for link in nl.links()})
+        )
 
     async def setup_node(self, node: NodeNetwork) -> None:
         """Start (or adopt) the daemons, build br0 and its ports, the host's side, then
@@ -99,7 +118,10 @@ class OvsDataPlane:
         self._supervise()
         await self._load()
         await self._node("setup_node", lambda nl: hostnet.ensure(nl, node, self.state.remotes))
-        wired = await self.ports.remove_orphans()
+        wired = await self.ports.remove_orphans(await self._gone())
+        for key in list(self.state.pods):
+            if host_veth_name(*key.split("/", 1)) not in wired:
+                del self.state.pods[key]  # its port is gone: so are its flows
         await self._node("setup_node", lambda nl: ovspods.remove_stray_veths(nl, wired))
         self.state.node = node
         await self._sync_flows(whole=True)
@@ -116,7 +138,7 @@ class OvsDataPlane:
         await self._node("sync_remote_nodes", lambda nl: hostnet.sync_remotes(nl, node, chosen))
         self.state.remotes = chosen
         await self._sync_flows(whole=True)
-        await self._within("priming", self.ports.prime(node, [r.node_ip for r in chosen]))
+        await self._within("peers", self.ports.peers(node, chosen))
         hostnet.refuse(refused)
 
     # --- pods ----------------------------------------------------------------------------
@@ -246,8 +268,7 @@ class OvsDataPlane:
             await self.ports.ensure(node)
             await self._node("reprogram", lambda nl: hostnet.ensure(nl, node, self.state.remotes))
             await self._sync_flows(whole=True)
-            remotes = [r.node_ip for r in self.state.remotes or []]
-            await self._within("priming", self.ports.prime(node, remotes))
+            await self._within("peers", self.ports.peers(node, self.state.remotes or []))
         except DataPlaneError as err:
             log.error("reprogramming after the %s restart failed: %s", VSWITCHD, err)
 

@@ -90,6 +90,7 @@ class FlowState:
     adopted: Groups = field(default_factory=dict)
     _memos: dict[str, tuple[tuple[object, ...], Groups]] = field(default_factory=dict)
     _policy_last: tuple[Groups, Groups] = field(default_factory=lambda: ({}, {}))  # rendered, given
+    _vnids_of: tuple[RuleSet | None, dict[IPv4Address, int | None]] | None = None
 
     def groups(self) -> Groups:
         """Every group br0 should hold (the node must be known), the note included."""
@@ -109,7 +110,9 @@ class FlowState:
         unknown_vnid = UNASSIGNED_VNID if adopted_rules else 0
         for pod in pods:
             key = pipeline.pod_cookie(pod.key)
-            if self.rules_known:
+            if self.rules_known and pipeline.quarantined(self.rules, pod.ip):
+                groups[key] = _quarantine_flows(pod)
+            elif self.rules_known:
                 groups[key] = _pod_flows(pod, pipeline.register_vnid(vnids, pod.ip))
             else:
                 groups[key] = self.adopted.get(key) or _pod_flows(pod, unknown_vnid)
@@ -117,7 +120,8 @@ class FlowState:
             groups.update(adopted_rules)
         else:
             if self.rules_known:
-                groups.update(self._memo("vnids", (self.rules,), lambda: _vnid_groups(vnids)))
+                rules_ = self.rules
+                groups.update(self._memo("vnids", (rules_,), lambda: _vnid_groups(vnids, rules_)))
             ports = tuple((pod.ip, pod.ofport) for pod in pods)
             rules = self.rules
             groups.update(
@@ -130,7 +134,12 @@ class FlowState:
         return [flow for flows in self.groups().values() for flow in flows]
 
     def _vnids(self) -> dict[IPv4Address, int | None]:
-        return pipeline.vnids_of(self.rules)
+        """The source identities of the rule set (computed once per rule set)."""
+        rules = self.rules
+        cached = self._vnids_of
+        if cached is None or cached[0] is not rules:
+            cached = self._vnids_of = (rules, pipeline.vnids_of(rules))
+        return cached[1]
 
     def _adopted(self, wanted: Callable[[Kind], bool]) -> Groups:
         return {c: flows for c, flows in self.adopted.items() if wanted(kind_of(c))}
@@ -183,5 +192,16 @@ def _pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
     return pipeline.pod_flows(pod, vnid)
 
 
-def _vnid_groups(vnids: dict[IPv4Address, int | None]) -> Groups:
-    return {pipeline.vnid_cookie(ip): pipeline.source_vnid_flows(ip, v) for ip, v in vnids.items()}
+@functools.lru_cache(maxsize=256)
+def _quarantine_flows(pod: LocalPod) -> list[Flow]:
+    return pipeline.quarantine_flows(pod)
+
+
+def _vnid_groups(vnids: dict[IPv4Address, int | None], rules: RuleSet | None) -> Groups:
+    """The source identities, and (failing closed) the drop of every other pod source."""
+    groups = {
+        pipeline.vnid_cookie(ip): pipeline.source_vnid_flows(ip, v) for ip, v in vnids.items()
+    }
+    if closed := pipeline.fail_closed_flows(rules):
+        groups[pipeline.fail_closed_cookie()] = closed
+    return groups

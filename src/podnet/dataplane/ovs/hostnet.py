@@ -15,16 +15,16 @@ matches changes nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from ipaddress import IPv4Address
 
 from podnet.dataplane.interface import NodeNetwork, NodeSetupRefused, RemoteNode
 from podnet.dataplane.linux import desired, nftables
 from podnet.dataplane.linux import node as linux_node
-from podnet.dataplane.linux.desired import NFT_TABLE, NO_GATEWAY, VTEP_PEERS_SET, RouteEntry
+from podnet.dataplane.linux.desired import NFT_TABLE, NO_GATEWAY, RouteEntry
 from podnet.dataplane.linux.netlink import Link, Netlink
 from podnet.dataplane.linux.nftrules import render_inet_table
 from podnet.dataplane.ovs.tables import TUN
 from podnet.dataplane.ovs.underlaysetup import read_uplink
+from podnet.dataplane.vteppeers import VtepPeer, vtep_peers
 
 INET_TABLE = f"inet {NFT_TABLE}"
 
@@ -64,20 +64,19 @@ def refused_remotes(nl: Netlink, node: NodeNetwork, remotes: Iterable[RemoteNode
     return desired.non_adjacent(desired.usable_remotes(node, remotes), nets)
 
 
-def peers_of(node: NodeNetwork, remotes: Iterable[RemoteNode]) -> frozenset[IPv4Address]:
-    """The node IPs that may send VXLAN (none with host-gw)."""
+def peers_of(nl: Netlink, node: NodeNetwork, remotes: Iterable[RemoteNode]) -> frozenset[VtepPeer]:
+    """The peers that may send VXLAN, with the MACs checked on the uplink's subnets
+    (none with host-gw)."""
     if node.tunnel != "vxlan":
         return frozenset()
-    return frozenset(r.node_ip for r in desired.usable_remotes(node, remotes))
+    nets = [a.network for a in nl.ipv4_addresses(uplink(nl, node).index)]
+    return vtep_peers(node, remotes, nets)
 
 
-def listed_peers() -> frozenset[IPv4Address]:
+def listed_peers() -> frozenset[VtepPeer]:
     """The peers the kernel's table holds now (used while the remotes are not known)."""
     listed = nftables.list_table(INET_TABLE)
-    if listed is None:
-        return frozenset()
-    elements = nftables.table_view(listed).elements.get(VTEP_PEERS_SET, frozenset())
-    return frozenset(IPv4Address(e) for e in elements)
+    return frozenset() if listed is None else nftables.vtep_peers_in(listed)
 
 
 # --- check ---------------------------------------------------------------------------------
@@ -107,7 +106,7 @@ def problems(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode] | None) -
     want, have = _routes(nl, node, remotes, underlay.name)
     found += [f"route {r.dst} via {r.gateway} dev {r.dev} is missing" for r in sorted(want - have)]
     found += [f"route {r.dst} via {r.gateway} dev {r.dev} is stale" for r in sorted(have - want)]
-    peers = listed_peers() if remotes is None else peers_of(node, remotes)
+    peers = listed_peers() if remotes is None else peers_of(nl, node, remotes)
     text = render_inet_table(node, underlay.name, peers)
     found += nftables.table_problems(INET_TABLE, text, nftables.list_table(INET_TABLE))
     return found
@@ -148,7 +147,7 @@ def ensure(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode] | None) -> 
     for stale in addresses - {node.gateway}:
         nl.delete_address(tun.index, stale)
     ensure_routes(nl, node, remotes, underlay)
-    peers = listed_peers() if remotes is None else peers_of(node, remotes)
+    peers = listed_peers() if remotes is None else peers_of(nl, node, remotes)
     want = {INET_TABLE: render_inet_table(node, underlay.name, peers)}
     listed = nftables.list_table(INET_TABLE)
     script = nftables.repair_script(want, {INET_TABLE: listed} if listed is not None else {})
@@ -175,7 +174,7 @@ def sync_remotes(nl: Netlink, node: NodeNetwork, remotes: list[RemoteNode]) -> N
     """Routes (host-gw) and the VXLAN peers for exactly ``remotes``."""
     underlay = uplink(nl, node)
     ensure_routes(nl, node, remotes, underlay)
-    linux_node.ensure_peers(node, underlay.name, peers_of(node, remotes))
+    linux_node.ensure_peers(node, underlay.name, peers_of(nl, node, remotes))
 
 
 def refuse(refused: list[str]) -> None:

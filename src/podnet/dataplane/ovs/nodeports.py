@@ -11,14 +11,14 @@ is gone, is an orphan of a crash and removed at set-up. The flow comparison is O
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from ipaddress import IPv4Address
+from collections.abc import Collection, Mapping
 
 from podnet.dataplane.interface import (
     DataPlaneError,
     NodeNetwork,
     NodeSetupRefused,
     PodAttachment,
+    RemoteNode,
 )
 from podnet.dataplane.ovs import ovspods
 from podnet.dataplane.ovs import tables as t
@@ -27,7 +27,8 @@ from podnet.dataplane.ovs.flow import Flow, flows_text
 from podnet.dataplane.ovs.ovsdb import Ovsdb, Port
 from podnet.dataplane.ovs.underlay import UNDERLAY_BRIDGE, Underlay
 from podnet.dataplane.ovs.underlaysetup import Kernel, Switch, UnderlaySetup
-from podnet.dataplane.wiring import is_host_veth_name
+from podnet.dataplane.vteppeers import vtep_peers
+from podnet.dataplane.wiring import is_host_veth_name, usable_remotes
 
 DIFF_TIMEOUT = 30.0
 SHOWN = 3  # differing flows named in a problem
@@ -92,12 +93,18 @@ class NodePorts:
             if await db.port(UNDERLAY_BRIDGE) is not None:
                 await underlay.remove()
 
-    async def prime(self, node: NodeNetwork, remotes: list[IPv4Address]) -> None:
-        """VXLAN on the userspace datapath: have OVS resolve the remote nodes' MACs now,
-        so the first packet to a new node is not lost (``UnderlaySetup.prime``)."""
-        if node.tunnel == "vxlan" and remotes:
-            setup = UnderlaySetup(await self.connect(), self.switch, self.kernel)
-            await setup.prime(await self._underlay(setup, node), remotes)
+    async def peers(self, node: NodeNetwork, remotes: list[RemoteNode]) -> None:
+        """VXLAN on the userspace datapath: br-phy's peer flows (each peer's MAC checked
+        where it is known, ``UnderlaySetup.ensure_peers``), then have OVS resolve the
+        remote nodes' MACs now, so the first packet to a new node is not lost
+        (``UnderlaySetup.prime``)."""
+        if node.tunnel != "vxlan":
+            return
+        setup = UnderlaySetup(await self.connect(), self.switch, self.kernel)
+        underlay = await self._underlay(setup, node)
+        await setup.ensure_peers(underlay, vtep_peers(node, remotes, [underlay.address.network]))
+        if remotes:
+            await setup.prime(underlay, [r.node_ip for r in usable_remotes(node, remotes)])
 
     async def _underlay(self, setup: UnderlaySetup, node: NodeNetwork) -> Underlay:
         return await setup.discover(node, self.daemons.datapath)
@@ -123,16 +130,26 @@ class NodePorts:
         found = (ovspods.attachment_of(p.name, p.external_ids) for p in await db.ports(t.BRIDGE))
         return sorted((a for a in found if a is not None), key=lambda a: a.host_ifname)
 
-    async def remove_orphans(self) -> set[str]:
+    async def pod_port_names(self) -> list[str]:
+        """The names of podnet's pod ports on br0."""
+        db = await self.connect()
+        return [p.name for p in await db.ports(t.BRIDGE) if is_host_veth_name(p.name)]
+
+    async def remove_orphans(self, dead: Collection[str] = ()) -> set[str]:
         """Delete podnet-named ports without an identity or a device (a crash in the
-        middle of an attach); returns the names of the ports left."""
+        middle of an attach), and those named in ``dead`` (their veth is gone); returns
+        the names of the ports left."""
         db = await self.connect()
         ports = await db.ports(t.BRIDGE)
         orphans = {
             p.name
             for p in ports
             if is_host_veth_name(p.name)
-            and (p.ofport <= 0 or ovspods.attachment_of(p.name, p.external_ids) is None)
+            and (
+                p.ofport <= 0
+                or p.name in dead
+                or ovspods.attachment_of(p.name, p.external_ids) is None
+            )
         }
         for name in sorted(orphans):
             await db.delete_port(t.BRIDGE, name)

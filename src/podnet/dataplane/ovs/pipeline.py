@@ -18,8 +18,15 @@ DNATed there) is marked in conntrack when it comes back from tun0, and its repli
 sent to tun0 too, so the host undoes the DNAT (the userspace datapath's conntrack is not
 the kernel's).
 
-Multitenant VNIDs come from ``RuleSet.isolation``: a pod it does not list is VNID 0 (like
-any non-pod address), a pod whose project has no VNID yet is ``UNASSIGNED_VNID``.
+Multitenant VNIDs come from ``RuleSet.isolation``: a pod whose project has no VNID yet is
+``UNASSIGNED_VNID``. Fail closed (``RuleSet.fails_closed``: multitenant or networkpolicy
+with the pod networks known): only an address with a live owner (``RuleSet.owned``) has
+a source identity, so VNID 0 goes only to what is positively global (pods of global
+projects, the nodes' own addresses; in networkpolicy mode every owned pod, the VNID being
+unused there). A local port whose address has no owner is quarantined (``quarantine_flows``:
+nothing from it, nothing to it), and a pod-network source that no identity flow lists is
+dropped from the tunnel and from the host (``fail_closed_flows``). Without the pod
+networks (or in subnet mode) an unlisted address is VNID 0, as before.
 """
 
 from __future__ import annotations
@@ -72,13 +79,31 @@ def vnid_cookie(ip: IPv4Address) -> int:
     return cookie(Kind.ISOLATION, f"source-vnid/{ip}")
 
 
+def fail_closed_cookie() -> int:
+    return cookie(Kind.ISOLATION, "fail-closed")
+
+
 def vnids_of(rules: RuleSet | None) -> dict[IPv4Address, int | None]:
-    """The VNID map of a multitenant rule set (empty in the other modes: all VNID 0)."""
-    if rules is None or rules.isolation is None:
+    """The source identities: the multitenant VNID map (None: unassigned); failing
+    closed, also every other owned pod-network address with VNID 0 (the nodes' gateways
+    and hostNetwork addresses; in networkpolicy mode every running pod). Empty in the
+    other cases (every source VNID 0)."""
+    if rules is None:
         return {}
-    found: dict[IPv4Address, int | None] = dict(rules.isolation.vnids)
-    found.update((ip, None) for ip in rules.isolation.unassigned)
+    found: dict[IPv4Address, int | None] = {}
+    if rules.isolation is not None:
+        found.update(rules.isolation.vnids)
+        found.update((ip, None) for ip in rules.isolation.unassigned)
+    if rules.fails_closed:
+        for ip in rules.owned:  # in multitenant mode, a pod is listed already
+            found.setdefault(ip, 0)
     return found
+
+
+def quarantined(rules: RuleSet | None, ip: IPv4Address) -> bool:
+    """Whether a local port with address ``ip`` gets nothing: failing closed, no live
+    owner holds the address (a sandbox whose Pod object is gone)."""
+    return rules is not None and rules.unowned(ip)
 
 
 def register_vnid(vnids: Vnids, ip: IPv4Address) -> int:
@@ -191,6 +216,32 @@ def pod_flows(pod: LocalPod, vnid: int) -> list[Flow]:
     )
 
 
+def quarantine_flows(pod: LocalPod) -> list[Flow]:
+    """A local port whose address has no live owner: whatever it sends is dropped, and no
+    flow delivers to it (LOCAL and ARP_LOCAL have none for it: their defaults drop)."""
+    return _flows(pod_cookie(pod.key), (t.POD_IN, 100, f"in_port={pod.ofport}", "drop"))
+
+
+def local_pod_flows(pod: LocalPod, rules: RuleSet | None, vnids: Vnids) -> list[Flow]:
+    """A local pod's group: its flows with its VNID, or its quarantine."""
+    if quarantined(rules, pod.ip):
+        return quarantine_flows(pod)
+    return pod_flows(pod, register_vnid(vnids, pod.ip))
+
+
+def fail_closed_flows(rules: RuleSet | None) -> list[Flow]:
+    """Failing closed: a packet with a pod-network source that no identity flow lists
+    (``source_vnid_flows``, above these) is dropped, from the tunnel (whatever its
+    tun_id: 0 is no longer "global" for an unknown source) and from the host (tun0)."""
+    if rules is None or not rules.fails_closed:
+        return []
+    specs: list[tuple[int, int, str, str]] = []
+    for network in rules.pod_networks:
+        specs.append((t.VXLAN_IN, 120, f"ip,nw_src={network}", "drop"))
+        specs.append((t.HOST_IN, 50, f"ip,nw_src={network}", "drop"))
+    return _flows(fail_closed_cookie(), *specs)
+
+
 def source_vnid_flows(ip: IPv4Address, vnid: int | None) -> list[Flow]:
     """Multitenant, one pod of the cluster: the VNID its packets get in reg0 when they
     come from the tunnel (only with that VNID in tun_id: the sender's view is checked
@@ -226,8 +277,10 @@ def desired(
     for remote in usable_remotes(node, remotes):
         groups[remote_cookie(remote.name)] = remote_node_flows(node, remote)
     for pod in pods:
-        groups[pod_cookie(pod.key)] = pod_flows(pod, register_vnid(vnids, pod.ip))
+        groups[pod_cookie(pod.key)] = local_pod_flows(pod, rules, vnids)
     for ip, vnid in vnids.items():
         groups[vnid_cookie(ip)] = source_vnid_flows(ip, vnid)
+    if closed := fail_closed_flows(rules):
+        groups[fail_closed_cookie()] = closed
     groups.update(policy_flows(node, rules, pods))
     return groups

@@ -22,6 +22,14 @@ uplink, the same default gateway. ``br-phy``'s flows pass only what tunnelling n
 - ARP replies to the node IP to ``LOCAL``, where OVS snoops the sender's MAC;
 - nothing else (the kernel receives everything itself on the uplink).
 
+Above those, the peers' flows (``peer_flows``, a cookie of their own, set with the remote
+nodes): a peer whose MAC is checked (``podnet.dataplane.vteppeers``) gets its VXLAN and
+its ARP replies to ``LOCAL`` only with that MAC as the Ethernet source (and, for ARP, as
+the sender's hardware address); the same from its address with any other MAC is dropped.
+So a host that forges a peer's address cannot inject, nor move OVS's neighbour entry for
+it (the equivalent of linux's permanent neighbour entries). br0 checks ``tun_src`` on
+top, for every peer.
+
 OVS forgets its user routes and flows when ``ovs-vswitchd`` restarts, so ``ensure`` is
 also the restore. It also forgets the remote VTEPs' MACs, and drops the first packet to
 each while it ARPs; ``probes`` make it ARP beforehand. With the kernel datapath
@@ -45,10 +53,14 @@ from podnet.dataplane.linux.netlink import Link
 from podnet.dataplane.ovs import tables
 from podnet.dataplane.ovs.flow import Flow, Kind, cookie
 from podnet.dataplane.ovs.ovsdb import Port
+from podnet.dataplane.vteppeers import VtepPeer, with_mac
 
 UNDERLAY_BRIDGE: Final = "br-phy"  # the name OVS's userspace-tunnelling guide uses
 UPLINK_PORT: Final = 1  # the uplink's ofport on br-phy
 UNDERLAY_COOKIE: Final = cookie(Kind.NODE, UNDERLAY_BRIDGE)
+PEERS_COOKIE: Final = cookie(Kind.NODE, f"{UNDERLAY_BRIDGE}/peers")
+PEER_CHECKED: Final = 110  # a peer's address with its MAC: above the base flows
+PEER_FORGED: Final = 105  # a peer's address with another MAC
 _USER_ROUTE = re.compile(r"^User: (\S+) dev (\S+)(?: GW (\S+))?")
 _NEIGHBOUR = re.compile(r"^(\d+\.\d+\.\d+\.\d+)\s+([0-9a-f:]{17})\s+(\S+)$")
 PROBE_FLOW: Final = "in_port=controller,dl_type=0x88b5"  # a frame no pipeline forwards
@@ -125,6 +137,37 @@ def phy_flows(underlay: Underlay) -> list[Flow]:
         Flow(0, 100, f"arp,in_port={port},arp_tpa={ip},arp_op=2", "LOCAL", UNDERLAY_COOKIE),
         Flow(0, 0, "", "drop", UNDERLAY_COOKIE),
     ]
+
+
+def peer_flows(underlay: Underlay, peers: Iterable[VtepPeer]) -> list[Flow]:
+    """br-phy's flows for the peers whose MAC is checked (see the module doc), written as
+    ``dump-flows`` shows them."""
+    ip, port, flows = underlay.address.ip, UPLINK_PORT, []
+    vxlan = f"nw_dst={ip},tp_dst={underlay.vxlan_port}"
+    reply = f"arp_tpa={ip},arp_op=2"
+    for peer in with_mac(peers):
+        mac, src = peer.mac, f"in_port={port},dl_src={peer.mac}"
+        flows += [
+            Flow(0, PEER_CHECKED, f"udp,{src},nw_src={peer.ip},{vxlan}", "LOCAL", PEERS_COOKIE),
+            Flow(
+                0, PEER_FORGED, f"udp,in_port={port},nw_src={peer.ip},{vxlan}", "drop", PEERS_COOKIE
+            ),
+            Flow(
+                0,
+                PEER_CHECKED,
+                f"arp,{src},arp_spa={peer.ip},{reply},arp_sha={mac}",
+                "LOCAL",
+                PEERS_COOKIE,
+            ),
+            Flow(
+                0,
+                PEER_FORGED,
+                f"arp,in_port={port},arp_spa={peer.ip},{reply}",
+                "drop",
+                PEERS_COOKIE,
+            ),
+        ]
+    return flows
 
 
 def ovs_routes(underlay: Underlay) -> list[OvsRoute]:

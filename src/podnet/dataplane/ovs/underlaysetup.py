@@ -29,11 +29,11 @@ from podnet.dataplane.interface import (
 from podnet.dataplane.linux.netlink import Link, Netlink, nl_call
 from podnet.dataplane.linux.workers import NamespaceWorker
 from podnet.dataplane.ovs import tables
-from podnet.dataplane.ovs.flow import flows_text
-from podnet.dataplane.ovs.flowsync import same_flows
-from podnet.dataplane.ovs.ofctl import FlowRunner
+from podnet.dataplane.ovs.flow import Flow, flows_text
+from podnet.dataplane.ovs.ofctl import FlowRunner, parse_flow
 from podnet.dataplane.ovs.ovsdb import Ovsdb
 from podnet.dataplane.ovs.underlay import (
+    PEERS_COOKIE,
     UNDERLAY_BRIDGE,
     UPLINK_PORT,
     KernelView,
@@ -45,6 +45,7 @@ from podnet.dataplane.ovs.underlay import (
     mtu_problem,
     parse_tunnel_neighbours,
     parse_user_routes,
+    peer_flows,
     phy_flows,
     port_drift,
     probes,
@@ -52,6 +53,7 @@ from podnet.dataplane.ovs.underlay import (
     vxlan_drift,
     vxlan_options,
 )
+from podnet.dataplane.vteppeers import VtepPeer
 
 AF_INET: Final = 2
 MAIN_TABLE: Final = 254
@@ -274,13 +276,37 @@ class UnderlaySetup:
                     await self.db.delete_port(UNDERLAY_BRIDGE, port.name)
             await self.db.add_port(UNDERLAY_BRIDGE, underlay.uplink, ofport=UPLINK_PORT)
             changed.append(f"{underlay.uplink} on {UNDERLAY_BRIDGE}")
-        if not await self._flows_ok(underlay):
-            await self.switch.replace_flows(UNDERLAY_BRIDGE, flows_text(phy_flows(underlay)))
+        base, peers = await self._flows()
+        if sorted(base) != sorted(phy_flows(underlay)):
+            # the peers' flows are kept: the remote nodes may not be known yet (a restart)
+            text = flows_text([*phy_flows(underlay), *peers])
+            await self.switch.replace_flows(UNDERLAY_BRIDGE, text)
             changed.append(f"{UNDERLAY_BRIDGE} flows")
         return changed
 
+    async def ensure_peers(self, underlay: Underlay, peers: Iterable[VtepPeer]) -> bool:
+        """Make br-phy's peer flows those of ``peers`` (one bundle, only if they differ);
+        whether anything changed. Nothing to do without br-phy (the kernel datapath)."""
+        if not underlay.native:
+            return False
+        want = peer_flows(underlay, peers)
+        if sorted((await self._flows())[1]) == sorted(want):
+            return False
+        text = f"delete cookie={PEERS_COOKIE:#x}/-1\n" + "".join(f"add {f.text()}\n" for f in want)
+        await self.switch.bundle(UNDERLAY_BRIDGE, text)
+        return True
+
     async def _flows_ok(self, underlay: Underlay) -> bool:
-        return same_flows(await self.switch.dump_flows(UNDERLAY_BRIDGE), phy_flows(underlay))
+        return sorted((await self._flows())[0]) == sorted(phy_flows(underlay))
+
+    async def _flows(self) -> tuple[list[Flow], list[Flow]]:
+        """br-phy's flows: (the others, the peers')."""
+        dumped = await self.switch.dump_flows(UNDERLAY_BRIDGE)
+        flows = [parse_flow(line) for line in dumped.splitlines() if line.strip()]
+        return (
+            [f for f in flows if f.cookie != PEERS_COOKIE],
+            [f for f in flows if f.cookie == PEERS_COOKIE],
+        )
 
     async def _routes(self) -> list[OvsRoute]:
         return parse_user_routes(await self.switch.appctl("ovs/route/show"))
