@@ -151,14 +151,23 @@ def test_a_relay_out_of_descriptors_refuses_and_logs_a_bounded_amount(
     args = ("--max-connections-per-source", "0", "--first-byte-timeout", "30")
     process, port = start_relay(master, log, *args, nofile=128)
     try:
-        with flood(port, 300) as held:
+        held: list[socket.socket] = []
+        reset_at_connect = 0
+        try:
+            for _ in range(300):
+                try:
+                    held.append(connect(port))
+                except (ConnectionResetError, ConnectionRefusedError):
+                    # Refused before connect() returned (seen under load): a refusal too.
+                    reset_at_connect += 1
             time.sleep(1.0)
-            cut = sum(ended(sock, 0.2) for sock in held)
+            cut = reset_at_connect + sum(ended(sock, 0.2) for sock in held)
             assert cut >= 300 - 64, f"only {cut} of 300 refused: the relay took more than 64"
+        finally:
             for sock in held:
                 sock.close()
-            time.sleep(0.5)
-            assert readyz(port) == 200
+        time.sleep(0.5)
+        assert readyz(port) == 200
     finally:
         stop_process(process)
     lines = log.read_text().splitlines()

@@ -43,9 +43,12 @@ TRANSIENT = frozenset(
 )
 # Errors after which a write may or may not have been applied (the leader member died
 # with the proposal, or the connection broke after sending it): read back, then retry.
-AMBIGUOUS = ("request timed out", "leader changed", "Socket closed", "Connection reset")
+# "Stream removed" / "Broken pipe": the member the channel used died under the request
+# (seen when one of three members is killed); the channel moves to another member.
+BROKEN = ("Socket closed", "Connection reset", "Stream removed", "Broken pipe")
+AMBIGUOUS = ("request timed out", "leader changed", *BROKEN)
 AMBIGUOUS_RETRIES = 2
-READ_RETRY = ("leader changed", "Socket closed", "Connection reset")
+READ_RETRY = ("leader changed", *BROKEN)
 PAGE = 2000  # keys per range request (a page of pods stays far below 4 MiB)
 
 
