@@ -14,10 +14,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,11 @@ import pytest
 from podnet import netns
 from podnet.cluster import lifecycle, nodes, pods
 from podnet.cluster.state import ClusterState
-from podnet.model.kinds import POD
-from podnet.testing import planeview, tools
+from podnet.model.kinds import HOST_SUBNET, POD
+from podnet.model.schemas_names import dns_subdomain_problem
+from podnet.testing import docsteps, planeview, tools
 from podnet.testing.e2e import TEST_DATAPLANE, wait_for
-from podnet.testing.podman import IMAGE, PodmanEnv
+from podnet.testing.podman import IMAGE, RECIPE, PodmanEnv
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -159,11 +162,7 @@ def podman(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     for tool in ("podman", "runc", "busybox", "host-local"):
         tools.require(tool)
     paths = nodes.node_paths(cluster, "node1")
-    env = PodmanEnv(
-        tmp_path_factory.mktemp("podman"),
-        (paths.cni_bin_dir, Path("/usr/lib/cni")),
-        paths.cni_conf_dir,
-    )
+    env = PodmanEnv(tmp_path_factory.mktemp("podman"), paths.cni_bin_dir, paths.cni_conf_dir)
     env.write_config()
     env.build_image()
     yield env
@@ -268,13 +267,18 @@ def test_a_podman_containers_mirror_pod_goes_with_its_del(
     cluster: Path,
     podman: PodmanEnv,
 ) -> None:
+    """Without --name, podman picks a random name ("elegant_turing"), which it passes as
+    K8S_POD_NAME: the agent makes it a valid Pod name."""
     node_ns = node_record(cluster, "node1").netns
-    run = ("run", "-d", "--name", "ghost", "--network", "podnet", IMAGE, "sleep", "600")
-    podman.podman(node_ns, *run)
-    ip = container_ip(podman, node_ns, "ghost")
+    run = ("run", "-d", "--network", "podnet", IMAGE, "sleep", "600")
+    container = podman.podman(node_ns, *run).stdout.strip()
+    given = podman.podman(node_ns, "inspect", "-f", "{{.Name}}", container).stdout.strip()
+    ip = container_ip(podman, node_ns, container)
     mirror = wait_for(lambda: with_ip(cluster, ip), 60, "the mirror Pod with its IP")
     assert mirror["spec"]["nodeName"] == "node1" and mirror["status"]["phase"] == "Running"
-    podman.podman(node_ns, "rm", "-f", "-t", "0", "ghost")
+    assert dns_subdomain_problem(mirror["metadata"]["name"]) is None
+    assert given.replace("_", "-") in mirror["metadata"]["name"], (given, mirror["metadata"])
+    podman.podman(node_ns, "rm", "-f", "-t", "0", container)
     key = (mirror["metadata"]["namespace"], mirror["metadata"]["name"])
 
     def gone() -> bool:
@@ -284,3 +288,35 @@ def test_a_podman_containers_mirror_pod_goes_with_its_del(
     wait_for(gone, 60, "the mirror Pod deleted after podman's DEL")
     time.sleep(3)  # no retried status write re-creates it
     assert gone()
+
+
+def test_the_documented_podman_recipe_runs_as_written(cluster: Path, podman: PodmanEnv) -> None:
+    """docs/runtimes.md's commands, run from the page: the container gets an address of
+    the node's subnet, with a mirror Pod, and `podman rm` takes both away."""
+    node_ns = node_record(cluster, "node1").netns
+    veths = len(pod_veths(node_ns))
+    seen: list[dict[str, Any]] = []
+
+    def watch_mirror() -> None:  # the mirror Pod shows while the container runs
+        while not stop.is_set():
+            seen.extend(p for p in mirror_pods(cluster) if p not in seen)
+            stop.wait(0.2)
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_mirror, daemon=True)
+    watcher.start()
+    try:
+        variables = {**podman.variables(), "NODE_NETNS": node_ns}
+        result = docsteps.run_step(RECIPE, "podman-run", variables)
+    finally:
+        stop.set()
+        watcher.join(10)
+    # run -d prints the container ID, inspect its address, rm its name.
+    ip = result.stdout.split()[-2]
+    with pods.admin_api(cluster) as api:
+        subnet = api.get(HOST_SUBNET, None, "node1")["subnet"]
+    assert ip_address(ip) in ip_network(subnet), result.stdout
+    mine = [p for p in seen if (p.get("status") or {}).get("podIP") == ip]
+    assert mine, f"no mirror Pod showed {ip}: {seen}"
+    assert len(pod_veths(node_ns)) == veths  # the DEL took the veth
+    wait_for(lambda: with_ip(cluster, ip) is None, 60, "the mirror Pod deleted after podman rm")

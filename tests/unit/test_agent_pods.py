@@ -38,6 +38,7 @@ from podnet.ipam.hostlocal import HostLocalStore
 from podnet.kubeconfig import ClientConfig
 from podnet.model.errors import ApiError
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NAMESPACE, NODE, POD
+from podnet.model.schemas_names import dns_subdomain_problem
 from podnet.testing.api import node_api_server
 from podnet.testing.e2e import eventually
 
@@ -103,8 +104,21 @@ async def manager(tmp_path: Path) -> PodManager:
 def test_pod_ref_from_args_config_or_container_id() -> None:
     args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=front"
     assert pod_ref(cni("ADD", args=args), "default") == PodRef("web", "front")
-    assert pod_ref(cni("ADD", cid="Abc_1.2"), "dflt") == PodRef("dflt", "abc-1.2")
+    assert pod_ref(cni("ADD", cid="abc-1.2"), "dflt") == PodRef("dflt", "abc-1.2")
     assert pod_ref(cni("ADD", namespace="team"), "dflt") == PodRef("team", "c1")
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["elegant_turing", "Web", "a..b", "-x-", "x" * 300, "ümlaut", "a.-b", "_", "web_1"],
+)
+def test_an_invalid_pod_name_from_a_runtime_is_made_valid_and_kept_apart(given: str) -> None:
+    """podman passes its container's name as K8S_POD_NAME; its random names hold "_"."""
+    made = pod_ref(cni("ADD", args=f"K8S_POD_NAME={given}"), "default").name
+    assert dns_subdomain_problem(made) is None, made
+    other = given.replace("_", "-") if "_" in given else given + "_"
+    assert pod_ref(cni("ADD", args=f"K8S_POD_NAME={other}"), "default").name != made
+    assert pod_ref(cni("ADD", args=f"K8S_POD_NAME={given}"), "default").name == made  # stable
 
 
 def attachment(cid: str, ip: str, ifname: str = "eth0") -> PodAttachment:

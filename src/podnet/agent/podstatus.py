@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -32,11 +33,12 @@ from podnet.client.paths import resource_path
 from podnet.client.wire import Call
 from podnet.cni.types import ERR_TRY_AGAIN_LATER, CniError, CniRequest
 from podnet.model.kinds import POD
+from podnet.model.schemas_names import dns_subdomain_problem
 
 log = logging.getLogger("podnet.agent.pods")
 
 Obj = dict[str, Any]
-_NOT_DNS = re.compile(r"[^a-z0-9.-]+")
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
 CONTAINER_ANNOTATION = "podnet.io/container-id"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 WRITES_IN_FLIGHT = 4
@@ -250,12 +252,20 @@ async def delete_pod(api: AsyncApiClient, pod: Obj) -> None:
 
 def pod_ref(req: CniRequest, default_namespace: str) -> PodRef:
     """The Pod a request is for: K8S_POD_NAMESPACE/K8S_POD_NAME, else the config's
-    ``namespace`` (or ``default_namespace``) and the container ID made a DNS name."""
+    ``namespace`` (or ``default_namespace``) and the container ID. The name is made a
+    valid Pod name when it is not one (podman passes its container's name, and its random
+    names hold "_"): see ``valid_pod_name``."""
     config_ns = req.config.namespace if req.config else None
     namespace = req.args.get("K8S_POD_NAMESPACE") or config_ns or default_namespace
-    name = req.args.get("K8S_POD_NAME") or _dns_name(req.container_id)
-    return PodRef(namespace, name)
+    name = req.args.get("K8S_POD_NAME") or req.container_id
+    return PodRef(namespace, valid_pod_name(name))
 
 
-def _dns_name(text: str) -> str:
-    return _NOT_DNS.sub("-", text.lower()).strip(".-")[:253] or "pod"
+def valid_pod_name(text: str) -> str:
+    """``text`` if it is a valid Pod name (a DNS-1123 subdomain), else a valid name made
+    from it: lower case, other characters "-", at most 240 of them, and 8 hex digits of
+    its SHA-256, so two names that differ only where they were invalid stay apart."""
+    if dns_subdomain_problem(text) is None:
+        return text
+    base = _NOT_DNS.sub("-", text.lower()).strip("-")[:240].strip("-") or "pod"
+    return f"{base}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"

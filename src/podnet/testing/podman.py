@@ -1,9 +1,10 @@
 """podman 4.3 as a real CNI client, confined to a temporary folder and a network namespace.
 
-The recipe: podman on its CNI backend, runc, cgroupfs, file events, raised
-ulimits, a private storage root, and a local busybox image imported from a rootfs tarball
-(no registry). Every podman command runs inside a network namespace the test made, so
-the bridges, rules and sysctls it creates stay there.
+The recipe is the one ``docs/runtimes.md`` gives, run from the page: podman on its CNI
+backend, runc, cgroupfs, file events, raised ulimits, a private storage root; and a local
+busybox image imported from a rootfs tarball (no registry). Every podman command runs
+inside a network namespace the test made, so the bridges, rules and sysctls it creates
+stay there.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podnet import netns
+from podnet.testing import docsteps
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE = "localhost/podnet-bb"
+RECIPE = docsteps.DOCS / "runtimes.md"
 
 
 @dataclass
@@ -26,7 +29,7 @@ class PodmanEnv:
     """podman's configuration, storage and image under ``root``."""
 
     root: Path
-    cni_bin_dirs: tuple[Path, ...]
+    cni_bin_dir: Path  # podnet's; the reference plugins' come from /usr/lib/cni
     cni_conf_dir: Path
 
     @property
@@ -46,31 +49,19 @@ class PodmanEnv:
             "TMPDIR": str(self.root / "tmp"),
         }
 
+    def variables(self) -> dict[str, str]:
+        """The settings ``docs/runtimes.md`` has the reader set (``NODE_NETNS`` is given
+        per command)."""
+        return {
+            "PODMAN_ROOT": str(self.root),
+            "CNI_BIN_DIR": str(self.cni_bin_dir),
+            "CNI_CONF_DIR": str(self.cni_conf_dir),
+            "IMAGE": IMAGE,
+        }
+
     def write_config(self) -> None:
-        for sub in ("xdg", "tmp", "storage", "runroot"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        plugin_dirs = ", ".join(f'"{d}"' for d in self.cni_bin_dirs)
-        self.containers_conf.write_text(
-            "[containers]\n"
-            'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
-            'netns = "private"\n'
-            "[network]\n"
-            'network_backend = "cni"\n'
-            f"cni_plugin_dirs = [{plugin_dirs}]\n"
-            f'network_config_dir = "{self.cni_conf_dir}"\n'
-            "[engine]\n"
-            'runtime = "runc"\n'
-            'cgroup_manager = "cgroupfs"\n'
-            'events_logger = "file"\n'
-            f'events_logfile_path = "{self.root / "events.log"}"\n'
-            f'tmp_dir = "{self.root / "tmp"}"\n'
-        )
-        self.storage_conf.write_text(
-            "[storage]\n"
-            'driver = "vfs"\n'
-            f'graphroot = "{self.root / "storage"}"\n'
-            f'runroot = "{self.root / "runroot"}"\n'
-        )
+        """podman's configuration, written by the documented step as it stands."""
+        docsteps.run_step(RECIPE, "podman-config", self.variables())
 
     def build_image(self) -> None:
         """Import a busybox rootfs as ``IMAGE`` (no registry involved)."""
