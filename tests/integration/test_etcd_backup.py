@@ -191,10 +191,13 @@ def test_restore_refuses_missing_and_corrupt_snapshots(snapshot: Path, tmp_path:
     at = data.index(b"v" * 4096) + 100  # inside a value: the database still opens
     data[at] ^= 0xFF
     flipped.write_bytes(bytes(data))
+    truncated = tmp_path / "truncated.db"
+    truncated.write_bytes(snapshot.read_bytes()[: len(data) // 2])
     cases = {
         tmp_path / "missing.db": "no such snapshot file",
         garbage: "not a usable etcd snapshot",
-        flipped: "restore",
+        flipped: "integrity hash does not match",
+        truncated: "not a usable etcd snapshot",
     }
     for path, reason in cases.items():
         data_dir = tmp_path / f"data-{path.stem}"

@@ -4,6 +4,7 @@ plan's checks, and token rows removed under ``add_token``'s lock."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import threading
 from pathlib import Path
@@ -24,6 +25,7 @@ from podnet.store.etcd_snapshot import (
     why,
 )
 
+PAGES = bytes(range(256)) * 4  # two 512-byte "pages"
 TLS = EtcdTls(Path("/pki/ca.crt"), Path("/pki/client.crt"), Path("/pki/client.key"))
 
 
@@ -44,7 +46,7 @@ def test_save_passes_no_tls_or_endpoint_on_the_command_line(
     def fake_run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         seen.append((argv, kwargs["env"]))
         if argv[1:3] == ["snapshot", "save"]:
-            Path(argv[3]).write_bytes(b"db")
+            Path(argv[3]).write_bytes(PAGES + hashlib.sha256(PAGES).digest())
         out = '{"hash":1,"revision":2,"totalKey":3,"totalSize":4}' if "status" in argv else ""
         return subprocess.CompletedProcess(argv, 0, out, "")
 
@@ -145,3 +147,15 @@ def test_revoke_and_add_token_do_not_lose_each_others_rows(tmp_path: Path) -> No
         thread.join()
     users = {u.name for u in parse_token_file(tokens.read_text()).values()}
     assert users == {f"system:node:new{i}" for i in range(20)}
+
+
+def test_integrity_hash_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    path.write_bytes(PAGES + hashlib.sha256(PAGES).digest())
+    assert etcd_snapshot.integrity_problem(path) is None
+    path.write_bytes(PAGES[:-1] + b"x" + hashlib.sha256(PAGES).digest())
+    assert "does not match" in str(etcd_snapshot.integrity_problem(path))
+    path.write_bytes(PAGES)  # a bare database (copied from a data dir): no hash
+    assert "no integrity hash" in str(etcd_snapshot.integrity_problem(path))
+    path.write_bytes(b"")
+    assert "no integrity hash" in str(etcd_snapshot.integrity_problem(path))
