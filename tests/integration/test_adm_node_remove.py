@@ -150,3 +150,19 @@ def test_removed_node_cannot_come_back_with_its_token(
         assert answer.status_code == 401, answer.text
     with client_for(master.kubeconfig) as admin:
         assert admin.get(f"{NODES}/n1").status_code == 404
+
+
+def test_node_remove_finishes_a_removal_cut_short(master: MasterProcess, tmp_path: Path) -> None:
+    """The Node was deleted by hand (or a run stopped after it): the token and the bound
+    pod are still there, and the command removes them."""
+    token, _ = register(master, "n1", "192.0.2.1")
+    with client_for(master.kubeconfig) as admin:
+        assert admin.post(pods_path("default"), json=pod("a", node_name="n1")).status_code == 201
+        assert admin.delete(f"{NODES}/n1").status_code == 200
+    done = remove(master, tmp_path, "n1")
+    assert done.returncode == 0, done.stderr
+    assert "revoked the token of node n1" in done.stdout
+    assert "node/n1 deleted" not in done.stdout
+    wait_for(lambda: status_as(master, token, "n1") == 401, 10, "n1's token refused")
+    with client_for(master.kubeconfig) as admin:
+        assert admin.get(f"{pods_path('default')}/a").status_code == 404

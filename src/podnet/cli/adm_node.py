@@ -14,6 +14,7 @@ refused harmlessly; a run cut short is finished by the next one.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,8 +140,6 @@ def tokens_file(master_state_dir: Path | None, cluster_state_dir: Path) -> Path:
 def _client(state: CliState, cluster_state_dir: Path) -> ApiClient:
     """The admin's client: --kubeconfig or $KUBECONFIG, else the local cluster's admin
     kubeconfig, else ~/.kube/config."""
-    import os
-
     admin = cluster_state_dir / "master" / "admin.kubeconfig"
     if not state.kubeconfig and not os.environ.get("KUBECONFIG") and admin.is_file():
         state.kubeconfig = str(admin)
