@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(etcd-server nftables iproute2 iperf3 iputils-ping containernetworking-plugins procps gcc libc6-dev podman runc busybox-static iptables
+APT_PACKAGES=(etcd-server etcd-client nftables iproute2 iperf3 iputils-ping containernetworking-plugins procps gcc libc6-dev podman runc busybox-static iptables
   bind9-dnsutils dnsmasq-base dnsperf conntrack openvswitch-switch ethtool haproxy wrk apache2-utils
   systemd)
 

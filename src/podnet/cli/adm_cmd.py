@@ -1,4 +1,5 @@
-"""``podnet adm``: the ``adm`` group of :mod:`podnet.cli.adm` plus ``adm diagnose``.
+"""``podnet adm``: the ``adm`` group of :mod:`podnet.cli.adm` plus ``adm diagnose``, and
+the commands of :mod:`podnet.cli.adm_backup` and :mod:`podnet.cli.adm_node`.
 
 ``podnet adm diagnose -o FILE.tar.gz`` writes a support bundle (see
 :mod:`podnet.cluster.diagnose`): of the local cluster at ``--state-dir`` when one is
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from podnet.cli import adm_backup, adm_node  # noqa: F401 - they add their commands to adm
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state

@@ -33,6 +33,7 @@ TOOLS: dict[str, Tool] = {
     t.name: t
     for t in (
         Tool("etcd", "Debian package etcd-server", "/usr/bin/etcd"),
+        Tool("etcdctl", "Debian package etcd-client", "/usr/bin/etcdctl", ("version",)),
         Tool("nft", "Debian package nftables", version_argv=("--version",)),
         Tool("ip", "Debian package iproute2", version_argv=("-V",)),
         Tool("ping", "Debian package iputils-ping", version_argv=("-V",)),
