@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from dnslib import RCODE, DNSRecord
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from podnet.dns.forwarder import Forwarder
@@ -37,7 +38,7 @@ class Answered(Collector):
     def __init__(self, server: DnsServer, forwarder: Forwarder) -> None:
         self.server, self.forwarder = server, forwarder
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         return answered(self.server.handler.tally, self.forwarder.failures)
 
 
