@@ -51,6 +51,7 @@ from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector, holder_identity
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
 from podnet.controllers.supervisor import Supervisor
+from podnet.daemonmetrics import add_daemon_metrics
 from podnet.files import write_atomic
 from podnet.heap import HeapGovernor
 from podnet.kubeconfig import write_kubeconfig
@@ -58,6 +59,7 @@ from podnet.listener import ConnectionLimits
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
 from podnet.store.etcd_pki import EtcdTls
+from podnet.store.etcdmetrics import EtcdMetrics
 
 log = logging.getLogger("podnet.master")
 
@@ -110,15 +112,19 @@ class Master:
 
     def __init__(self, options: MasterOptions) -> None:
         self.options = options
+        self.metrics = ApiMetrics()
+        add_daemon_metrics(self.metrics.registry)  # process_*, podnet_build_info
         # fail_fast: during an etcd outage the API answers 503 at once (podnet.store.health)
-        self.store = EtcdStore(options.etcd, tls=options.etcd_tls, fail_fast=True)
+        etcd_metrics = EtcdMetrics(self.metrics.registry)
+        self.store = EtcdStore(
+            options.etcd, tls=options.etcd_tls, fail_fast=True, metrics=etcd_metrics
+        )
         services = options.services or ServiceRanges(options.network.service_network)
         self.registry_ranges = services
         suffix = options.route_suffix
         self.registry = Registry(
             self.store, prefix=options.etcd_prefix, services=services, route_suffix=suffix
         )
-        self.metrics = ApiMetrics()
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None
         self.master_service: MasterServiceReconciler | None = None

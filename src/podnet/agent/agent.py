@@ -48,7 +48,7 @@ from podnet.agent.config import (
 )
 from podnet.agent.events import NodeEvents
 from podnet.agent.heartbeat import NodeHeartbeat
-from podnet.agent.metrics import MetricsServer
+from podnet.agent.metrics import MetricsServer, agent_metrics
 from podnet.agent.nodestatus import node_addresses, node_object, reconcile_note, with_condition
 from podnet.agent.objectwait import wait_for_object
 from podnet.agent.podlifecycle import PodLifecycle, node_pods
@@ -74,7 +74,6 @@ from podnet.dns.sync import ClusterDns, DnsSettings
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
-from podnet.reconcile import ReconcileMetrics
 
 log = logging.getLogger("podnet.agent")
 
@@ -127,10 +126,10 @@ class NodeAgent:
         self.service_sync: ServiceSync | None = None
         self.dns: ClusterDns | None = None
         self.informers = Informers(api)  # one shared list + watch per kind for every loop
-        self.metrics = ReconcileMetrics()
+        self.metrics, self.cni_metrics, self.ipam_usage = agent_metrics(self.store)
         self.note = reconcile_note(api, config.node_name)  # the loops' last passes
-        address = config.metrics_address
-        self.metrics_server = MetricsServer(self.metrics, address) if address else None
+        address, refresh = config.metrics_address, self.ipam_usage.refresh
+        self.metrics_server = MetricsServer(self.metrics, address, refresh) if address else None
         self.plugin = ""  # ClusterNetwork pluginName, read at start
         self.serving = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -280,6 +279,7 @@ class NodeAgent:
         )
         await self.pods.reconcile()
         self.pods.ready = True
+        self.ipam_usage.subnet = node.subnet  # /metrics: the subnet's usage from here on
 
     async def install_cni_plugin(self, node: NodeNetwork) -> None:
         """The shim in the CNI bin dir and the conflist (written only when it changed)."""
@@ -295,7 +295,7 @@ class NodeAgent:
     async def start_serving(self) -> None:
         """Open the CNI socket."""
         assert self.pods is not None
-        self.server = CniServer(self.config.socket_path, self.pods)
+        self.server = CniServer(self.config.socket_path, self.pods, self.cni_metrics)
         await self.server.start()
         self.serving.set()
 

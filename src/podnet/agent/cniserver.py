@@ -26,6 +26,7 @@ from typing import Protocol
 from aiohttp import web
 
 from podnet.agent.cnierrors import as_cni_error
+from podnet.agent.cnimetrics import CniMetrics
 from podnet.cni.result import CniResult
 from podnet.cni.types import (
     AGENT_PATH,
@@ -108,9 +109,13 @@ def _summary(req: CniRequest, result: CniResult | None) -> str:
 class CniServer:
     """Serves ``POST /cni`` on ``socket_path`` with a ``CniHandler``."""
 
-    def __init__(self, socket_path: Path, pods: CniHandler) -> None:
+    def __init__(
+        self, socket_path: Path, pods: CniHandler, metrics: CniMetrics | None = None
+    ) -> None:
+        """``metrics``: counts and times each command (``podnet.agent.cnimetrics``)."""
         self.socket_path = Path(socket_path)
         self.pods = pods
+        self.metrics = metrics
         # Agent-side milliseconds per command (most recent ones), for logs and benchmarks.
         self.timings: dict[str, collections.deque[float]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TIMINGS_KEPT)
@@ -147,6 +152,8 @@ class CniServer:
             req = parse_request(body)
         except CniError as err:
             log.warning("CNI request refused: %s", err)
+            if self.metrics is not None:
+                self.metrics.observe("other", False, time.perf_counter() - started)
             return _response(*error_answer(err))
         status, payload = await self.answer(req)
         elapsed = (time.perf_counter() - started) * 1000
@@ -163,11 +170,17 @@ class CniServer:
             log.warning(
                 "CNI %s %s failed: %s (code %d)", req.command, _summary(req, None), err, err.code
             )
+            self._count(req.command, False, started)
             return error_answer(err, req.cni_version)
+        self._count(req.command, True, started)
         elapsed = (time.perf_counter() - started) * 1000
         level = logging.DEBUG if req.command == "STATUS" else logging.INFO
         log.log(level, "CNI %s %s ok in %.1f ms", req.command, _summary(req, result), elapsed)
         return result_answer(result, req.cni_version)
+
+    def _count(self, command: str, ok: bool, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(command, ok, time.perf_counter() - started)
 
 
 def _response(status: int, payload: bytes) -> web.Response:

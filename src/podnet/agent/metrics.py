@@ -1,21 +1,47 @@
 """The agent's ``/metrics`` (Prometheus text format) on a TCP address of its choosing.
 
 Off unless ``podnet node --metrics-address HOST:PORT`` is given (port 0 picks a free
-one; ``port`` says which). It serves the agent's registry: today the reconcile loops'
-counters (``podnet.reconcile.metrics``), among them the permanent errors and the
-objects left out of the data plane.
+one; ``port`` says which; ``podnet cluster up`` gives each agent 127.0.0.1 of its node
+namespace). It serves the agent's registry (``agent_metrics``): ``process_*`` and
+``podnet_build_info`` (``podnet.daemonmetrics``), the reconcile loops' counters
+(``podnet.reconcile.metrics``), the CNI commands (``podnet.agent.cnimetrics``), the node
+subnet's IPAM usage (``podnet.agent.ipammetrics``) and the cluster DNS's counters
+(``podnet.dns.metrics``). The router serves its own registry on the same listener.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
+from podnet.agent.cnimetrics import CniMetrics
+from podnet.agent.ipammetrics import IpamUsage
+from podnet.daemonmetrics import add_daemon_metrics
+from podnet.ipam.hostlocal import HostLocalStore
 from podnet.reconcile import ReconcileMetrics
 
 log = logging.getLogger("podnet.agent.metrics")
+
+
+class Rendered(Protocol):
+    """A registry's holder: its text exposition."""
+
+    def render(self) -> bytes:
+        """The Prometheus text format."""
+        ...
+
+
+def agent_metrics(store: HostLocalStore) -> tuple[ReconcileMetrics, CniMetrics, IpamUsage]:
+    """The agent's registry (in its ``ReconcileMetrics``) with the CNI counters and the
+    IPAM usage of ``store`` on it, and the process and build metrics of every daemon."""
+    reconcile = ReconcileMetrics()
+    add_daemon_metrics(reconcile.registry)
+    ipam = IpamUsage(store)
+    reconcile.registry.register(ipam)
+    return reconcile, CniMetrics(reconcile.registry), ipam
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -31,7 +57,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        metrics: ReconcileMetrics,
+        metrics: Rendered,
         address: str,
         refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:

@@ -218,6 +218,7 @@ def _show_control_plane(state: ClusterState, state_dir: Path) -> bool | None:
 def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
     from podnet.cluster.health import reconcile_report
     from podnet.cluster.lifecycle import node_health
+    from podnet.cluster.nodes import metrics_location
     from podnet.cluster.ovsstatus import node_dataplane_status
     from podnet.cluster.pods import admin_api
 
@@ -242,6 +243,10 @@ def _show_nodes(state: ClusterState, state_dir: Path) -> bool:
         )
         plane = node_dataplane_status(state_dir, state.dataplane, node.name)
         click.echo(f"    data plane: {plane.text()}")
+        record = state.nodes.get(node.name)
+        metrics = metrics_location(record) if record is not None else None
+        if metrics is not None:
+            click.echo(f"    metrics: {metrics}")
         planes_ok = planes_ok and plane.healthy
         for problem in problems.get(node.name, []):
             click.echo(f"    RECONCILE {problem}")

@@ -30,6 +30,11 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     help="hold the Lease kube-system/podnet-controllers (through the API) while running",
 )
 @click.option("--lease-seconds", default=15, show_default=True, type=click.IntRange(2, 3600))
+@click.option(
+    "--metrics-address",
+    default=None,
+    help="Serve Prometheus /metrics on HOST:PORT (e.g. 127.0.0.1:9102); off by default",
+)
 @log_options
 def controllers(
     server: str,
@@ -38,9 +43,13 @@ def controllers(
     network: NetworkConfig,
     leader_elect: bool,
     lease_seconds: int,
+    metrics_address: str | None,
 ) -> None:
     """Run the controllers against a master started with --no-controllers."""
     from podnet.controllers.process import ControllersOptions, ControllersProcess
 
-    options = ControllersOptions(network, server, token_file, ca_file, leader_elect, lease_seconds)
+    options = ControllersOptions(
+        network, server, token_file, ca_file, leader_elect, lease_seconds,
+        metrics_address=metrics_address,
+    )  # fmt: skip
     serve(lambda: ControllersProcess(options), "podnet.controllers")

@@ -5,7 +5,9 @@ Node ``k`` is the namespace ``pn-<id>-node<k>`` with one link onto the underlay
 started inside it with nsenter, exactly as it would run on a host. Each node keeps its
 files under ``<state dir>/nodes/<name>/``: kubeconfig, CNI bin and conf dirs, the CNI
 socket, the agent's state and IPAM dirs, and logs. Agents and relays are recorded by PID
-and stopped by PID only.
+and stopped by PID only. Each agent serves its ``/metrics`` on 127.0.0.1 of its node
+namespace (``AGENT_METRICS_PORT``): reachable from that namespace only, never from the
+root namespace, the underlay or the pods.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from podnet.cluster.underlay import (
 Say = Callable[[str], None]
 AGENT_TIMEOUT = 90.0
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+AGENT_METRICS_PORT = 9101  # on the node namespace's loopback only
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,15 @@ def new_node_record(state: ClusterState, index: int) -> NodeRecord:
         index=index,
         netns=f"{state.prefix()}-node{index}",
         ip=str(node_address(state, index).ip),
+        metrics_port=AGENT_METRICS_PORT,
     )
+
+
+def metrics_location(node: NodeRecord) -> str | None:
+    """Where the node's agent serves ``/metrics`` (None: not served), for people."""
+    if not node.metrics_port:
+        return None
+    return f"http://127.0.0.1:{node.metrics_port}/metrics in netns {node.netns}"
 
 
 def create_node_netns(state: ClusterState, state_dir: Path, node: NodeRecord) -> None:
@@ -142,6 +153,8 @@ def agent_command(state: ClusterState, node: NodeRecord, paths: NodePaths) -> li
         "--dns-upstream-resolv-conf",
         str(paths.upstream_resolv_conf),
     ]
+    if node.metrics_port:  # the namespace's loopback: never an address others reach
+        argv += ["--metrics-address", f"127.0.0.1:{node.metrics_port}"]
     return netns.command(node.netns, argv)
 
 

@@ -184,6 +184,7 @@ class NodeRecord:
     agent: ProcessRecord | None = None
     relay: ProcessRecord | None = None
     podwatch: ProcessRecord | None = None  # the node's pod exit watcher
+    metrics_port: int = 0  # the agent's /metrics on the namespace's 127.0.0.1 (0: off)
 
 
 @dataclass

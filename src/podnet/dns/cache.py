@@ -6,12 +6,17 @@ client's ID in front of the stored bytes: no parsing, no encoding (~0.5 µs inst
 change in the zone drops exactly the entries of the names it touched. The cache holds
 at most ``max_entries`` answers and ``max_bytes`` of keys and answers (a TCP answer may
 be 64 KiB), dropping the oldest first. ``answers`` is a plain dict so that the UDP
-listener can look a key up without a call (a hit then costs one dict lookup).
+listener can look a key up without a call (a hit then costs one dict lookup). ``cells``
+holds each answer's counter cell (``podnet.dns.tally``), counted by the caller on a hit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from podnet.dns.tally import cell
+
+HIT = cell(None, bytes(4), cached=True)  # the cell of a hit whose put gave none
 
 DEFAULT_MAX_ENTRIES = 20_000
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
@@ -28,6 +33,7 @@ class AnswerCache:
         self.bytes = 0  # of keys and answers held
         self.answers: dict[bytes, bytes] = {}  # key -> answer from byte 2, oldest first
         self._names: dict[bytes, frozenset[str]] = {}  # key -> names it was read from
+        self.cells: dict[bytes, int] = {}  # key -> its counter cell when hit (tally)
         self._keys_of: dict[str, set[bytes]] = {}  # name -> keys of the answers read from it
         self.hits = 0
         self.misses = 0
@@ -44,8 +50,9 @@ class AnswerCache:
             self.hits += 1
         return answer
 
-    def put(self, key: bytes, answer: bytes, names: Iterable[str]) -> None:
-        """Store ``answer`` (the bytes after its ID) for ``key``, read from ``names``."""
+    def put(self, key: bytes, answer: bytes, names: Iterable[str], hit: int = HIT) -> None:
+        """Store ``answer`` (the bytes after its ID) for ``key``, read from ``names``;
+        ``hit``: the counter cell of a hit on it."""
         depends = frozenset(names)
         self._remove(key)
         size = len(key) + len(answer)
@@ -53,6 +60,7 @@ class AnswerCache:
             return
         self.answers[key] = answer
         self._names[key] = depends
+        self.cells[key] = hit
         self.bytes += size
         for name in depends:
             self._keys_of.setdefault(name, set()).add(key)
@@ -69,6 +77,7 @@ class AnswerCache:
         """Drop everything."""
         self.answers.clear()
         self._names.clear()
+        self.cells.clear()
         self._keys_of.clear()
         self.bytes = 0
 
@@ -77,6 +86,7 @@ class AnswerCache:
         if answer is None:
             return
         self.bytes -= len(key) + len(answer)
+        self.cells.pop(key, None)
         for name in self._names.pop(key):
             keys = self._keys_of.get(name)
             if keys is not None:

@@ -18,6 +18,11 @@ so a flood of unanswerable names cannot pile up sockets; and one client (a sourc
 address) may hold at most ``per_client`` of them: beyond that its query fails at once
 with ``ClientBusy`` (answered REFUSED, as CoreDNS's ``max_concurrent``), so one pod
 asking for names that never answer cannot take the forwarder from the others.
+
+``failures`` counts what went wrong, by reason (``FAILURES``): ``error`` (an upstream
+asked that gave no answer: timeout, socket error, malformed answer), ``servfail`` (an
+upstream answered SERVFAIL or REFUSED), ``unanswered`` (no upstream gave an answer: the
+client gets SERVFAIL), ``busy`` (``max_in_flight`` reached), ``no_upstreams``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ DEFAULT_MAX_IN_FLIGHT = 256
 SOA_TYPE = 6
 
 CacheKey = tuple[str, int, int, bool, int]
+FAILURES = ("error", "servfail", "unanswered", "busy", "no_upstreams")
+
+
+def _no_failures() -> dict[str, int]:
+    return dict.fromkeys(FAILURES, 0)
 
 
 class UpstreamError(Exception):
@@ -115,6 +125,7 @@ class Forwarder:
     per_client: int = DEFAULT_FORWARDS
     in_flight: int = field(default=0, init=False)
     clients: Slots = field(init=False)  # the queries each client has waiting
+    failures: dict[str, int] = field(default_factory=_no_failures, init=False)  # by reason
     _cache: OrderedDict[CacheKey, tuple[bytes, float, int]] = field(
         default_factory=OrderedDict, init=False
     )
@@ -132,8 +143,10 @@ class Forwarder:
             return cached
         servers = self.upstreams.servers()
         if not servers:
+            self.failures["no_upstreams"] += 1
             raise UpstreamError("no upstream resolvers")
         if self.in_flight >= self.max_in_flight:
+            self.failures["busy"] += 1
             raise UpstreamError(f"{self.in_flight} queries already wait on upstreams")
         if not self.clients.acquire(client):
             raise ClientBusy(f"{client} has {self.per_client} queries waiting on upstreams")
@@ -155,13 +168,16 @@ class Forwarder:
             try:
                 answer = await asyncio.wait_for(self._ask(server, query, data, tcp), self.timeout)
             except (OSError, TimeoutError, EOFError, ValueError) as exc:
+                self.failures["error"] += 1
                 problems.append(f"{server[0]}: {type(exc).__name__} {exc}".strip())
                 continue
             if answer[3] & 0x0F not in (SERVFAIL, REFUSED):
                 return answer
+            self.failures["servfail"] += 1
             fallback = answer
         if fallback is not None:
             return fallback
+        self.failures["unanswered"] += 1
         raise UpstreamError("; ".join(problems))
 
     async def _ask(self, server: Server, query: DNSRecord, data: bytes, tcp: bool) -> bytes:

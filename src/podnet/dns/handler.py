@@ -33,9 +33,10 @@ from typing import Any
 
 from dnslib import EDNS0, DNSHeader, DNSQuestion, DNSRecord
 
-from podnet.dns.cache import AnswerCache
+from podnet.dns.cache import HIT, AnswerCache
 from podnet.dns.forwarder import ClientBusy, Forwarder, UpstreamError
 from podnet.dns.lookup import Resolution, resolve
+from podnet.dns.tally import Tally, cell
 from podnet.dns.wire import (
     NOERROR,
     NXDOMAIN,
@@ -78,6 +79,7 @@ class QueryHandler:
     udp_cache: AnswerCache = field(default_factory=AnswerCache)
     tcp_cache: AnswerCache = field(default_factory=_tcp_cache)
     malformed: int = field(default=0, init=False)  # FORMERR/NOTIMP/REFUSED or dropped
+    tally: Tally = field(default_factory=Tally, init=False)  # by type, rcode, cache (tally)
     lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def invalidate(self, names: Iterable[str]) -> None:
@@ -93,19 +95,25 @@ class QueryHandler:
         key = data[2:]
         hit = cache.get(key)
         if hit is not None:
+            self.tally.cells[cache.cells.get(key, HIT)] += 1
             return data[:2] + hit
         try:
             query = parse_query(data)
         except BadQuery as exc:
             self.malformed += 1
             log.debug("bad query: %s", exc)
+            self.tally.count(None, exc.answer)
             return exc.answer
+        qtype = query.q.qtype
         try:
             with self.lock:
-                return self._answer(query, data, key, tcp, client)
+                answer = self._answer(query, data, key, tcp, client)
         except Exception:
             log.exception("answering %s failed", query.q)
-            return error_header(data, SERVFAIL)
+            answer = error_header(data, SERVFAIL)
+        if answer is None or isinstance(answer, bytes):
+            self.tally.count(qtype, answer)
+        return answer  # a coroutine counts its answer itself (_forwarded, _chased)
 
     def _answer(self, query: DNSRecord, data: bytes, key: bytes, tcp: bool, client: str) -> Answer:
         limit = TCP_MAX if tcp else udp_limit(query)
@@ -117,10 +125,18 @@ class QueryHandler:
         if result.external is not None:
             return self._chased(query, result, tcp, limit, client)
         answer = fit(query, bytes(zone_reply(query, result, self.index.ttl).pack()), limit)
-        (self.tcp_cache if tcp else self.udp_cache).put(key, answer[2:], result.names)
+        hit = cell(query.q.qtype, answer, cached=True)
+        (self.tcp_cache if tcp else self.udp_cache).put(key, answer[2:], result.names, hit)
         return answer
 
     async def _forwarded(
+        self, query: DNSRecord, data: bytes, tcp: bool, limit: int, client: str
+    ) -> bytes:
+        answer = await self._forward(query, data, tcp, limit, client)
+        self.tally.count(query.q.qtype, answer)
+        return answer
+
+    async def _forward(
         self, query: DNSRecord, data: bytes, tcp: bool, limit: int, client: str
     ) -> bytes:
         if self.forwarder is None:
@@ -137,6 +153,13 @@ class QueryHandler:
         self, query: DNSRecord, result: Resolution, tcp: bool, limit: int, client: str
     ) -> bytes:
         """The CNAME chain, then what the upstreams say of its out-of-zone target."""
+        answer = await self._chase(query, result, tcp, limit, client)
+        self.tally.count(query.q.qtype, answer)
+        return answer
+
+    async def _chase(
+        self, query: DNSRecord, result: Resolution, tcp: bool, limit: int, client: str
+    ) -> bytes:
         assert result.external is not None
         if self.forwarder is None:
             return status_reply(query, SERVFAIL)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from podnet.dns.cache import HIT
 from podnet.dns.handler import QueryHandler
 from podnet.dns.ratelimit import ClientLimits, Slots, TokenBuckets
 
@@ -108,7 +109,9 @@ class _Udp:
     def readable(self) -> None:
         sock, server = self.sock, self.server
         answer_of, allowed = server.handler.answer, server.allowed
-        cached, known = server.handler.udp_cache.answers.get, allowed.known.get
+        cache = server.handler.udp_cache
+        cached, known, cell_of = cache.answers.get, allowed.known.get, cache.cells.get
+        cells = server.handler.tally.cells  # counted per query: podnet.dns.tally
         recvfrom, sendto = sock.recvfrom, sock.sendto
         take, work = server.buckets.take, server.uncached.take
         now = server.clock()  # one clock read per batch
@@ -123,8 +126,10 @@ class _Udp:
             host = addr[0]
             if not (known(host) or allowed(host)) or not take(host, now):
                 continue
-            hit = cached(data[2:])  # the common case, inline: a repeated question
+            key = data[2:]
+            hit = cached(key)  # the common case, inline: a repeated question
             if hit is not None:
+                cells[cell_of(key, HIT)] += 1
                 try:
                     sendto(data[:2] + hit, addr)
                 except OSError:

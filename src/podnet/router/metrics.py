@@ -9,7 +9,8 @@
 - ``podnet_router_routes{state}``: routes ``admitted`` and ``rejected`` by this router;
 - ``podnet_router_render_errors_total``: tables HAProxy refused (the route at fault is
   then left out and marked not admitted);
-- and the router loop's ``podnet_reconcile_*`` (``podnet.reconcile.metrics``).
+- the router loop's ``podnet_reconcile_*`` (``podnet.reconcile.metrics``);
+- ``process_*`` and ``podnet_build_info`` (``podnet.daemonmetrics``).
 
 The listener is the agent's (``podnet.agent.metrics.MetricsServer``) with a refresh of
 the HAProxy figures before each answer.
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from podnet.daemonmetrics import add_daemon_metrics
 from podnet.reconcile import ReconcileMetrics
 
 log = logging.getLogger("podnet.router.metrics")
@@ -89,7 +91,7 @@ class RouterMetrics:
         read_routes: Callable[[], Awaitable[Mapping[RouteKey, RouteCounts]]],
         read_reloads: Callable[[], ReloadFigures],
     ) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = add_daemon_metrics(CollectorRegistry())  # process_*, build info
         self.reconcile = ReconcileMetrics(self.registry)
         self.routes = Gauge(
             "podnet_router_routes", "Routes by admission state", ["state"], registry=self.registry

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from podnet.store.base import (
 )
 from podnet.store.etcd_client import EtcdClient, parse_endpoints
 from podnet.store.etcd_pki import EtcdTls
+from podnet.store.etcdmetrics import EtcdMetrics
 from podnet.store.health import StoreHealth
 from podnet.store.readbatch import ReadBatcher
 
@@ -63,7 +65,8 @@ class EtcdStore:
     client uses one member and fails over to the next (``podnet.store.etcd_client``).
     ``tls`` (CA, client certificate and key) is required by a TLS etcd. With
     ``fail_fast`` (the master's store), calls fail at once while etcd does not answer
-    (``podnet.store.health``) instead of waiting for their deadline.
+    (``podnet.store.health``) instead of waiting for their deadline. ``metrics`` (the
+    master's) times each call and counts its failures (``podnet.store.etcdmetrics``).
     """
 
     def __init__(
@@ -72,7 +75,9 @@ class EtcdStore:
         timeout: float = TIMEOUT,
         tls: EtcdTls | None = None,
         fail_fast: bool = False,
+        metrics: EtcdMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.endpoints = parse_endpoints(endpoints)
         self._client = EtcdClient(self.endpoints, tls, int(timeout))
         self._timeout = timeout
@@ -98,30 +103,46 @@ class EtcdStore:
     def _guarded(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.health.guarded() if self.health is not None else contextlib.nullcontext()
 
-    async def _call(self, stub_method: Any, request: Any) -> Any:
-        # wait_for_ready: while the channel moves to another member (or waits for a
-        # restarted one) a request waits, up to its deadline, instead of failing at once
-        # (unless the health probe finds etcd down: then it fails at once).
+    async def _call(self, method: str, request: Any) -> Any:
+        """``method`` (``Range``, ``Txn``, ``Compact``) of the KV service, timed."""
+        started = time.perf_counter()
         try:
-            async with self._guarded():
-                return await stub_method(
-                    request,
-                    timeout=self._timeout,
-                    metadata=self._client.metadata,
-                    wait_for_ready=True,
-                )
+            return await self._call_once(getattr(self._client.kvstub, method), request)
         except grpc.aio.AioRpcError as exc:
+            self._failed(method, exc.code().name)
             message = f"etcd request failed: {exc.code().name}: {exc.details()}"
             if exc.code() in TRANSIENT:
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
+        except StoreUnavailable:  # refused at once: the health probe finds etcd down
+            self._failed(method, "UNAVAILABLE")
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe(method, time.perf_counter() - started)
+
+    async def _call_once(self, stub_method: Any, request: Any) -> Any:
+        # wait_for_ready: while the channel moves to another member (or waits for a
+        # restarted one) a request waits, up to its deadline, instead of failing at once
+        # (unless the health probe finds etcd down: then it fails at once).
+        async with self._guarded():
+            return await stub_method(
+                request,
+                timeout=self._timeout,
+                metadata=self._client.metadata,
+                wait_for_ready=True,
+            )
+
+    def _failed(self, operation: str, code: str) -> None:
+        if self.metrics is not None:
+            self.metrics.failed(operation, code)
 
     async def _read(self, request: Any, method: str = "Range") -> Any:
         """A Range (or a read-only Txn), retried (it changes nothing) when the etcd leader
         just changed."""
         for attempt in range(AMBIGUOUS_RETRIES + 1):
             try:
-                return await self._call(getattr(self._client.kvstub, method), request)
+                return await self._call(method, request)
             except StoreUnavailable as exc:
                 # Not after "request timed out": that read already waited 7 s for a leader.
                 if attempt == AMBIGUOUS_RETRIES or not _ambiguous(exc, READ_RETRY):
@@ -174,7 +195,7 @@ class EtcdStore:
         )
         for attempt in range(AMBIGUOUS_RETRIES + 1):
             try:
-                resp = await self._call(self._client.kvstub.Txn, request)
+                resp = await self._call("Txn", request)
                 return resp.header.revision if resp.succeeded else None
             except StoreUnavailable as exc:
                 # The etcd leader died with our proposal: it may or may not have been
@@ -202,24 +223,38 @@ class EtcdStore:
 
     async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchEvent]:
         start = prefix.encode()
+        watch = await self._open_watch(start, after_revision)
         try:
-            watch = await self._client.watch(
+            async for event in watch:
+                yield _event(event)
+        except aetcd.exceptions.RevisionCompactedError as exc:
+            self._failed("watch", "OUT_OF_RANGE")
+            raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc
+        except aetcd.exceptions.ClientError as exc:
+            self._failed("watch", "UNAVAILABLE")
+            raise StoreUnavailable(f"etcd watch failed: {exc}") from exc
+        finally:
+            await watch.cancel()
+
+    async def _open_watch(self, start: bytes, after_revision: int) -> Any:
+        """A watch of ``start``'s prefix after ``after_revision``, its opening timed."""
+        started = time.perf_counter()
+        try:
+            return await self._client.watch(
                 start,
                 range_end=prefix_range_end(start),
                 start_revision=after_revision + 1,
                 prev_kv=True,
             )
         except aetcd.exceptions.RevisionCompactedError as exc:
+            self._failed("watch", "OUT_OF_RANGE")
             raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc
-        try:
-            async for event in watch:
-                yield _event(event)
-        except aetcd.exceptions.RevisionCompactedError as exc:
-            raise Compacted(after_revision, getattr(exc, "compacted_revision", 0)) from exc
-        except aetcd.exceptions.ClientError as exc:
-            raise StoreUnavailable(f"etcd watch failed: {exc}") from exc
+        except aetcd.exceptions.ClientError:
+            self._failed("watch", "UNAVAILABLE")
+            raise
         finally:
-            await watch.cancel()
+            if self.metrics is not None:
+                self.metrics.observe("watch", time.perf_counter() - started)
 
     async def revision(self) -> int:
         resp = await self._read(rpc.RangeRequest(key=b"\0", count_only=True))
@@ -242,10 +277,7 @@ class EtcdStore:
             raise StoreUnavailable(f"etcd request failed: {exc}") from exc
 
     async def compact(self, revision: int) -> None:
-        await self._call(
-            self._client.kvstub.Compact,
-            rpc.CompactionRequest(revision=revision, physical=True),
-        )
+        await self._call("Compact", rpc.CompactionRequest(revision=revision, physical=True))
 
     async def close(self) -> None:
         if self.health is not None:
