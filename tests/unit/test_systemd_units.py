@@ -26,7 +26,7 @@ from podnet.testing import tools
 from podnet.testing.units import env_file, exec_start, load_unit
 
 ROOT = Path(__file__).resolve().parents[2]
-UNITS = ROOT / "examples" / "systemd"
+UNITS = ROOT / "src" / "podnet" / "deploy" / "systemd"  # examples/systemd links here
 INSTALL = "/opt/podnet/bin/"  # where the guide installs podnet (a virtualenv)
 PODNET = INSTALL + "podnet"
 PYTHON = INSTALL + "python"

@@ -1,8 +1,9 @@
 """systemd unit files as systemd reads them, for the tests of the units in
-examples/systemd: settings by section with continuation lines joined, and ``ExecStart``
-as the argv systemd would run, its ``EnvironmentFile`` taken from the example of the same
-name beside the unit (``master.env`` for ``/etc/podnet/master.env``) and ``%H`` filled
-in. A problem (a variable the example lacks, a specifier left) fails the assertion."""
+src/podnet/deploy/systemd (linked as examples/systemd): settings by section with
+continuation lines joined, and ``ExecStart`` as the argv systemd would run, its
+``EnvironmentFile`` taken from the example of the same name beside the unit
+(``master.env`` for ``/etc/podnet/master.env``) and ``%H`` filled in. A problem (a
+variable the example lacks, a specifier left) fails the assertion."""
 
 from __future__ import annotations
 
