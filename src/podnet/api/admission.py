@@ -10,7 +10,8 @@ NodeRestriction checks) inside the registry's write, just before the transaction
 - a node's mirror pod that names an owner names its own Node by its current UID;
 - the controllers' writes and deletes: ControllerRestriction
   (``podnet.api.controllerrestriction``);
-- events: size for everyone, then reporter and quota (``podnet.api.events``).
+- events: size for everyone, then reporter and quota (``podnet.api.events``);
+- a CertificateSigningRequest's requester (``podnet.api.csrrestriction``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from podnet.api.addressholders import address_holders
 from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
 from podnet.api.controllerrestriction import ControllerRestriction
+from podnet.api.csrrestriction import admit_create, is_csr
 from podnet.api.events import EventLimits, EventQuota, EventSweeper, admit_event
 from podnet.api.identity import User
 from podnet.api.podaddresses import pod_ips
@@ -58,6 +60,8 @@ class Admission:
     async def admit(self, user: User, attrs: RequestAttributes) -> None:
         """Raise an ``ApiError`` when the write may not happen; may stamp the new object."""
         new = attrs.new_object
+        if is_csr(attrs.kind) and attrs.verb == "create" and isinstance(new, dict):
+            admit_create(user, new)  # the requester's identity, whatever the body said
         if _same(attrs.kind, EVENT) and attrs.verb in WRITE_VERBS:
             admit_event(self.quota, user, attrs.verb, new if isinstance(new, dict) else None)
         if user.is_controllers and not user.is_admin:
