@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import json
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -186,6 +187,11 @@ async def test_a_bootstrapper_may_only_ask_and_read_its_own(cluster: Cluster) ->
     assert [o["metadata"]["name"] for o in listed.json()["items"]] == ["mine"]
     everything = await cluster.request("admin", "GET", CSRS)
     assert len(everything.json()["items"]) == 2
+    watched = await cluster.request(
+        "boot", "GET", CSRS, params={"watch": "1", "timeoutSeconds": "1"}
+    )
+    events = [json.loads(line) for line in watched.text.splitlines() if line.strip()]
+    assert [e["object"]["metadata"]["name"] for e in events] == ["mine"], watched.text
 
 
 async def test_a_token_bound_to_node_a_gets_no_certificate_for_node_b(cluster: Cluster) -> None:
@@ -199,6 +205,17 @@ async def test_a_token_bound_to_node_a_gets_no_certificate_for_node_b(cluster: C
         await cluster.request("bound", "POST", CSRS, json=csr_body("a", "system:node:a"))
     ).status_code == 201
     assert await issued(cluster, "bound", "a") is not None
+
+
+async def test_a_request_cannot_be_created_approved(cluster: Cluster) -> None:
+    body = csr_body("pre", "dev-user", ("team-a",), signer=CLIENT_SIGNER)
+    body["status"] = {
+        "conditions": [{"type": "Approved", "status": "True", "reason": "Forged"}],
+        "certificate": base64.b64encode(b"forged").decode(),
+    }
+    made = await cluster.request("boot", "POST", CSRS, json=body)
+    assert made.status_code == 201 and "status" not in made.json(), made.text
+    assert await issued(cluster, "boot", "pre") is None  # still waits for the admin
 
 
 async def test_system_masters_is_never_signed_even_when_the_admin_approves(
@@ -289,21 +306,33 @@ async def test_a_request_whose_signature_does_not_verify_is_refused(cluster: Clu
     assert refused.status_code == 422 and "signature" in refused.text, refused.text
 
 
-def _foreign_client_cert() -> tuple[bytes, Any]:
+def _foreign_client_cert(
+    signed_by: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
+    eku: bool = True,
+) -> tuple[bytes, Any]:
+    """A client certificate for system:node:a, self-signed or signed by ``signed_by``,
+    with the clientAuth usage or no extended key usage at all."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "system:node:a")])
+    issuer, signing_key = (signed_by[0].subject, signed_by[1]) if signed_by else (name, key)
     now = dt.datetime.now(dt.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(name)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=1))
         .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
     )
+    if eku:
+        usage = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
+        builder = builder.add_extension(usage, critical=False)
+    if signed_by:
+        ski = signed_by[0].extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+        builder = builder.add_extension(aki, critical=False)
+    cert = builder.sign(signing_key, hashes.SHA256())
     return cert.public_bytes(serialization.Encoding.PEM), key
 
 
@@ -315,6 +344,10 @@ async def test_certificates_the_ca_did_not_issue_for_clients_are_refused(cluster
             with pytest.raises(httpx.HTTPError):
                 await client.get("/api/v1/pods")
     ca_cert, ca_key = load_ca(cluster.pki)
+    no_usage = _foreign_client_cert(signed_by=load_ca(cluster.pki), eku=False)
+    async with cluster.client(cert=write_pair(cluster.tmp, "no-eku", *no_usage)) as client:
+        refused = await client.get("/api/v1/pods")
+        assert refused.status_code == 401 and "clientAuth" in refused.text, refused.text
     cert, key = issue_leaf(
         ca_cert,
         ca_key,

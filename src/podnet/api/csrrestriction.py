@@ -2,7 +2,8 @@
 node-bootstrapper role, held to each requester's own requests).
 
 - on create, ``spec.username``, ``groups``, ``uid`` and ``extra`` are the requester's,
-  whatever the body said: the approver trusts them;
+  whatever the body said: the approver trusts them; a status in the body is dropped (a
+  request is never created Approved, nor with a certificate);
 - a node may only ask for a certificate in its own name (``system:node:<name>``);
 - a requester other than the admin reads only its own requests: a list or watch is
   narrowed to them (``own_fields``), a get of another's is refused as if it did not
@@ -53,7 +54,9 @@ def require_own(user: User, obj: Mapping[str, Any] | None, name: str) -> None:
 
 
 def admit_create(user: User, new: dict[str, Any]) -> None:
-    """Stamp the requester into the new CSR's spec; a node may only ask in its own name."""
+    """Stamp the requester into the new CSR's spec, drop any status (a request is born
+    undecided: approval is ``/approval``'s); a node may only ask in its own name."""
+    new.pop("status", None)
     spec = new.get("spec")
     if not isinstance(spec, dict):
         return  # validation has refused it already
