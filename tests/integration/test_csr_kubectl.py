@@ -13,9 +13,13 @@ import pytest
 from podnet.api.auth import add_token
 from podnet.api.identity import BOOTSTRAPPERS_GROUP
 from podnet.api.pki import Pki
+from podnet.client.aio import AsyncApiClient
 from podnet.client.bootstrap import bootstrap_node
-from podnet.kubeconfig import ClientConfig
+from podnet.client.errors import StatusError
+from podnet.kubeconfig import ClientConfig, load_client_config
 from podnet.model.csr import CLIENT_SIGNER, encode_request
+from podnet.model.kinds import NODE
+from podnet.testing.api import node
 from podnet.testing.cli import run_kubectl
 from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
@@ -43,6 +47,15 @@ async def test_a_host_bootstraps_a_node_kubeconfig_kubectl_uses(
     made = run_kubectl(out, "create", "namespace", "x")
     assert made.returncode != 0 and "Forbidden" in made.stderr, made.stderr
     assert "system:node:n1" in made.stderr  # the certificate's identity
+    client = AsyncApiClient(load_client_config(str(out)))  # podnet's own client, too
+    try:
+        created = await client.create(NODE, node("n1", "192.0.2.1"))
+        assert created["metadata"]["name"] == "n1"
+        with pytest.raises(StatusError) as refused:
+            await client.create(NODE, node("n2", "192.0.2.2"))
+        assert refused.value.code == 403
+    finally:
+        await client.close()
 
 
 def _csr_manifest(tmp_path: Path, name: str) -> Path:
