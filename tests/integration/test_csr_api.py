@@ -28,10 +28,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from podnet.api.auth import TokenFile, add_token, ensure_admin_token, ensure_node_token
+from podnet.api.csrrestriction import MAX_PER_REQUESTER
 from podnet.api.identity import BOOTSTRAPPERS_GROUP, User
 from podnet.api.pki import Pki, ensure_pki, issue_leaf, key_pem, load_ca, san_names
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
+from podnet.controllers import csrsigner
 from podnet.controllers.csrsigner import CsrSigner
 from podnet.model.csr import CLIENT_SIGNER, KUBELET_CLIENT_SIGNER, encode_request
 from podnet.store.memory import MemoryStore
@@ -362,3 +364,17 @@ async def test_certificates_the_ca_did_not_issue_for_clients_are_refused(cluster
             assert got.status_code == 401, got.text  # if TLS let it through: refused here
     async with cluster.client("admin") as client:  # the token alone still works
         assert (await client.get("/api/v1/pods")).status_code == 200
+
+
+async def test_a_requester_holds_a_bounded_number_of_requests_which_expire(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(MAX_PER_REQUESTER):
+        made = await cluster.request("boot", "POST", CSRS, json=csr_body(f"r{i}"))
+        assert made.status_code == 201, made.text
+    over = await cluster.request("boot", "POST", CSRS, json=csr_body("over"))
+    assert over.status_code == 429 and "at most" in over.text, over.text
+    assert (await cluster.request("boot2", "POST", CSRS, json=csr_body("other"))).status_code == 201
+    monkeypatch.setattr(csrsigner, "expired", lambda obj, now: True)
+    await cluster.signer.sync()
+    assert (await cluster.request("admin", "GET", CSRS)).json()["items"] == []

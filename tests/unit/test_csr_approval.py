@@ -19,7 +19,7 @@ from podnet.api.certauth import user_of_certificate
 from podnet.api.csrrestriction import BOUND_NODE_EXTRA, admit_create
 from podnet.api.identity import User
 from podnet.api.pki import ensure_pki, issue_leaf, load_ca, san_names, sign_client_certificate
-from podnet.controllers.csrapproval import SignError, certificate_for, decide
+from podnet.controllers.csrapproval import SignError, certificate_for, decide, expired
 from podnet.model.csr import CLIENT_SIGNER, KUBELET_CLIENT_SIGNER, encode_request
 from podnet.model.errors import ApiError
 
@@ -204,3 +204,21 @@ def test_a_revoked_client_certificate_is_refused(ca: CA) -> None:
     assert user_of_certificate(_der(cert), lambda serial: False).name == "system:node:a"
     with pytest.raises(ApiError, match="revoked"):
         user_of_certificate(_der(cert), lambda serial: serial == cert.serial_number)
+
+
+def test_requests_expire_an_hour_after_they_finish_and_a_day_while_pending() -> None:
+    now = dt.datetime(2026, 1, 2, 12, tzinfo=dt.UTC)
+    pending = csr()
+    pending["metadata"]["creationTimestamp"] = "2026-01-02T10:00:00Z"
+    assert not expired(pending, now)
+    pending["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
+    assert expired(pending, now)
+    issued = csr()
+    issued["metadata"]["creationTimestamp"] = "2026-01-02T10:00:00Z"
+    issued["status"] = {"certificate": "eA=="}
+    assert expired(issued, now)
+    issued["metadata"]["creationTimestamp"] = "2026-01-02T11:30:00Z"
+    assert not expired(issued, now)
+    for unreadable in ("soon", "2026-01-01T00:00:00", None):
+        issued["metadata"]["creationTimestamp"] = unreadable
+        assert not expired(issued, now)

@@ -5,6 +5,7 @@ node-bootstrapper role, held to each requester's own requests).
   whatever the body said: the approver trusts them; a status in the body is dropped (a
   request is never created Approved, nor with a certificate);
 - a node may only ask for a certificate in its own name (``system:node:<name>``);
+- a requester other than the admin holds at most ``MAX_PER_REQUESTER`` requests;
 - a requester other than the admin reads only its own requests: a list or watch is
   narrowed to them (``own_fields``), a get of another's is refused as if it did not
   exist (403 both ways, so names leak nothing).
@@ -23,6 +24,9 @@ from podnet.model.kinds import Kind
 from podnet.model.selectors import FieldRequirement
 
 OWNER_FIELD = "spec.username"
+# How many requests one requester other than the admin may have at a time (they expire:
+# podnet.controllers.csrapproval.expired).
+MAX_PER_REQUESTER = 32
 # spec.extra's key for the node a bootstrap token is bound to (set by the server only).
 BOUND_NODE_EXTRA = "podnet.io/bound-node"
 
@@ -50,6 +54,18 @@ def require_own(user: User, obj: Mapping[str, Any] | None, name: str) -> None:
         f'{resource} "{name}" is forbidden: User "{user.name}" cannot get resource '
         f'"{CSR.plural}" in API group "{CSR.group}" at the cluster scope: '
         "a requester may only read its own CertificateSigningRequests"
+    )
+
+
+def require_room(user: User, held: int) -> None:
+    """429 when ``user`` (not the admin) already holds ``MAX_PER_REQUESTER`` requests."""
+    if user.is_admin or held < MAX_PER_REQUESTER:
+        return
+    raise errors.ApiError(
+        f"{user.name} already has {held} CertificateSigningRequests (at most "
+        f"{MAX_PER_REQUESTER}); they are removed an hour after they are decided",
+        429,
+        "TooManyRequests",
     )
 
 

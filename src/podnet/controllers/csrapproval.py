@@ -9,7 +9,8 @@ by node <name> itself (renewal). It denies, with a reason, such a request whose
 requester may not have it; anything else stays pending for the admin
 (``kubectl certificate approve|deny``).
 
-``certificate_for`` signs an Approved request with the cluster CA, after checking it
+``expired`` says when a request is removed (kube's csrcleaner). ``certificate_for`` signs
+an Approved request with the cluster CA, after checking it
 again whoever approved it: never a certificate for ``system:masters``; a node signer's
 subject must be a node's; the public key EC (P-256/P-384) or RSA of 2048 bits or more.
 """
@@ -17,6 +18,7 @@ subject must be a node's; the public key EC (P-256/P-384) or RSA of 2048 bits or
 from __future__ import annotations
 
 import base64
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +32,13 @@ from podnet.api.identity import BOOTSTRAPPERS_GROUP, MASTERS_GROUP, NODE_USER_PR
 from podnet.api.pki import client_validity, sign_client_certificate
 from podnet.model.csr import (
     CLIENT_SIGNER,
+    DENIED,
+    FAILED,
     KUBELET_CLIENT_SIGNER,
     CsrError,
     Subject,
+    certificate_of,
+    has_condition,
     parse_request,
     subject_of,
     usages_problem,
@@ -40,6 +46,9 @@ from podnet.model.csr import (
 
 APPROVE, DENY = "Approved", "Denied"
 MIN_RSA_BITS = 2048
+# How long a request is kept (kube's csrcleaner): finished ones an hour, pending a day.
+FINISHED_TTL = dt.timedelta(hours=1)
+PENDING_TTL = dt.timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -157,3 +166,18 @@ def certificate_for(
         key_encipherment="key encipherment" in usages,
     )
     return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode("ascii")
+
+
+def expired(obj: Mapping[str, Any], now: dt.datetime) -> bool:
+    """Whether the request has been kept long enough: an hour once issued, denied or
+    failed, a day while pending (from its creation; an unreadable time: not expired)."""
+    meta = obj.get("metadata")
+    created = meta.get("creationTimestamp") if isinstance(meta, Mapping) else None
+    try:
+        born = dt.datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if born.tzinfo is None:
+        return False
+    finished = certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED)
+    return now - born > (FINISHED_TTL if finished else PENDING_TTL)

@@ -3,15 +3,18 @@
 It runs in the master process only, the one holder of the cluster CA's key; what it
 decides and signs is ``podnet.controllers.csrapproval``'s. It writes through the
 registry like any client (``/approval``, then ``/status``), so the update rules of
-``podnet.api.csrupdate`` hold for it too: it cannot sign what is not Approved. Every
-master runs it; two writing the same request meet etcd's optimistic concurrency and
-one of them retries on the next round.
+``podnet.api.csrupdate`` hold for it too: it cannot sign what is not Approved. Expired
+requests are removed (``csrapproval.expired``: finished after an hour, pending after a
+day), which also bounds what a requester leaves in etcd. Every master runs it; two
+writing the same request meet etcd's optimistic concurrency and one of them retries on
+the next round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from typing import Any
 
@@ -20,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from podnet.api.objects import now_rfc3339
 from podnet.api.registry import Registry
-from podnet.controllers.csrapproval import SignError, certificate_for, decide
+from podnet.controllers.csrapproval import SignError, certificate_for, decide, expired
 from podnet.model import errors
 from podnet.model.csr import APPROVED, DENIED, FAILED, certificate_of, has_condition
 from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST as CSR
@@ -82,9 +85,14 @@ class CsrSigner:
             await asyncio.sleep(self.interval)
 
     async def sync(self) -> None:
-        """One round over every request not yet finished."""
+        """One round: remove the expired requests, handle those not yet finished."""
         items, _ = await self.registry.list(CSR)
+        now = dt.datetime.now(dt.UTC)
         for obj in items:
+            if expired(obj, now):
+                with contextlib.suppress(errors.ApiError):  # gone already
+                    await self.registry.delete(CSR, None, obj["metadata"]["name"])
+                continue
             if certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED):
                 continue
             try:
