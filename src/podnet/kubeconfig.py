@@ -2,8 +2,9 @@
 
 ``load_client_config`` picks the file the way kubectl does (``--kubeconfig``, then
 ``$KUBECONFIG``, then ``~/.kube/config``) and reduces the current context to what the
-podnet client needs: the server URL, the CA to trust, a bearer token and the default
-namespace. ``write_kubeconfig`` writes a file that both podnet and kubectl read.
+podnet client needs: the server URL, the CA to trust, a bearer token or a client
+certificate and its key, and the default namespace. ``write_kubeconfig`` writes a file
+that both podnet and kubectl read.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class ClientConfig:
     insecure_skip_tls_verify: bool = False
     namespace: str | None = None
     source: Path | None = None
+    # A client certificate and its key (PEM), as TLS bootstrap writes them.
+    client_cert_data: bytes | None = None
+    client_key_data: bytes | None = None
 
 
 def resolve_path(path: str | None = None, env: Mapping[str, str] | None = None) -> Path:
@@ -97,6 +101,8 @@ def _config_from_doc(doc: Mapping[str, Any], source: Path) -> ClientConfig:
         insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
         namespace=context.get("namespace") or None,
         source=source,
+        client_cert_data=_pem(user, "client-certificate", source.parent),
+        client_key_data=_pem(user, "client-key", source.parent),
     )
 
 
@@ -124,6 +130,20 @@ def _ca_data(cluster: Mapping[str, Any], base: Path) -> bytes | None:
     ca_file = cluster.get("certificate-authority")
     if ca_file:
         return _read_relative(base, str(ca_file), "certificate-authority").encode()
+    return None
+
+
+def _pem(user: Mapping[str, Any], field: str, base: Path) -> bytes | None:
+    """``<field>-data`` (base64 PEM) or the file ``<field>`` names, or None."""
+    encoded = user.get(f"{field}-data")
+    if encoded:
+        try:
+            return base64.b64decode(str(encoded), validate=True)
+        except binascii.Error as exc:
+            raise KubeconfigError(f"{field}-data is not valid base64") from exc
+    named = user.get(field)
+    if named:
+        return _read_relative(base, str(named), field).encode()
     return None
 
 

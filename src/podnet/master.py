@@ -40,13 +40,14 @@ from podnet.api.limits import RequestLimits
 from podnet.api.masterleases import EtcdMasterLeases
 from podnet.api.masterservice import SERVICE_NAMES
 from podnet.api.metrics import ApiMetrics
-from podnet.api.pki import Pki, ensure_pki
+from podnet.api.pki import Pki, ensure_pki, load_ca
 from podnet.api.registry import DEFAULT_PREFIX, Registry
 from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 from podnet.api.server import ApiServer
 from podnet.api.servicealloc import ServiceRanges, kubernetes_service_ip
 from podnet.api.serviceallocator import ServiceAllocator
 from podnet.controllers.config import NetworkConfig
+from podnet.controllers.csrsigner import CsrSigner
 from podnet.controllers.inprocess import InProcessApi
 from podnet.controllers.leader import EtcdLeaderElector, holder_identity
 from podnet.controllers.manager import ControllerManager, run_or_stop_process
@@ -128,6 +129,7 @@ class Master:
         self.controllers: ControllerManager | None = None
         self.server: ApiServer | None = None
         self.master_service: MasterServiceReconciler | None = None
+        self.csr_signer: CsrSigner | None = None
         self.heap: HeapGovernor | None = None
         self.audit: AuditLog | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -187,6 +189,9 @@ class Master:
         self._start_master_service(self.server)
         if opts.run_controllers:
             self._start_controllers(self.server)
+        # The CA's key is here: approve and sign node client certificates (TLS bootstrap).
+        self.csr_signer = CsrSigner(self.registry, load_ca(pki))
+        self.csr_signer.start()
         self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
         if opts.heap is not None:
             self.heap = HeapGovernor(self.metrics.registry, *opts.heap)
@@ -259,6 +264,8 @@ class Master:
                 await task
         if self.controllers:
             await self.controllers.stop()
+        if self.csr_signer:
+            await self.csr_signer.stop()
         if self.master_service:
             await self.master_service.stop()
         if self.server:

@@ -10,7 +10,8 @@ NodeRestriction checks) inside the registry's write, just before the transaction
 - a node's mirror pod that names an owner names its own Node by its current UID;
 - the controllers' writes and deletes: ControllerRestriction
   (``podnet.api.controllerrestriction``);
-- events: size for everyone, then reporter and quota (``podnet.api.events``).
+- events: size for everyone, then reporter and quota (``podnet.api.events``);
+- a CertificateSigningRequest's requester (``podnet.api.csrrestriction``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from typing import Any
 from podnet.api.addressholders import address_holders
 from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
 from podnet.api.controllerrestriction import ControllerRestriction
+from podnet.api.csrrestriction import admit_create, is_csr, own_fields, require_room
 from podnet.api.events import EventLimits, EventQuota, EventSweeper, admit_event
 from podnet.api.identity import User
 from podnet.api.podaddresses import pod_ips
 from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
-from podnet.model.kinds import EVENT, HOST_SUBNET, NODE, POD, Kind
+from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST, EVENT, HOST_SUBNET, NODE, POD, Kind
 
 
 def _same(kind: Kind | None, other: Kind) -> bool:
@@ -58,6 +60,9 @@ class Admission:
     async def admit(self, user: User, attrs: RequestAttributes) -> None:
         """Raise an ``ApiError`` when the write may not happen; may stamp the new object."""
         new = attrs.new_object
+        if is_csr(attrs.kind) and attrs.verb == "create" and isinstance(new, dict):
+            admit_create(user, new)  # the requester's identity, whatever the body said
+            await self._csr_room(user)
         if _same(attrs.kind, EVENT) and attrs.verb in WRITE_VERBS:
             admit_event(self.quota, user, attrs.verb, new if isinstance(new, dict) else None)
         if user.is_controllers and not user.is_admin:
@@ -69,6 +74,19 @@ class Admission:
             await self._pod_addresses(node, new, attrs.old_object)
             if attrs.verb == "create":
                 await self._owner_is_this_node(node, new)
+
+    async def _csr_room(self, user: User) -> None:
+        """A requester's count of CSRs (from the watch cache when there is one)."""
+        if user.is_admin:
+            return
+        fields = own_fields(user, CERTIFICATE_SIGNING_REQUEST)
+        if self.cache is not None:
+            held = len(self.cache.objects(CERTIFICATE_SIGNING_REQUEST, None, None, fields)[0])
+        else:
+            held = len(
+                (await self.registry.list(CERTIFICATE_SIGNING_REQUEST, None, None, fields))[0]
+            )
+        require_room(user, held)
 
     async def _pod_addresses(self, node: str, new: Mapping[str, Any], old: Obj | Any) -> None:
         added = pod_ips(new) - pod_ips(old)

@@ -146,6 +146,8 @@ def _denial(user: User, attrs: RequestAttributes) -> str:
     assert attrs.kind is not None
     kind, verb = attrs.kind, attrs.verb
     node = user.node_name
+    if user.is_bootstrapper and node is None:
+        return "a bootstrapper may only create CertificateSigningRequests and read its own"
     if node is None and not (user.is_proxy or user.is_router or user.is_controllers):
         return (
             "only the admin, nodes, service proxies, routers and the controllers may "

@@ -13,6 +13,7 @@ from podnet.api import listing, storedform, tables
 from podnet.api.admission import Admission
 from podnet.api.auth import RequestAttributes, User, require_authorized, require_rule
 from podnet.api.cachedobjects import WatchFilter
+from podnet.api.csrrestriction import is_csr, own_fields, require_own
 from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
 from podnet.api.params import QueryParams, parse_delete_options, parse_query
@@ -139,6 +140,8 @@ class ResourceHandlers:
     async def _get(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "get", target)
         assert target.name is not None
+        if is_csr(target.kind) and not request[USER].is_admin:
+            return await self._get_own(request, target)
         kv = await self.registry.get_stored(target.kind, target.namespace, target.name)
         if tables.wants_table(request.headers.get("Accept", "")):
             obj = self.registry.decode(kv)
@@ -148,9 +151,26 @@ class ResourceHandlers:
         body = storedform.splice(kv.value, kv.mod_revision)
         return web.Response(body=body, content_type="application/json")
 
+    async def _get_own(self, request: web.Request, target: Target) -> web.StreamResponse:
+        """A CSR read by its requester: another's, or a missing one, is a 403."""
+        assert target.name is not None
+        try:
+            obj: Obj | None = await self.registry.get(target.kind, None, target.name)
+        except errors.ApiError as exc:
+            if exc.code != 404:
+                raise
+            obj = None
+        require_own(request[USER], obj, target.name)
+        assert obj is not None
+        if tables.wants_table(request.headers.get("Accept", "")):
+            revision = obj["metadata"]["resourceVersion"]
+            return json_response(tables.table(target.kind, [obj], revision))
+        return json_response(obj)
+
     async def _list(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "list", target)
         labels, fields = selectors(request, target.kind)
+        fields = [*fields, *own_fields(request[USER], target.kind)]  # a requester's own CSRs
         params = request[PARAMS]
         as_table = tables.wants_table(request.headers.get("Accept", ""))
         if await listing.cache_can_serve(self.registry, self.cache, params):
@@ -197,6 +217,7 @@ class ResourceHandlers:
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         self._check(request, "watch", target)
         labels, fields = selectors(request, target.kind)
+        fields = [*fields, *own_fields(request[USER], target.kind)]
         if target.name:
             fields = [*fields, FieldRequirement("metadata.name", "=", target.name)]
         watch_filter = WatchFilter(target.kind, target.namespace, labels, tuple(fields))

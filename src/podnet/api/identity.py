@@ -21,6 +21,7 @@ ROUTER_USER_PREFIX = "system:podnet:router:"
 CONTROLLERS_GROUP = "system:podnet:controllers"
 CONTROLLERS_USER_PREFIX = "system:podnet:controllers:"
 MONITORING_GROUP = "system:monitoring"  # kube's group of /metrics readers
+BOOTSTRAPPERS_GROUP = "system:bootstrappers"  # a bootstrap token: may only ask for a cert
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class User:
 
     name: str  # "admin", or "system:node:<nodename>"
     groups: tuple[str, ...]  # admin: ("system:masters",); node: ("system:nodes",)
+    # A bootstrap token's node: the only node it may ask a certificate for (None: any).
+    bound_node: str | None = None
 
     @property
     def node_name(self) -> str | None:
@@ -62,6 +65,11 @@ class User:
     def is_controllers(self) -> bool:
         """The master's controllers run as their own process: exactly what they use."""
         return CONTROLLERS_GROUP in self.groups
+
+    @property
+    def is_bootstrapper(self) -> bool:
+        """A bootstrap token (TLS bootstrap): may only create and read its own CSRs."""
+        return BOOTSTRAPPERS_GROUP in self.groups
 
     @property
     def is_monitoring(self) -> bool:

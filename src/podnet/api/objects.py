@@ -43,6 +43,9 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+CSR_KIND = "CertificateSigningRequest"  # its update rules: podnet.api.csrupdate
+
+
 def field_labels(kind: Kind) -> set[str]:
     """Fields a ``fieldSelector`` may name for this kind."""
     fields = {"metadata.name", "metadata.namespace"}
@@ -57,6 +60,8 @@ def field_labels(kind: Kind) -> set[str]:
         fields |= {"netid"}
     if kind.kind == "Route":  # OpenShift's route field labels
         fields |= {"spec.host", "spec.path", "spec.to.name"}
+    if kind.kind == CSR_KIND:  # kube's, and the requester (a non-admin's lists: its own)
+        fields |= {"spec.signerName", "spec.username"}
     return fields
 
 
@@ -64,7 +69,11 @@ def merge_for_update(kind: Kind, old: Obj, new: Obj, subresource: str | None) ->
     """Keep what the caller may not change: identity always, status or spec per path."""
     new = copy.deepcopy(new)
     new.setdefault("metadata", {})
-    if subresource == "status":
+    if kind.kind == CSR_KIND:
+        from podnet.api.csrupdate import merge_csr_update
+
+        new = merge_csr_update(old, new, subresource)
+    elif subresource == "status":
         merged = copy.deepcopy(old)
         if "status" in new:
             merged["status"] = new["status"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from podnet.files import write_atomic
@@ -61,10 +61,16 @@ class Pki:
         return self.ca_cert.read_bytes()
 
     def server_ssl_context(self) -> ssl.SSLContext:
-        """A TLS server context presenting the serving certificate (TLS 1.2+)."""
+        """A TLS server context presenting the serving certificate (TLS 1.2+) that asks
+        for an optional client certificate, verified against the CA (a certificate the
+        CA did not sign, or not for client use, fails the handshake); who it names is
+        ``podnet.api.certauth``'s to say."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.server_cert, self.server_key)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+        ctx.load_verify_locations(cafile=str(self.ca_cert))
         return ctx
 
     def client_ssl_context(self) -> ssl.SSLContext:
@@ -292,3 +298,65 @@ def ensure_pki(directory: Path, hosts: Sequence[str]) -> Pki:
         write_atomic(pki.server_key, _key_pem(key), 0o600)
         write_atomic(pki.server_cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return pki
+
+
+# ------------------------------------------------------------- client certificates
+
+CLIENT_VALIDITY = dt.timedelta(days=365)
+MIN_CLIENT_VALIDITY = dt.timedelta(minutes=10)
+
+
+def client_validity(expiration_seconds: int | None) -> dt.timedelta:
+    """A client certificate's lifetime: a year, or less when the CSR asks for less
+    (``spec.expirationSeconds``), never under ten minutes."""
+    if expiration_seconds is None:
+        return CLIENT_VALIDITY
+    asked = dt.timedelta(seconds=expiration_seconds)
+    return max(MIN_CLIENT_VALIDITY, min(CLIENT_VALIDITY, asked))
+
+
+def sign_client_certificate(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    organizations: Sequence[str],
+    public_key: ec.EllipticCurvePublicKey | rsa.RSAPublicKey,
+    validity: dt.timedelta,
+    key_encipherment: bool = False,
+) -> x509.Certificate:
+    """A client certificate (clientAuth only, no SubjectAltNames) for ``public_key``,
+    naming CN ``common_name`` and O ``organizations`` and nothing else of the request."""
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    subject = x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    usage = x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=key_encipherment,
+        data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+        encipher_only=False, decipher_only=False,
+    )  # fmt: skip
+    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + validity)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+def load_ca(pki: Pki) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The cluster CA's certificate and key (``PkiError`` when they are missing)."""
+    if not (pki.ca_cert.exists() and pki.ca_key.exists()):
+        raise PkiError(f"no CA under {pki.directory}")
+    return _load_or_create_ca(pki)

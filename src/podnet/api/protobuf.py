@@ -19,6 +19,7 @@ without a table is a 415 that names it.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Union
@@ -121,11 +122,41 @@ SELF_SUBJECT_ACCESS_REVIEW: Message = {
         },
     ),
 }
+# certificates.k8s.io/v1 (``kubectl certificate approve`` sends the whole request).
+CSR_CONDITION: Message = {
+    1: ("type", "string"),
+    6: ("status", "string"),
+    2: ("reason", "string"),
+    3: ("message", "string"),
+    4: ("lastUpdateTime", "time"),
+    5: ("lastTransitionTime", "time"),
+}
+CERTIFICATE_SIGNING_REQUEST: Message = {
+    1: ("metadata", OBJECT_META),
+    2: (
+        "spec",
+        {
+            1: ("request", "base64"),
+            7: ("signerName", "string"),
+            8: ("expirationSeconds", "int32"),
+            5: ("usages", ("repeated", "string")),
+            2: ("username", "string"),
+            3: ("uid", "string"),
+            4: ("groups", ("repeated", "string")),
+            6: ("extra", "skip"),
+        },
+    ),
+    3: (
+        "status",
+        {1: ("conditions", ("repeated", CSR_CONDITION)), 2: ("certificate", "base64")},
+    ),
+}
 # (apiVersion, kind) -> the message of ``raw``.
 KINDS: dict[tuple[str, str], Message] = {
     ("v1", "Namespace"): NAMESPACE,
     ("v1", "Service"): SERVICE,
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): SELF_SUBJECT_ACCESS_REVIEW,
+    ("certificates.k8s.io/v1", "CertificateSigningRequest"): CERTIFICATE_SIGNING_REQUEST,
 }
 UNKNOWN: Message = {
     1: ("typeMeta", {1: ("apiVersion", "string"), 2: ("kind", "string")}),
@@ -208,6 +239,8 @@ def _scalar_or_message(ftype: FieldType, wire: int, value: Any, depth: int) -> A
             raise WireError("a string field is not UTF-8") from exc
     if ftype == "bytes":
         return _need_bytes(wire, value)
+    if ftype == "base64":  # bytes, as JSON spells them
+        return base64.b64encode(_need_bytes(wire, value)).decode("ascii")
     if ftype == "intorstring":  # {type: 0 int | 1 string, intVal, strVal}
         both = decode_message(_need_bytes(wire, value), INT_OR_STRING, depth + 1)
         return both.get("strVal", "") if both.get("type") == 1 else both.get("intVal", 0)

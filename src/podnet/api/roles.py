@@ -24,6 +24,9 @@ Roles:
   as it too): exactly the reads and writes each controller job makes
   (``CONTROLLER_JOBS``), then ControllerRestriction;
 - a metrics reader (kube's group ``system:monitoring``): ``/metrics`` and health;
+- a bootstrapper (a bootstrap token, group ``system:bootstrappers``): creates
+  CertificateSigningRequests and reads its own, nothing else; a node too asks for its
+  own renewal (``podnet.api.csrrestriction``); approving is the admin's;
 - everyone authenticated: access reviews (what may I do?), discovery, OpenAPI, version
   and health (kube's ``system:discovery`` and ``system:public-info-viewer``); the
   non-resource rules are ``PathRule``s (``role_path_rules``).
@@ -48,6 +51,8 @@ ROUTE_GROUP = "route.openshift.io"
 DISCOVERY_GROUP = "discovery.k8s.io"
 NETWORK_GROUP = "network.openshift.io"
 NETWORKING_GROUP = "networking.k8s.io"
+CERTIFICATES_GROUP = "certificates.k8s.io"
+CSRS = "certificatesigningrequests"
 EVENT_NAMESPACE = "default"  # where the controllers record events about nodes
 ALL = "*"
 
@@ -153,7 +158,17 @@ def readable(skip: frozenset[tuple[str, str]]) -> tuple[Rule, ...]:
 
 # One set for every node: "own" rules compare the name with the caller's at request time.
 NODE_RULES = (
-    *readable(frozenset({("", "events"), (LEASE_GROUP, LEASE_PLURAL), (ROUTE_GROUP, "routes")})),
+    *readable(
+        frozenset(
+            {
+                ("", "events"),
+                (LEASE_GROUP, LEASE_PLURAL),
+                (ROUTE_GROUP, "routes"),
+                (CERTIFICATES_GROUP, CSRS),
+            }
+        )
+    ),
+    grant("create get list watch", CERTIFICATES_GROUP, CSRS),  # its own: csrrestriction
     grant("create delete", "", "pods"),
     grant("update patch", "", "pods/status"),
     grant("create", "", "nodes"),
@@ -162,6 +177,9 @@ NODE_RULES = (
     grant("create", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE),
     grant("get update patch delete", LEASE_GROUP, LEASE_PLURAL, NODE_LEASE_NAMESPACE, own=True),
 )
+# A bootstrap token (kube's system:node-bootstrapper, narrowed): ask for a certificate
+# and read its own requests (``podnet.api.csrrestriction``), nothing else.
+BOOTSTRAPPER_RULES = (grant("create get list watch", CERTIFICATES_GROUP, CSRS),)
 PROXY_RULES = (
     grant("get list watch", "", "services endpoints nodes"),
     grant("get list watch", DISCOVERY_GROUP, "endpointslices"),
@@ -264,8 +282,8 @@ DISCOVERY_RULE = paths("get head", "/api /api/* /apis /apis/* /openapi /openapi/
 MONITORING_RULE = paths("get head", "/metrics /healthz /livez /readyz /leaderz")
 ADMIN_PATH_RULE = paths("*", "*")
 
-# admin, node, service proxy, router, controllers, metrics reader
-RoleSet = tuple[bool, bool, bool, bool, bool, bool]
+# admin, node, service proxy, router, controllers, metrics reader, bootstrapper
+RoleSet = tuple[bool, bool, bool, bool, bool, bool, bool]
 
 
 def roles_of(user: User) -> RoleSet:
@@ -278,13 +296,14 @@ def roles_of(user: User) -> RoleSet:
         user.is_router,
         user.is_controllers,
         user.is_monitoring,
+        user.is_bootstrapper,
     )
 
 
-@functools.cache  # 64 role sets at most, whatever the number of nodes
+@functools.cache  # 128 role sets at most, whatever the number of nodes
 def role_rules(roles: RoleSet) -> tuple[Rule, ...]:
     """The union of the rules of ``roles``."""
-    admin, node, proxy, router, controllers, _ = roles
+    admin, node, proxy, router, controllers, _, bootstrapper = roles
     if admin:
         return (*ADMIN_RULES, REVIEW_RULE)
     return (
@@ -293,6 +312,7 @@ def role_rules(roles: RoleSet) -> tuple[Rule, ...]:
         *(PROXY_RULES if proxy else ()),
         *(ROUTER_RULES if router else ()),
         *(CONTROLLERS_RULES if controllers else ()),
+        *(BOOTSTRAPPER_RULES if bootstrapper else ()),
     )
 
 

@@ -34,16 +34,24 @@ NONE = "—"
 
 
 def _roles(index: int) -> RoleSet:
-    flags = [False] * 6
+    flags = [False] * 7
     flags[index] = True
-    return (flags[0], flags[1], flags[2], flags[3], flags[4], flags[5])
+    return (flags[0], flags[1], flags[2], flags[3], flags[4], flags[5], flags[6])
 
 
 # Each identity's column: its name and the role set of an identity with that role alone.
 COLUMNS = tuple(
     (name, _roles(i))
     for i, name in enumerate(
-        ("admin", "node", "service proxy", "router", "controllers", "metrics reader")
+        (
+            "admin",
+            "node",
+            "service proxy",
+            "router",
+            "controllers",
+            "metrics reader",
+            "bootstrapper",
+        )
     )
 )
 

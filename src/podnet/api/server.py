@@ -18,6 +18,7 @@ from podnet.api import access_review, discovery, openapi
 from podnet.api.audit import AuditLog
 from podnet.api.auth import TokenFile, User
 from podnet.api.authorizer import require_path
+from podnet.api.certauth import Revoked, nothing_revoked, user_of_certificate
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
@@ -59,9 +60,11 @@ class ApiServer:
         connections: ConnectionLimits | None = None,
         leading: Callable[[], bool] = lambda: False,
         audit: AuditLog | None = None,
+        revoked: Revoked = nothing_revoked,
     ) -> None:
         self.registry = registry
         self.tokens = tokens
+        self.revoked = revoked  # client certificates' revocation (podnet.api.certauth)
         self.metrics = metrics or ApiMetrics()
         self.cache = WatchCache(registry, observe=self.metrics.watch_dispatch.observe)
         self.handlers = ResourceHandlers(registry, self.cache, self.metrics, limits)
@@ -140,7 +143,7 @@ class ApiServer:
             if request.path in PUBLIC_PATHS:
                 request[USER] = ANONYMOUS
             else:
-                request[USER] = self.tokens.authenticate(request.headers.get("Authorization"))
+                request[USER] = self._authenticate(request)
             require_path(request[USER], request.method, request.path)  # /metrics: roles.py
             response = await handler(request)
             code = response.status
@@ -169,6 +172,13 @@ class ApiServer:
             self._count(request, code, started)
             if self.audit is not None:
                 self.audit.record(request, code, response)
+
+    def _authenticate(self, request: web.Request) -> User:
+        """By the verified client certificate when there is one, else by bearer token."""
+        der = _peer_certificate(request)
+        if der is not None:
+            return user_of_certificate(der, self.revoked)
+        return self.tokens.authenticate(request.headers.get("Authorization"))
 
     def _count(self, request: web.Request, code: int, started: float) -> None:
         verb = request.get(VERB, request.method.lower())
@@ -309,6 +319,18 @@ class _Watched(asyncio.Protocol):
         finally:
             if not self.closed.done():
                 self.closed.set_result(None)
+
+
+def _peer_certificate(request: web.Request) -> bytes | None:
+    """The client certificate of the request's TLS connection (DER), only when the TLS
+    layer verified it against the CA (a context that verifies nothing yields None)."""
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    if not isinstance(ssl_object, ssl.SSLObject | ssl.SSLSocket):
+        return None
+    if ssl_object.context.verify_mode == ssl.CERT_NONE:
+        return None
+    return ssl_object.getpeercert(binary_form=True)
 
 
 async def _review_body(request: web.Request) -> object:

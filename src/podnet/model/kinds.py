@@ -12,70 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.model.endpointcells import endpoints_cell, slice_endpoints_cell, slice_ports_cell
+from podnet.model.kindtypes import Column as Column
+from podnet.model.kindtypes import Kind as Kind
+from podnet.model.kindtypes import Obj as Obj
+from podnet.model.kindtypes import meta as _meta
 from podnet.model.routecells import route_admitted, route_port, route_services, route_termination
-
-Obj = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of a table view (``kubectl get``): header and how to read the cell."""
-
-    name: str
-    read: Callable[[Obj], Any]
-    wide_only: bool = False
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A resource type: where it lives in the API and how it is shown."""
-
-    group: str  # "" for the core group
-    version: str
-    kind: str
-    plural: str
-    namespaced: bool
-    short_names: tuple[str, ...] = ()
-    columns: tuple[Column, ...] = ()
-    subresources: tuple[str, ...] = ()
-    # Field of the object whose value must be unique across all objects of the kind,
-    # guarded by an etcd transaction (HostSubnet.subnet).
-    unique_field: str | None = None
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def singular(self) -> str:
-        return self.kind.lower()
-
-    @property
-    def list_kind(self) -> str:
-        return f"{self.kind}List"
-
-    def base_path(self) -> str:
-        """URL prefix of the group version: ``/api/v1`` or ``/apis/<group>/<version>``."""
-        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-
-    def names(self) -> set[str]:
-        """Every name a user may type for this kind (case-insensitive)."""
-        qualified = {f"{self.plural}.{self.group}", f"{self.singular}.{self.group}"}
-        return {self.plural, self.singular, self.kind.lower(), *self.short_names} | (
-            qualified if self.group else set()
-        )
-
-
-def _meta(*path: str) -> Callable[[Obj], Any]:
-    def read(obj: Obj) -> Any:
-        node: Any = obj
-        for part in path:
-            if not isinstance(node, Mapping):
-                return None
-            node = node.get(part)
-        return node
-
-    return read
 
 
 def _pod_ready(obj: Obj) -> str:
@@ -340,6 +281,35 @@ ROUTE = Kind(
     subresources=("status",),
 )
 
+
+def _csr_condition(obj: Obj) -> str:
+    """kubectl's CONDITION: Approved, Denied or Failed (and Issued), else Pending."""
+    found = [
+        str(c.get("type"))
+        for c in _meta("status", "conditions")(obj) or []
+        if isinstance(c, Mapping) and c.get("status", "True") == "True"
+    ]
+    if _meta("status", "certificate")(obj):
+        found.append("Issued")
+    return ",".join(found) or "Pending"
+
+
+CERTIFICATE_SIGNING_REQUEST = Kind(
+    "certificates.k8s.io",
+    "v1",
+    "CertificateSigningRequest",
+    "certificatesigningrequests",
+    False,
+    ("csr",),
+    (
+        NAME,
+        Column("SIGNERNAME", _meta("spec", "signerName")),
+        Column("REQUESTOR", _meta("spec", "username")),
+        Column("CONDITION", _csr_condition),
+    ),
+    subresources=("status", "approval"),
+)
+
 ALL_KINDS: tuple[Kind, ...] = (
     NAMESPACE,
     NODE,
@@ -355,6 +325,7 @@ ALL_KINDS: tuple[Kind, ...] = (
     LEASE,
     ENDPOINT_SLICE,
     ROUTE,
+    CERTIFICATE_SIGNING_REQUEST,
 )
 
 

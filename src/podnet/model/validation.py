@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from podnet.model.errors import ApiError, FieldError, bad_request, invalid
 from podnet.model.kinds import Kind
+from podnet.model.schemas_certificates import SCHEMAS as CERTIFICATES_SCHEMAS
 from podnet.model.schemas_common import INVALID, TYPE_INVALID, Schema, field_errors, json_type
 from podnet.model.schemas_coordination import SCHEMAS as COORDINATION_SCHEMAS
 from podnet.model.schemas_core import SCHEMAS as CORE_SCHEMAS
@@ -38,6 +39,7 @@ _SCHEMAS: dict[str, Schema] = {
     **COORDINATION_SCHEMAS,
     **DISCOVERY_SCHEMAS,
     **ROUTE_SCHEMAS,
+    **CERTIFICATES_SCHEMAS,
 }
 # Kinds without a schema of their own are checked like Events: metadata only.
 _OPEN_SCHEMA = Schema(EventBody)

@@ -1,0 +1,125 @@
+"""The master's CSR approver and signer: a loop over the CertificateSigningRequests.
+
+It runs in the master process only, the one holder of the cluster CA's key; what it
+decides and signs is ``podnet.controllers.csrapproval``'s. It writes through the
+registry like any client (``/approval``, then ``/status``), so the update rules of
+``podnet.api.csrupdate`` hold for it too: it cannot sign what is not Approved. Expired
+requests are removed (``csrapproval.expired``: finished after an hour, pending after a
+day), which also bounds what a requester leaves in etcd. Every master runs it; two
+writing the same request meet etcd's optimistic concurrency and one of them retries on
+the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from podnet.api.objects import now_rfc3339
+from podnet.api.registry import Registry
+from podnet.controllers.csrapproval import SignError, certificate_for, decide, expired
+from podnet.model import errors
+from podnet.model.csr import APPROVED, DENIED, FAILED, certificate_of, has_condition
+from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST as CSR
+from podnet.store.base import StoreUnavailable
+
+log = logging.getLogger(__name__)
+INTERVAL = 1.0
+
+
+def _condition(type_: str, reason: str, message: str) -> dict[str, Any]:
+    now = now_rfc3339()
+    return {
+        "type": type_,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastUpdateTime": now,
+        "lastTransitionTime": now,
+    }
+
+
+def _with_condition(obj: dict[str, Any], condition: dict[str, Any]) -> dict[str, Any]:
+    status = dict(obj.get("status") or {})
+    status["conditions"] = [*(status.get("conditions") or []), condition]
+    return {**obj, "status": status}
+
+
+class CsrSigner:
+    """Approves what policy allows, and signs every Approved request it may."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+        interval: float = INTERVAL,
+    ) -> None:
+        self.registry = registry
+        self.ca_cert, self.ca_key = ca
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="csr-signer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except StoreUnavailable as exc:
+                log.warning("CSR signer: storage unavailable: %s", exc)
+            except Exception:
+                log.exception("CSR signer round failed")
+            await asyncio.sleep(self.interval)
+
+    async def sync(self) -> None:
+        """One round: remove the expired requests, handle those not yet finished."""
+        items, _ = await self.registry.list(CSR)
+        now = dt.datetime.now(dt.UTC)
+        for obj in items:
+            if expired(obj, now):
+                with contextlib.suppress(errors.ApiError):  # gone already
+                    await self.registry.delete(CSR, None, obj["metadata"]["name"])
+                continue
+            if certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED):
+                continue
+            try:
+                await self._handle(obj)
+            except errors.ApiError as exc:  # changed meanwhile: the next round sees it
+                log.info("CSR %s: %s", obj["metadata"]["name"], exc)
+
+    async def _handle(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if not has_condition(obj, APPROVED):
+            decision = decide(obj)
+            if decision is None:
+                return
+            condition = _condition(decision.type, decision.reason, decision.message)
+            obj = await self.registry.update(
+                CSR, _with_condition(obj, condition), None, name, "approval"
+            )
+            log.info("CSR %s: %s (%s)", name, decision.type, decision.message)
+            if decision.type != APPROVED:
+                return
+        try:
+            certificate = certificate_for(obj, self.ca_cert, self.ca_key)
+        except SignError as exc:
+            failed = _with_condition(obj, _condition(FAILED, "SignerValidationFailure", str(exc)))
+            await self.registry.update(CSR, failed, None, name, "status")
+            log.warning("CSR %s not signed: %s", name, exc)
+            return
+        status = {**(obj.get("status") or {}), "certificate": certificate}
+        await self.registry.update(CSR, {**obj, "status": status}, None, name, "status")
+        log.info("CSR %s signed", name)
