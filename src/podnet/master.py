@@ -34,6 +34,7 @@ from podnet.api.auth import (
     ensure_router_token,
     node_user,
 )
+from podnet.api.clusterinfo import ClusterInfo
 from podnet.api.identity import ROUTER_USER_PREFIX, controllers_user
 from podnet.api.kubernetesservice import MasterServiceReconciler
 from podnet.api.limits import RequestLimits
@@ -181,6 +182,7 @@ class Master:
             opts.connection_limits,
             leading=lambda: self.leading,
             audit=self.audit,
+            cluster_info=ClusterInfo(pki.ca_pem(), self.registry),
         )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
         server = opts.kubeconfig_server or self.server.address

@@ -277,7 +277,9 @@ def paths(verbs: str, urls: str) -> PathRule:
 # kube's system:public-info-viewer (anyone, even unauthenticated), system:discovery
 # (everyone authenticated) and system:monitoring (the admin; group system:monitoring).
 # Non-resource requests carry the lowercase HTTP method as their verb (as in kube).
-PUBLIC_INFO_RULE = paths("get head", "/healthz /livez /readyz /leaderz /version /version/")
+PUBLIC_INFO_RULE = paths(
+    "get head", "/healthz /livez /readyz /leaderz /version /version/ /cluster-info"
+)
 DISCOVERY_RULE = paths("get head", "/api /api/* /apis /apis/* /openapi /openapi/*")
 MONITORING_RULE = paths("get head", "/metrics /healthz /livez /readyz /leaderz")
 ADMIN_PATH_RULE = paths("*", "*")

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from podnet import __version__
-from podnet.api import access_review, discovery, openapi
+from podnet.api import access_review, clusterinfo, discovery, openapi
 from podnet.api.audit import AuditLog
 from podnet.api.auth import TokenFile, User
 from podnet.api.authorizer import require_path
@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 # connections. A watch connection reads one request and then nothing; a large body is
 # read in more, smaller pieces. 4 KiB: 60 MB for 15,000.
 SSL_READ_BUFFER = 4 * 1024
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/leaderz", "/livez", "/version"})
+PUBLIC_PATHS = frozenset(
+    {"/healthz", "/readyz", "/leaderz", "/livez", "/version", clusterinfo.PATH}
+)
 ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Why the server is not ready yet, or None when it is (besides etcd, which /readyz checks).
@@ -61,6 +63,7 @@ class ApiServer:
         leading: Callable[[], bool] = lambda: False,
         audit: AuditLog | None = None,
         revoked: Revoked = nothing_revoked,
+        cluster_info: clusterinfo.ClusterInfo | None = None,
     ) -> None:
         self.registry = registry
         self.tokens = tokens
@@ -76,6 +79,7 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self._metric_children: dict[tuple[str, str, int], tuple[Counter, Histogram | None]] = {}
         self.address = ""
+        self.cluster_info = cluster_info  # GET /cluster-info, for joining hosts
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -87,6 +91,8 @@ class ApiServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/leaderz", self._leaderz)
         app.router.add_get("/version", self._version)
+        if self.cluster_info is not None:
+            app.router.add_get(clusterinfo.PATH, self.cluster_info.handle)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/openapi/v3", self._openapi_root)
         app.router.add_get("/openapi/v3/{path:.+}", self._openapi_group_version)

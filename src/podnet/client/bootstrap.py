@@ -116,10 +116,16 @@ def node_kubeconfig(server: str, ca_pem: bytes, node: str, cert_pem: bytes, key_
 
 
 async def bootstrap_node(
-    bootstrap: ClientConfig, node: str, key_path: Path, out: Path, timeout: float = 300.0
+    bootstrap: ClientConfig,
+    node: str,
+    key_path: Path,
+    out: Path,
+    timeout: float = 300.0,
+    server: str | None = None,
 ) -> Path:
     """Get node ``node`` a client certificate with the bootstrap credentials and write
-    its kubeconfig to ``out`` (0600); the key stays at ``key_path`` (0600)."""
+    its kubeconfig to ``out`` (0600), naming ``server`` (default: the bootstrap's; a
+    joining host names its local API relay); the key stays at ``key_path`` (0600)."""
     if bootstrap.ca_data is None:
         raise BootstrapError("the bootstrap kubeconfig must name the cluster's CA")
     key = load_or_create_key(key_path)
@@ -128,6 +134,7 @@ async def bootstrap_node(
         cert_pem = await request_certificate(client, node, key, timeout)
     finally:
         await client.close()
-    text = node_kubeconfig(bootstrap.server, bootstrap.ca_data, node, cert_pem, key_pem(key))
+    named = server or bootstrap.server
+    text = node_kubeconfig(named, bootstrap.ca_data, node, cert_pem, key_pem(key))
     write_atomic(out, text, 0o600)
     return out

@@ -52,24 +52,35 @@ def load_unit(path: Path) -> Unit:
     return Unit(path, sections)
 
 
+def parse_env(text: str) -> dict[str, str]:
+    """An EnvironmentFile's variables (``KEY=VALUE`` lines; ``#`` lines are comments)."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
 def env_file(unit: Unit) -> dict[str, str]:
     """The unit's EnvironmentFile, from the example of the same name beside the units."""
     env: dict[str, str] = {}
     for name in unit.values("Service", "EnvironmentFile"):
         example = unit.path.parent / Path(name.lstrip("-")).name
         assert example.exists(), f"{unit.path.name}: no example {example.name} for {name}"
-        for line in example.read_text().splitlines():
-            if line.strip() and not line.startswith("#"):
-                key, _, value = line.partition("=")
-                env[key.strip()] = value.strip()
+        env |= parse_env(example.read_text())
     return env
 
 
-def exec_start(unit: Unit) -> list[str]:
-    """ExecStart as systemd runs it: specifiers, then ``${VAR}`` (one word) and ``$VAR``."""
-    env = env_file(unit)
+def exec_start(
+    unit: Unit, env: dict[str, str] | None = None, hostname: str | None = None
+) -> list[str]:
+    """ExecStart as systemd runs it: specifiers, then ``${VAR}`` (one word) and ``$VAR``
+    (split into words), from ``env`` (default: the EnvironmentFile examples beside the
+    unit) and ``hostname`` (default: this machine's) for ``%H``."""
+    env = env_file(unit) if env is None else env
     line = unit.value("Service", "ExecStart").lstrip("-@:+!")
-    line = line.replace("%H", socket.gethostname()).replace("%%", "%")
+    line = line.replace("%H", hostname or socket.gethostname()).replace("%%", "%")
     assert "%" not in line, f"{unit.path.name}: a specifier this test does not fill: {line}"
 
     def variable(match: re.Match[str]) -> str:
@@ -77,4 +88,11 @@ def exec_start(unit: Unit) -> list[str]:
         assert name in env, f"{unit.path.name}: ${name} is not in its EnvironmentFile example"
         return env[name]
 
-    return [VARIABLE.sub(variable, word) for word in shlex.split(line)]
+    argv: list[str] = []
+    for word in shlex.split(line):
+        alone = re.fullmatch(r"\$(\w+)", word)
+        if alone:  # an unbraced $VAR alone is split into words, as systemd does
+            argv += variable(alone).split()
+        else:
+            argv.append(VARIABLE.sub(variable, word))
+    return argv

@@ -1,0 +1,119 @@
+"""`podnet adm join node` on a hand-made host (``podnet.testing.hosts``), as an operator
+runs it: no flag beyond the documented ones, the host's own /etc/podnet and
+/etc/systemd/system, then the units it installed started by their ExecStart lines with
+the environment files it wrote. The node gets a client certificate through a CSR, its
+relay the master's address, and it goes Ready. A wrong CA hash is refused with nothing
+written.
+
+The master runs on host m1 (etcd on its loopback), the node on n1; the bootstrap token is
+a row of the master's token file until bootstrap tokens live in etcd.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podnet.api.clusterinfo import ca_cert_hash
+from podnet.testing.hosts import Host, Hosts
+from podnet.testing.units import exec_start, load_unit, parse_env
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+BIN = str(Path(sys.executable).parent)
+TOKEN = "abcdef.0123456789abcdef"
+MASTER_DIR = "/var/lib/podnet/master"
+ADMIN = {"KUBECONFIG": f"{MASTER_DIR}/admin.kubeconfig"}
+PATH = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"}
+READY = (  # reads a Node as JSON on stdin: exit 0 when it is Ready
+    'import json,sys; c=json.load(sys.stdin)["status"].get("conditions") or []; '
+    'sys.exit(0 if any(x["type"]=="Ready" and x["status"]=="True" for x in c) else 1)'
+)
+
+
+def wait(host: Host, check: str, seconds: float, what: str) -> None:
+    script = f"end=$((SECONDS + {int(seconds)})); until {check}; do "
+    script += '[ "$SECONDS" -lt "$end" ] || exit 1; sleep 0.2; done'
+    try:
+        host.sh(script, PATH, timeout=seconds + 30)
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        logs = "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in host.root.glob("*.log"))
+        raise AssertionError(f"{host.name}: {what} not in {seconds:.0f} s\n{logs}") from exc
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    with Hosts(f"pj{uuid.uuid4().hex[:6]}", tmp_path) as hosts:
+        m1, n1 = hosts.add("m1", 21), hosts.add("n1", 31)
+        etcd = ["etcd", "--name", "m1", "--data-dir", "/var/lib/etcd-m1"]
+        etcd += ["--listen-client-urls", "http://127.0.0.1:2379"]
+        etcd += ["--advertise-client-urls", "http://127.0.0.1:2379"]
+        etcd += ["--listen-peer-urls", "http://127.0.0.1:2380"]
+        m1.start("etcd", etcd)
+        master = [f"{BIN}/podnet", "master", "--etcd", "127.0.0.1:2379"]
+        master += ["--listen", "10.0.0.21:6443", "--advertise-address", "10.0.0.21"]
+        master += ["--host", "10.0.0.21", "--network-plugin", "subnet"]
+        master += ["--cluster-network", "10.128.0.0/14:9", "--service-network", "172.30.0.0/16"]
+        master += ["--state-dir", MASTER_DIR]
+        m1.start("master", master)
+        wait(m1, "curl -skf https://10.0.0.21:6443/readyz >/dev/null", 60, "the master ready")
+        row = f"{TOKEN},system:bootstrap:abcdef,b1,system:bootstrappers"
+        m1.sh(f"echo '{row}' >> {MASTER_DIR}/tokens.csv")
+        yield m1, n1
+
+
+def join_command(ca_hash: str) -> str:
+    return (
+        "podnet adm join node --server https://10.0.0.21:6443 "
+        f"--token {TOKEN} --ca-cert-hash {ca_hash}"
+    )
+
+
+def start_unit(host: Host, name: str) -> None:
+    """Start an installed unit as systemd would: its ExecStart, the host's env files."""
+    unit = load_unit(host.root / "upper/etc/systemd/system" / name)
+    env: dict[str, str] = {}
+    for path in unit.values("Service", "EnvironmentFile"):
+        env |= parse_env(host.sh(f"cat {path.lstrip('-')}").stdout)
+    argv = exec_start(unit, env, hostname=host.name)
+    argv[0] = argv[0].replace("/opt/podnet/bin/python", sys.executable)
+    argv[0] = argv[0].replace("/opt/podnet/bin/", f"{BIN}/")  # installed by the guide's step
+    host.start(name, argv)
+
+
+def test_a_host_joins_as_a_node_and_goes_ready(lab: tuple[Host, Host]) -> None:
+    m1, n1 = lab
+    ca_hash = ca_cert_hash(m1.sh(f"cat {MASTER_DIR}/pki/ca.crt").stdout.encode())
+    wrong = "sha256:" + ("0" * 64)
+    with pytest.raises(AssertionError) as refused:
+        n1.sh(join_command(wrong), PATH)
+    assert "refusing to trust it" in str(refused.value)
+    assert n1.sh("test ! -e /etc/podnet && echo clean").stdout == "clean\n"  # nothing written
+
+    started = time.monotonic()
+    out = n1.sh(join_command(ca_hash), PATH).stdout
+    assert "client certificate issued" in out and "systemd does not run this host" in out, out
+    mode = n1.sh("stat -c %a /etc/podnet/node.kubeconfig /etc/podnet/node.key").stdout.split()
+    assert mode == ["600", "600"]
+    kubeconfig = n1.sh("cat /etc/podnet/node.kubeconfig").stdout
+    assert TOKEN not in kubeconfig and "client-certificate-data" in kubeconfig
+    assert "https://127.0.0.1:6443" in kubeconfig  # the local relay
+    relay_env = parse_env(n1.sh("cat /etc/podnet/relay.env").stdout)
+    assert relay_env == {"RELAY_TARGETS": "--target 10.0.0.21:6443"}
+    for unit in ("podnet-api-relay.service", "podnet-node.service"):
+        start_unit(n1, unit)
+    ready = f"podnet get node n1 -o json 2>/dev/null | python3 -c '{READY}'"
+    wait(m1, f"KUBECONFIG={ADMIN['KUBECONFIG']} {ready}", 60, "node n1 Ready")
+    print(f"adm join node -> Ready: {time.monotonic() - started:.1f} s")
+    node = json.loads(m1.sh("podnet get node n1 -o json", {**PATH, **ADMIN}).stdout)
+    addresses = {a["address"] for a in node["status"]["addresses"]}
+    assert "10.0.0.31" in addresses  # detected on the default route's link, no --node-ip
+    again = n1.sh(f"{join_command(ca_hash)} || echo refused", PATH).stdout
+    assert "joined already" in again or "refused" in again
