@@ -13,7 +13,12 @@ from typing import Any
 
 import click
 
-from podnet.cli import adm_backup, adm_join, adm_node  # noqa: F401 - they add their commands to adm
+from podnet.cli import (  # noqa: F401 - they add their commands to adm
+    adm_backup,
+    adm_init,
+    adm_join,
+    adm_node,
+)
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state
