@@ -21,6 +21,8 @@ ROUTER_USER_PREFIX = "system:podnet:router:"
 CONTROLLERS_GROUP = "system:podnet:controllers"
 CONTROLLERS_USER_PREFIX = "system:podnet:controllers:"
 MONITORING_GROUP = "system:monitoring"  # kube's group of /metrics readers
+BOOTSTRAPPERS_GROUP = "system:bootstrappers"  # kube's group of bootstrap tokens
+BOOTSTRAP_USER_PREFIX = "system:bootstrap:"  # + the token's public id
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class User:
 
     name: str  # "admin", or "system:node:<nodename>"
     groups: tuple[str, ...]  # admin: ("system:masters",); node: ("system:nodes",)
+    # the node a bootstrap token is bound to (None: any node, or not a bootstrap token)
+    bound_node: str | None = None
 
     @property
     def node_name(self) -> str | None:
@@ -62,6 +66,11 @@ class User:
     def is_controllers(self) -> bool:
         """The master's controllers run as their own process: exactly what they use."""
         return CONTROLLERS_GROUP in self.groups
+
+    @property
+    def is_bootstrap(self) -> bool:
+        """A bootstrap token's user (``system:bootstrap:<id>``, ``system:bootstrappers``)."""
+        return BOOTSTRAPPERS_GROUP in self.groups or self.name.startswith(BOOTSTRAP_USER_PREFIX)
 
     @property
     def is_monitoring(self) -> bool:

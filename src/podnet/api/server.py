@@ -9,6 +9,7 @@ import ssl
 import time
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import Counter, Histogram
@@ -16,7 +17,7 @@ from prometheus_client import Counter, Histogram
 from podnet import __version__
 from podnet.api import access_review, discovery, openapi
 from podnet.api.audit import AuditLog
-from podnet.api.auth import TokenFile, User
+from podnet.api.auth import User
 from podnet.api.authorizer import require_path
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.limits import RequestLimits
@@ -42,6 +43,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Readiness = Callable[[], Awaitable[str | None]]
 
 
+class Authenticator(Protocol):
+    """Who presents an ``Authorization`` header (``podnet.api.tokenauth``); 401 if nobody."""
+
+    async def authenticate_request(self, authorization_header: str | None) -> User: ...
+
+
 async def _always_ready() -> str | None:
     return None
 
@@ -52,7 +59,7 @@ class ApiServer:
     def __init__(
         self,
         registry: Registry,
-        tokens: TokenFile,
+        tokens: Authenticator,
         metrics: ApiMetrics | None = None,
         ready: Readiness | None = None,
         limits: RequestLimits | None = None,
@@ -140,7 +147,8 @@ class ApiServer:
             if request.path in PUBLIC_PATHS:
                 request[USER] = ANONYMOUS
             else:
-                request[USER] = self.tokens.authenticate(request.headers.get("Authorization"))
+                header = request.headers.get("Authorization")
+                request[USER] = await self.tokens.authenticate_request(header)
             require_path(request[USER], request.method, request.path)  # /metrics: roles.py
             response = await handler(request)
             code = response.status

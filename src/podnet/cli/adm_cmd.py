@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from podnet.cli import adm_token as adm_token  # registers `adm token`
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state
