@@ -71,7 +71,7 @@ def digest_of_key(prefix: str, key: str) -> str | None:
 
 
 def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0)  # as stored
 
 
 def _time(value: datetime.datetime) -> str:
