@@ -215,8 +215,10 @@ async def test_a_legacy_tokens_csv_is_imported_once(tmp_path: Path) -> None:
         await delete_token(store, P, digest("tok-aaaaaaaaaaaaaaaa")[:16])
         assert await import_token_file(store, P, csv) is None
         assert await refused_after(auth, "tok-aaaaaaaaaaaaaaaa", 1.0) < 1.0
-        # the same rows twice (two masters on one state dir): idempotent
-        csv.write_text("tok-bbbbbbbbbbbbbbbb,n,u2\n")
+        # the same rows again (two masters on one state dir, a copy of an old file):
+        # nothing new, and the revoked token does not come back
+        csv.write_text("tok-aaaaaaaaaaaaaaaa,admin,u1,system:masters\ntok-bbbbbbbbbbbbbbbb,n,u2\n")
         assert await import_token_file(store, P, csv) == 0
+        assert await auth.lookup("tok-aaaaaaaaaaaaaaaa") is None
     finally:
         await auth.stop()

@@ -41,6 +41,11 @@ IMPORTED_SUFFIX = ".imported"
 _HEX_ID = re.compile(r"[0-9a-f]{12,64}")
 
 
+def imported_key(prefix: str, hex_digest: str) -> str:
+    """The marker of a token imported from a tokens.csv (outside the records' prefix)."""
+    return tokens_prefix(prefix).removesuffix("tokens/") + "imported/" + hex_digest
+
+
 @dataclass(frozen=True)
 class StoredToken:
     """One record as listed: its digest (the key's last part) and what it stands for."""
@@ -150,7 +155,8 @@ async def import_token_file(store: Store, prefix: str, path: Path) -> int | None
     """Copy the rows of a legacy ``tokens.csv`` into the store (rows already there are
     left as they are: idempotent), then rename the file ``tokens.csv.imported`` so it is
     never read again (a token deleted from the store is not brought back). The number of
-    rows imported, or None when there is no file."""
+    rows imported, or None when there is no file. A row imported once is never imported
+    again, also after its token was deleted (see ``imported_key``)."""
     from podnet.api.auth import parse_token_rows
 
     try:
@@ -161,7 +167,11 @@ async def import_token_file(store: Store, prefix: str, path: Path) -> int | None
     for token, user, uid in parse_token_rows(text, str(path)):
         record = component_record(user.name, user.groups, f"imported from {path.name}")
         record = replace(record, uid=uid) if uid else record
-        imported += await put_new(store, prefix, token, record)
+        # A marker per imported digest, left when the token is deleted: a copy of an old
+        # tokens.csv (another master's, a backup) never brings a revoked token back.
+        key, marker = token_key(prefix, digest(token)), imported_key(prefix, digest(token))
+        put = [Put(key, encode(record)), Put(marker, b"")]
+        imported += await store.commit([Absent(key), Absent(marker)], put) is not None
     with contextlib.suppress(FileNotFoundError):  # another master renamed it first
         path.rename(path.with_name(path.name + IMPORTED_SUFFIX))
     return imported
