@@ -222,3 +222,13 @@ async def test_a_legacy_tokens_csv_is_imported_once(tmp_path: Path) -> None:
         assert await auth.lookup("tok-aaaaaaaaaaaaaaaa") is None
     finally:
         await auth.stop()
+
+
+async def test_creating_a_bootstrap_token_removes_the_expired_ones() -> None:
+    store = FlakyStore()
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=2)
+    expired = "zzzzzz.0123456789abcdef"
+    await put_new(store, P, expired, bootstrap_record(expired, datetime.timedelta(hours=1), at=old))
+    node = await issue(store, P, "system:node:n1", ["system:nodes"])  # never expires
+    made = await create_bootstrap(store, P)
+    assert {t.id for t in await list_tokens(store, P)} == {made[:6], digest(node)[:16]}

@@ -100,8 +100,14 @@ async def create_bootstrap(
     node: str | None = None,
     description: str = "",
 ) -> str:
-    """A new bootstrap token ``id.secret`` whose id no other record has."""
-    taken = {t.record.bootstrap_id for t in await list_tokens(store, prefix)}
+    """A new bootstrap token ``id.secret`` whose id no other record has. Expired bootstrap
+    tokens are deleted on the way (kubeadm's token cleaner does so too)."""
+    known = await list_tokens(store, prefix)
+    for stored in known:
+        if stored.record.bootstrap_id is not None and stored.record.expired():
+            key = token_key(prefix, stored.digest)
+            await store.commit([ModRevisionIs(key, stored.revision)], [Delete(key)])
+    taken = {t.record.bootstrap_id for t in known}
     for _ in range(5):
         token = new_bootstrap_token()
         if token[:6] in taken:

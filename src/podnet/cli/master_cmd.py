@@ -136,7 +136,8 @@ def _network(
     type=click.Path(path_type=Path),
     default=Path("/var/lib/podnet/master"),
     show_default=True,
-    help="PKI, tokens and the admin kubeconfig live here",
+    help="PKI, the admin kubeconfig and etcd.json (where the credential commands find "
+    "the tokens, in etcd) live here",
 )
 @network_options
 @click.option(
@@ -356,7 +357,8 @@ def serve(make: Callable[[], Service], logger: str) -> None:
     asyncio.run(run_until_signalled(process, logger))
 
 
-# The master's state directory, where the credentials commands find the tokens and the CA.
+# The master's state directory, where the credentials commands find the CA and the
+# master's etcd.json: they store the new token (hashed) in that etcd, for every master.
 STATE_DIR_OPTION = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
@@ -379,7 +381,8 @@ STATE_DIR_OPTION = click.option(
     help="where to write the node's kubeconfig",
 )
 def node_credentials(node: str, state_dir: Path, server: str, output: Path) -> None:
-    """Issue a token for NODE and write a kubeconfig that can act only as that node."""
+    """Issue a token for NODE (stored hashed in the master's etcd: every master accepts
+    it at once) and write a kubeconfig that can act only as that node."""
     from podnet.master import node_credentials as issue
 
     path = issue(state_dir, node, server, output)
