@@ -149,7 +149,14 @@ def test_bootstrap_tokens_are_refused_everything_expire_and_are_revoked(
             assert status(master, token, path) == 403, path
     with client_for(second.kubeconfig, token=token) as client:
         answer = client.get("/api/v1/nodes").json()
-    assert f"system:bootstrap:{token_id}" in answer["message"]
+        assert f"system:bootstrap:{token_id}" in answer["message"]
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectRulesReview",
+            "spec": {"namespace": "default"},
+        }
+        reviews = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"
+        assert client.post(reviews, json=review).status_code == 403
     listed = adm_token(second, "list")
     assert token_id in listed.stdout and "n7" in listed.stdout and "join n7" in listed.stdout
     assert secret not in listed.stdout

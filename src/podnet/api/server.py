@@ -18,7 +18,7 @@ from podnet import __version__
 from podnet.api import access_review, discovery, openapi
 from podnet.api.audit import AuditLog
 from podnet.api.auth import User
-from podnet.api.authorizer import require_path
+from podnet.api.authorizer import AUTHORIZATION_GROUP, allowed_by_rules, require_path
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
@@ -41,6 +41,14 @@ ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Why the server is not ready yet, or None when it is (besides etcd, which /readyz checks).
 Readiness = Callable[[], Awaitable[str | None]]
+
+
+def _require_review(user: User, resource: str) -> None:
+    """403 unless a rule lets ``user`` ask what it may do (everyone authenticated but a
+    bootstrap token, which may do nothing yet)."""
+    if not allowed_by_rules(user, "create", AUTHORIZATION_GROUP, resource, None, None):
+        reason = f'User "{user.name}" cannot create {resource}.{AUTHORIZATION_GROUP}'
+        raise errors.forbidden(f"{resource}.{AUTHORIZATION_GROUP} is forbidden: {reason}")
 
 
 class Authenticator(Protocol):
@@ -245,11 +253,13 @@ class ApiServer:
 
     async def _access_review(self, request: web.Request) -> web.Response:
         request[VERB], request[RESOURCE] = "create", "selfsubjectaccessreviews"
+        _require_review(request[USER], "selfsubjectaccessreviews")
         body = await _review_body(request)
         return json_response(access_review.access_review(request[USER], body), 201)
 
     async def _rules_review(self, request: web.Request) -> web.Response:
         request[VERB], request[RESOURCE] = "create", "selfsubjectrulesreviews"
+        _require_review(request[USER], "selfsubjectrulesreviews")
         body = await _review_body(request)
         return json_response(access_review.rules_review(request[USER], body), 201)
 
