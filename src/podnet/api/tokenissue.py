@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from podnet.api.identity import ADMIN_USER, MASTERS_GROUP
+from podnet.api.tokencsv import parse_token_rows
 from podnet.api.tokenrecords import (
     DEFAULT_TTL,
     RecordError,
@@ -163,8 +164,6 @@ async def import_token_file(store: Store, prefix: str, path: Path) -> int | None
     never read again (a token deleted from the store is not brought back). The number of
     rows imported, or None when there is no file. A row imported once is never imported
     again, also after its token was deleted (see ``imported_key``)."""
-    from podnet.api.auth import parse_token_rows
-
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
