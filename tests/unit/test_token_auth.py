@@ -27,7 +27,7 @@ from podnet.api.tokenissue import (
 )
 from podnet.api.tokenrecords import RecordError, bootstrap_record, digest, token_key
 from podnet.model.errors import ApiError
-from podnet.store.base import Delete, KeyValue, Put, StoreUnavailable, WatchEvent
+from podnet.store.base import Delete, KeyValue, Put, StoreError, StoreUnavailable, WatchEvent
 from podnet.store.memory import MemoryStore
 
 P = "/reg/"
@@ -42,6 +42,7 @@ class FlakyStore(MemoryStore):
         self.list_fails = False
         self.get_fails = False
         self.gets = 0
+        self.get_error: Exception | None = None
 
     async def watch(self, prefix: str, after_revision: int) -> AsyncIterator[WatchEvent]:
         if self.watch_broken:
@@ -58,6 +59,8 @@ class FlakyStore(MemoryStore):
 
     async def get(self, key: str) -> KeyValue | None:
         self.gets += 1
+        if self.get_error is not None:
+            raise self.get_error
         if self.get_fails:
             raise StoreUnavailable("etcd is away")
         return await super().get(key)
@@ -129,6 +132,10 @@ async def test_a_table_not_confirmed_is_not_trusted_fail_closed() -> None:
         store.get_fails = True
         other = await issue(store, P, "admin", ["system:masters"])
         with pytest.raises(StoreUnavailable):  # 503: never a stale grant
+            await auth.lookup(other)
+        store.get_fails = False
+        store.get_error = StoreError("etcdserver: no leader")  # any store error: 503
+        with pytest.raises(StoreUnavailable):
             await auth.lookup(other)
     finally:
         await auth.stop()

@@ -37,7 +37,14 @@ from podnet.api.tokenrecords import (
     usable,
 )
 from podnet.model.errors import unauthorized
-from podnet.store.base import Compacted, KeyValue, Store, StoreUnavailable, WatchEvent
+from podnet.store.base import (
+    Compacted,
+    KeyValue,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    WatchEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +197,15 @@ class TokenAuthenticator:
     # ---- lookups ------------------------------------------------------------------------
 
     async def _read(self, hex_digest: str) -> _Entry | None:
-        """The record from the store itself (raises ``StoreUnavailable``: 503)."""
-        async with self._direct:
-            kv = await self.store.get(token_key(self.prefix, hex_digest))
+        """The record from the store itself; ``StoreUnavailable`` (503) when the store does
+        not answer, whatever its error: fail closed."""
+        try:
+            async with self._direct:
+                kv = await self.store.get(token_key(self.prefix, hex_digest))
+        except StoreUnavailable:
+            raise
+        except (StoreError, TimeoutError) as exc:
+            raise StoreUnavailable(f"cannot read the token record: {exc}") from exc
         if kv is None:
             return None
         entry = self._entry(kv.key, kv.value, kv.mod_revision)
