@@ -27,8 +27,6 @@ from prometheus_client import Gauge
 
 from podnet.api.audit import AuditLog, AuditOptions
 from podnet.api.auth import (
-    TokenFile,
-    ensure_admin_token,
     ensure_controllers_token,
     ensure_node_token,
     ensure_router_token,
@@ -47,6 +45,9 @@ from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 from podnet.api.server import ApiServer
 from podnet.api.servicealloc import ServiceRanges, kubernetes_service_ip
 from podnet.api.serviceallocator import ServiceAllocator
+from podnet.api.tokenauth import TokenAuthenticator
+from podnet.api.tokenissue import IMPORTED_SUFFIX, ensure_admin, import_token_file
+from podnet.api.tokenstore import StoreSettings
 from podnet.controllers.config import NetworkConfig
 from podnet.controllers.csrsigner import CsrSigner
 from podnet.controllers.inprocess import InProcessApi
@@ -56,7 +57,7 @@ from podnet.controllers.supervisor import Supervisor
 from podnet.daemonmetrics import add_daemon_metrics
 from podnet.files import write_atomic
 from podnet.heap import HeapGovernor
-from podnet.kubeconfig import write_kubeconfig
+from podnet.kubeconfig import load_client_config, write_kubeconfig
 from podnet.listener import ConnectionLimits
 from podnet.store.base import StoreUnavailable
 from podnet.store.etcd import EtcdStore
@@ -133,6 +134,7 @@ class Master:
         self.csr_signer: CsrSigner | None = None
         self.heap: HeapGovernor | None = None
         self.audit: AuditLog | None = None
+        self.tokens = TokenAuthenticator(self.store, options.etcd_prefix)
         self._tasks: list[asyncio.Task[None]] = []
         self._set_up = not options.run_controllers  # the cluster is set up (see _readiness)
         leader = Gauge(
@@ -171,11 +173,14 @@ class Master:
         opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         await self.store.connect()
         pki = ensure_pki(opts.pki_dir, self._certificate_hosts())
-        admin_token = ensure_admin_token(opts.tokens_path)
+        await self._start_tokens()
+        admin_token = await ensure_admin(
+            self.store, opts.etcd_prefix, self._kubeconfig_token(), opts.identity
+        )
         self.audit = AuditLog.from_options(opts.audit, opts.state_dir)
         self.server = ApiServer(
             self.registry,
-            TokenFile(opts.tokens_path),
+            self.tokens,
             self.metrics,
             self._readiness,
             opts.request_limits,
@@ -198,6 +203,38 @@ class Master:
         if opts.heap is not None:
             self.heap = HeapGovernor(self.metrics.registry, *opts.heap)
             self.heap.start()
+
+    async def _start_tokens(self) -> None:
+        """Tell the credential commands where the tokens live (``etcd.json``), import a
+        legacy ``tokens.csv`` once, then authenticate from etcd (``podnet.api.tokenauth``)."""
+        opts = self.options
+        StoreSettings(self.store_endpoints, opts.etcd_prefix, opts.etcd_tls).save(opts.state_dir)
+        imported = await import_token_file(self.store, opts.etcd_prefix, opts.tokens_path)
+        if imported is not None:
+            log.info(
+                "imported %d new tokens of %s into etcd; the file is no longer read (renamed %s%s)",
+                imported,
+                opts.tokens_path,
+                opts.tokens_path.name,
+                IMPORTED_SUFFIX,
+            )
+        await self.tokens.start()
+        log.info("authenticating bearer tokens from etcd (%sidentities/tokens/)", opts.etcd_prefix)
+
+    @property
+    def store_endpoints(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.store.endpoints)
+
+    def _kubeconfig_token(self) -> str | None:
+        """The token of the admin kubeconfig this state dir holds, if any (kept while its
+        record in etcd still says admin: a restart does not pile up admin tokens)."""
+        path = self.options.kubeconfig_path
+        if not path.is_file():
+            return None
+        try:
+            return load_client_config(str(path)).token or None
+        except Exception:
+            return None
 
     def _certificate_hosts(self) -> list[str]:
         """The serving certificate's names: the listen and advertised addresses, the
@@ -272,6 +309,7 @@ class Master:
             await self.master_service.stop()
         if self.server:
             await self.server.stop()
+        await self.tokens.stop()
         await self.store.close()
         if self.heap:
             await self.heap.stop()

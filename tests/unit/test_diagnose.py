@@ -174,3 +174,17 @@ def test_write_bundle_leaves_nothing_when_it_fails(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         write_bundle(out, [("x", interrupted)], ())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bootstrap_tokens_are_redacted_wherever_they_show() -> None:
+    # their secret is on no disk (only its hash, in etcd): the pattern must catch them
+    text = "ran `podnet adm token create`: 07401b.f395accd246ae52d, id 07401b\n"
+    redacted = redact_fields(text)
+    assert "f395accd246ae52d" not in redacted
+    assert redacted == f"ran `podnet adm token create`: {MARK}, id 07401b\n"
+
+
+def test_an_imported_tokens_file_is_still_a_tokens_file(tmp_path: Path) -> None:
+    # a master renames tokens.csv to tokens.csv.imported after importing it into etcd
+    (tmp_path / "tokens.csv.imported").write_text(f"{TOKEN},admin,uid,system:masters\n")
+    assert TOKEN in known_secrets([tmp_path])

@@ -1,7 +1,13 @@
-"""Who is calling: bearer tokens in kube-apiserver's ``--token-auth-file`` format.
+"""Who is calling: bearer tokens, and the legacy ``--token-auth-file`` format.
 
-Authentication reads kube-apiserver's ``--token-auth-file`` format, so a token file works
-with both. What each identity may do is decided in ``podnet.api.authorizer`` (rules and
+A master authenticates from the hashed token records in etcd that every master shares
+(``podnet.api.tokenauth``, written by ``podnet.api.tokenissue``). ``TokenFile`` reads
+kube-apiserver's ``--token-auth-file`` CSV, which a master imports into etcd once
+(``tokenissue.import_token_file``) and never reads again. ``add_token`` and the
+``ensure_*_token`` functions take the path of that file in a master's state dir: when a
+master has run there (its ``etcd.json``), they issue a new token in etcd; else they add
+it to the file, which the next master to start there imports. What each identity may
+do is decided in ``podnet.api.authorizer`` (rules and
 NodeRestriction); its names are re-exported here for the callers that predate the split.
 """
 
@@ -50,6 +56,9 @@ from podnet.api.identity import (
     User,
     node_user,
 )
+from podnet.api.tokenauth import TokenAuthenticator, bearer_token
+from podnet.api.tokencsv import parse_token_file, parse_token_rows
+from podnet.api.tokenstore import StoreSettings, issue_sync
 from podnet.files import write_atomic
 from podnet.model.errors import unauthorized
 
@@ -65,6 +74,7 @@ __all__ = [
     "WRITE_VERBS",
     "RequestAttributes",
     "Rule",
+    "TokenAuthenticator",
     "TokenFile",
     "User",
     "add_token",
@@ -78,6 +88,7 @@ __all__ = [
     "forbidden_message",
     "node_user",
     "parse_token_file",
+    "parse_token_rows",
     "require_authorized",
     "require_rule",
     "rules_for",
@@ -100,25 +111,6 @@ class _Entry:
 
 def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
-
-
-def _parse_row(row: list[str], where: str) -> tuple[str, User]:
-    if len(row) < 3 or not row[0] or not row[1]:
-        raise ValueError(f'{where}: want token,user,uid[,"group1,group2"], got {row!r}')
-    token, user = row[0].strip(), row[1].strip()
-    groups = row[3].split(",") if len(row) > 3 else []
-    return token, User(user, tuple(g.strip() for g in groups if g.strip()))
-
-
-def parse_token_file(text: str, source: str = "<tokens>") -> dict[str, User]:
-    """Parse token-file CSV text into token -> User; blank and ``#`` lines are skipped."""
-    out: dict[str, User] = {}
-    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-            continue
-        token, user = _parse_row(row, f"{source}:{lineno}")
-        out[token] = user
-    return out
 
 
 _StatKey = tuple[int, int, int] | None
@@ -184,7 +176,7 @@ class TokenFile:
 
     def authenticate(self, authorization_header: str | None) -> User:
         """The user for an ``Authorization: Bearer <token>`` header; 401 otherwise."""
-        presented = _bearer_token(authorization_header).encode()
+        presented = bearer_token(authorization_header).encode()
         digest = _digest(presented)
         self._refresh(force=False)
         entry = self._entries.get(digest)
@@ -196,17 +188,8 @@ class TokenFile:
             raise unauthorized()
         return entry.user
 
-
-def _bearer_token(header: str | None) -> str:
-    if not header:
-        raise unauthorized()
-    scheme, _, token = header.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or " " in token:
-        raise unauthorized()
-    if not (token.isascii() and token.isprintable()):  # tokens are ASCII; never encode junk
-        raise unauthorized()
-    return token
+    async def authenticate_request(self, authorization_header: str | None) -> User:
+        return self.authenticate(authorization_header)
 
 
 @contextlib.contextmanager
@@ -230,10 +213,15 @@ def _csv_row(fields: Sequence[str]) -> str:
 def add_token(path: Path, user: str, groups: Sequence[str]) -> str:
     """Give ``user`` a bearer token in the token file and return it.
 
-    A user that already has a token keeps it (its groups are not changed). The file is
-    rewritten atomically (temp file + rename, mode 0600) under an exclusive lock.
+    When a master has run in the file's directory (its ``etcd.json``), a new token is
+    stored hashed in that master's etcd, where every master finds it. Else, in the file:
+    a user that already has a token keeps it (its groups are not changed), and the file
+    is rewritten atomically (temp file + rename, mode 0600) under an exclusive lock.
     """
     path = Path(path)
+    settings = StoreSettings.load(path.parent)
+    if settings is not None:
+        return issue_sync(settings, user, groups, f"credentials of {user}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         text = path.read_text(encoding="utf-8") if path.exists() else ""

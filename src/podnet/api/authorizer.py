@@ -47,6 +47,7 @@ from podnet.model.errors import ApiError, forbidden
 from podnet.model.kinds import Kind
 
 
+
 @dataclass(frozen=True)
 class RequestAttributes:
     """What a request does, as the authorizer sees it."""

@@ -22,6 +22,7 @@ CONTROLLERS_GROUP = "system:podnet:controllers"
 CONTROLLERS_USER_PREFIX = "system:podnet:controllers:"
 MONITORING_GROUP = "system:monitoring"  # kube's group of /metrics readers
 BOOTSTRAPPERS_GROUP = "system:bootstrappers"  # a bootstrap token: may only ask for a cert
+BOOTSTRAP_USER_PREFIX = "system:bootstrap:"  # + the token's public id
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class User:
 
     @property
     def is_bootstrapper(self) -> bool:
-        """A bootstrap token (TLS bootstrap): may only create and read its own CSRs."""
-        return BOOTSTRAPPERS_GROUP in self.groups
+        """A bootstrap token's user (``system:bootstrap:<id>``, ``system:bootstrappers``):
+        may only create and read its own CSRs, whatever else it claims."""
+        return BOOTSTRAPPERS_GROUP in self.groups or self.name.startswith(BOOTSTRAP_USER_PREFIX)
 
     @property
     def is_monitoring(self) -> bool:

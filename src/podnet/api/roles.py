@@ -289,7 +289,10 @@ RoleSet = tuple[bool, bool, bool, bool, bool, bool, bool]
 
 
 def roles_of(user: User) -> RoleSet:
-    """Which roles ``user``'s name and groups give it."""
+    """Which roles ``user``'s name and groups give it. A bootstrap token's user has the
+    bootstrapper's role alone, whatever other groups it claims."""
+    if user.is_bootstrapper:
+        return (False, False, False, False, False, False, True)
     node = user.node_name is not None
     return (
         user.is_admin,

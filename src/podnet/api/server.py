@@ -9,6 +9,7 @@ import ssl
 import time
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import Counter, Histogram
@@ -16,8 +17,8 @@ from prometheus_client import Counter, Histogram
 from podnet import __version__
 from podnet.api import access_review, clusterinfo, discovery, openapi
 from podnet.api.audit import AuditLog
-from podnet.api.auth import TokenFile, User
-from podnet.api.authorizer import require_path
+from podnet.api.auth import User
+from podnet.api.authorizer import AUTHORIZATION_GROUP, allowed_by_rules, require_path
 from podnet.api.certauth import Revoked, nothing_revoked, user_of_certificate
 from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.limits import RequestLimits
@@ -45,6 +46,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Readiness = Callable[[], Awaitable[str | None]]
 
 
+def _require_review(user: User, resource: str) -> None:
+    """403 unless a rule lets ``user`` ask what it may do (everyone authenticated but a
+    bootstrap token, which may do nothing yet)."""
+    if not allowed_by_rules(user, "create", AUTHORIZATION_GROUP, resource, None, None):
+        reason = f'User "{user.name}" cannot create {resource}.{AUTHORIZATION_GROUP}'
+        raise errors.forbidden(f"{resource}.{AUTHORIZATION_GROUP} is forbidden: {reason}")
+
+
+class Authenticator(Protocol):
+    """Who presents an ``Authorization`` header (``podnet.api.tokenauth``); 401 if nobody."""
+
+    async def authenticate_request(self, authorization_header: str | None) -> User: ...
+
+
 async def _always_ready() -> str | None:
     return None
 
@@ -55,7 +70,7 @@ class ApiServer:
     def __init__(
         self,
         registry: Registry,
-        tokens: TokenFile,
+        tokens: Authenticator,
         metrics: ApiMetrics | None = None,
         ready: Readiness | None = None,
         limits: RequestLimits | None = None,
@@ -149,7 +164,7 @@ class ApiServer:
             if request.path in PUBLIC_PATHS:
                 request[USER] = ANONYMOUS
             else:
-                request[USER] = self._authenticate(request)
+                request[USER] = await self._authenticate(request)
             require_path(request[USER], request.method, request.path)  # /metrics: roles.py
             response = await handler(request)
             code = response.status
@@ -179,12 +194,12 @@ class ApiServer:
             if self.audit is not None:
                 self.audit.record(request, code, response)
 
-    def _authenticate(self, request: web.Request) -> User:
+    async def _authenticate(self, request: web.Request) -> User:
         """By the verified client certificate when there is one, else by bearer token."""
         der = _peer_certificate(request)
         if der is not None:
             return user_of_certificate(der, self.revoked)
-        return self.tokens.authenticate(request.headers.get("Authorization"))
+        return await self.tokens.authenticate_request(request.headers.get("Authorization"))
 
     def _count(self, request: web.Request, code: int, started: float) -> None:
         verb = request.get(VERB, request.method.lower())
@@ -253,11 +268,13 @@ class ApiServer:
 
     async def _access_review(self, request: web.Request) -> web.Response:
         request[VERB], request[RESOURCE] = "create", "selfsubjectaccessreviews"
+        _require_review(request[USER], "selfsubjectaccessreviews")
         body = await _review_body(request)
         return json_response(access_review.access_review(request[USER], body), 201)
 
     async def _rules_review(self, request: web.Request) -> web.Response:
         request[VERB], request[RESOURCE] = "create", "selfsubjectrulesreviews"
+        _require_review(request[USER], "selfsubjectrulesreviews")
         body = await _review_body(request)
         return json_response(access_review.rules_review(request[USER], body), 201)
 

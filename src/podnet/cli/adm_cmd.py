@@ -18,6 +18,7 @@ from podnet.cli import (  # noqa: F401 - they add their commands to adm
     adm_init,
     adm_join,
     adm_node,
+    adm_token,
 )
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR

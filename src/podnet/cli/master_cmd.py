@@ -136,7 +136,7 @@ def _network(
     type=click.Path(path_type=Path),
     default=Path("/var/lib/podnet/master"),
     show_default=True,
-    help="PKI, tokens and the admin kubeconfig live here",
+    help="PKI, the admin kubeconfig and etcd.json (where tokens are: see adm token) live here",
 )
 @network_options
 @click.option(
@@ -356,7 +356,7 @@ def serve(make: Callable[[], Service], logger: str) -> None:
     asyncio.run(run_until_signalled(process, logger))
 
 
-# The master's state directory, where the credentials commands find the tokens and the CA.
+# The master's state dir: the credentials commands read its CA and etcd.json (tokens' etcd).
 STATE_DIR_OPTION = click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
@@ -379,7 +379,7 @@ STATE_DIR_OPTION = click.option(
     help="where to write the node's kubeconfig",
 )
 def node_credentials(node: str, state_dir: Path, server: str, output: Path) -> None:
-    """Issue a token for NODE and write a kubeconfig that can act only as that node."""
+    """Issue a token for NODE (in etcd) and write a kubeconfig that can act only as it."""
     from podnet.master import node_credentials as issue
 
     path = issue(state_dir, node, server, output)

@@ -2,10 +2,11 @@
 
 etcd always runs with TLS and client-certificate auth (``<state>/etcd-pki``), one member
 or several (``etcd1``..``etcdN`` on static loopback ports, ``--initial-cluster``). The
-masters share one state directory (API PKI, tokens, admin kubeconfig) and elect a leader
-for the controllers; each serves the API on its own port. With two or more masters a
-relay on the root loopback (``api_port``) is the admin kubeconfig's one server and fails
-over between them; node relays do the same inside each node namespace.
+masters share one state directory (API PKI, etcd.json, admin kubeconfig; the tokens are
+in etcd) and elect a leader for the controllers; each serves the API on its own port.
+With two or more masters a relay on the root loopback (``api_port``) is the admin
+kubeconfig's one server and fails over between them; node relays do the same inside each
+node namespace.
 
 Everything is written to ``state.json`` *before* it starts (ports, data directories) and
 right after (PIDs), so a dead member or master is restarted with the same ports and data

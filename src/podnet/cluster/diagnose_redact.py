@@ -5,9 +5,12 @@ Two layers, applied to every member of the bundle:
 * patterns, which need no knowledge of the cluster: PEM blocks of any ``PRIVATE KEY``
   (also a block cut short by a size cap or a log tail), kubeconfig and JSON fields that
   hold credentials (``token``, ``client-key-data``, ``password``...), ``Bearer`` headers,
-  and ``tokens.csv`` lines (the token column);
+  ``tokens.csv`` lines (the token column) and bootstrap tokens (``abcdef.0123456789abcdef``,
+  printed by ``podnet adm token create``: their secret is nowhere on disk, only its hash
+  in etcd);
 * the cluster's own secrets, found on disk by :func:`known_secrets` (every token in every
-  tokens file, token file and kubeconfig; every line of every PEM private key, and the
+  tokens file, also a ``tokens.csv.imported`` a master left after importing it into
+  etcd, token file and kubeconfig; every line of every PEM private key, and the
   base64 of the whole key as a kubeconfig embeds it): each occurrence anywhere is replaced.
 
 The second layer catches what the patterns cannot know about (a token logged by mistake, a
@@ -44,6 +47,8 @@ JSON_FIELD = re.compile(rf"(?i)(\"(?:{SECRET_FIELD})\"\s*:\s*)\"(?:[^\"\\]|\\.)*
 BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+")
 # tokens.csv: token,user,uid[,groups]; the token is the first column, no spaces.
 TOKENS_CSV_LINE = re.compile(r"(?m)^[A-Za-z0-9._~+/=-]{16,}(?=,[^,\n]+,[^,\n]*(?:,|$))")
+# podnet adm token create's id.secret (kubeadm's format), wherever it shows
+BOOTSTRAP_TOKEN = re.compile(r"\b[a-z0-9]{6}\.[a-z0-9]{16}\b")
 SECRET_KEY_NAME = re.compile(rf"(?i)^(?:{SECRET_FIELD})$")
 
 
@@ -53,10 +58,12 @@ def redact_pem(text: str) -> str:
 
 
 def redact_fields(text: str) -> str:
-    """Credential fields (YAML and JSON), Bearer headers and tokens.csv token columns."""
+    """Credential fields (YAML and JSON), Bearer headers, tokens.csv token columns and
+    bootstrap tokens."""
     text = YAML_FIELD.sub(lambda m: m.group(1) + MARK, text)
     text = JSON_FIELD.sub(lambda m: f'{m.group(1)}"{MARK}"', text)
     text = BEARER.sub(lambda m: m.group(1) + MARK, text)
+    text = BOOTSTRAP_TOKEN.sub(MARK, text)
     return TOKENS_CSV_LINE.sub(MARK, text)
 
 
@@ -123,7 +130,7 @@ def file_secrets(path: Path, text: str) -> Iterator[str]:
     yield from pem_secrets(text)
     if "kubeconfig" in name or name.endswith(".conf") or name == "config":
         yield from kubeconfig_secrets(text)
-    if name.endswith(".csv") and "token" in name:
+    if name.endswith((".csv", ".csv.imported")) and "token" in name:
         for line in text.splitlines():
             token = line.split(",", 1)[0].strip()
             if token and not token.startswith("#"):

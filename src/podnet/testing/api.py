@@ -13,10 +13,12 @@ import aiohttp
 import httpx
 import yaml
 
-from podnet.api.auth import TokenFile, ensure_admin_token, ensure_node_token
+from podnet.api.identity import NODES_GROUP, node_user
 from podnet.api.pki import ensure_pki
 from podnet.api.registry import Registry
 from podnet.api.server import ApiServer
+from podnet.api.tokenauth import TokenAuthenticator
+from podnet.api.tokenissue import issue
 from podnet.client.aio import AsyncApiClient
 from podnet.kubeconfig import ClientConfig
 from podnet.store.memory import MemoryStore
@@ -121,17 +123,20 @@ async def node_api_server(
 ) -> AsyncIterator[tuple[Registry, ApiServer, ClientConfig]]:
     """A real API server (TLS, tokens, authorizer) over an in-memory store on 127.0.0.1,
     and the client configuration of ``node_name``'s own token; stopped on exit."""
-    registry = Registry(MemoryStore(), prefix="/t/")
-    tokens = state_dir / "tokens.csv"
-    ensure_admin_token(tokens)
-    node_token = ensure_node_token(tokens, node_name)
+    store = MemoryStore()
+    registry = Registry(store, prefix="/t/")
+    # the node's token, stored hashed, as a master stores every token (podnet.api.tokenauth)
+    node_token = await issue(store, "/t/", node_user(node_name), [NODES_GROUP])
+    tokens = TokenAuthenticator(store, "/t/")
+    await tokens.start()
     pki = ensure_pki(state_dir / "pki", ["127.0.0.1"])
-    server = ApiServer(registry, TokenFile(tokens))
+    server = ApiServer(registry, tokens)
     await server.start("127.0.0.1", 0, pki.server_ssl_context())
     try:
         yield registry, server, ClientConfig(server.address, pki.ca_pem(), node_token)
     finally:
         await server.stop()
+        await tokens.stop()
 
 
 @contextlib.asynccontextmanager
