@@ -30,13 +30,12 @@ from typing import Any
 import aiohttp
 import yaml
 
-from podnet.api.auth import add_token, ensure_node_token
-from podnet.api.identity import BOOTSTRAPPERS_GROUP
+from podnet.api.auth import ensure_node_token
 from podnet.api.pki import Pki
 from podnet.client.bootstrap import bootstrap_node
 from podnet.kubeconfig import ClientConfig
 from podnet.store.etcd_process import start_etcd
-from podnet.testing.api import kubeconfig_parts
+from podnet.testing.api import bootstrap_token, kubeconfig_parts
 from podnet.testing.processes import MasterProcess
 
 NODE = "bench-n1"
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace, master: MasterProcess, scratch: Path) -> None:
     pid = master.process.pid
     ca = Pki.at(master.state_dir / "pki").ca_pem()
     tokens = master.state_dir / "tokens.csv"
-    bootstrap = add_token(tokens, "system:bootstrap:bench1", [BOOTSTRAPPERS_GROUP])
+    bootstrap = bootstrap_token(master.state_dir)
     node_kubeconfig = scratch / "node.kubeconfig"
     asyncio.run(
         bootstrap_node(

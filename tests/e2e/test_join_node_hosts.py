@@ -6,8 +6,8 @@ m1 becomes the first master (etcd on TLS, the master); n1 joins: a wrong CA hash
 refused with nothing written, then it gets a client certificate through a CSR, its relay
 the master's address, and goes Ready.
 
-The bootstrap token is a row of the master's token file until bootstrap tokens live in
-etcd.
+The bootstrap tokens come from `podnet adm token create` on m1; one bound to another node
+is refused its certificate.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from podnet.testing.units import exec_start, load_unit, parse_env
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 BIN = str(Path(sys.executable).parent)
-TOKEN = "abcdef.0123456789abcdef"
 MASTER_DIR = "/var/lib/podnet/master"
 ADMIN = {"KUBECONFIG": f"{MASTER_DIR}/admin.kubeconfig"}
 PATH = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -58,15 +57,13 @@ def lab(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
         for unit in ("podnet-etcd.service", "podnet-master.service"):
             start_unit(m1, unit)
         wait(m1, "curl -skf https://10.0.0.21:6443/readyz >/dev/null", 60, "the master ready")
-        row = f"{TOKEN},system:bootstrap:abcdef,b1,system:bootstrappers"
-        m1.sh(f"echo '{row}' >> {MASTER_DIR}/tokens.csv")
         yield m1, n1
 
 
-def join_command(ca_hash: str) -> str:
+def join_command(token: str, ca_hash: str) -> str:
     return (
         "podnet adm join node --server https://10.0.0.21:6443 "
-        f"--token {TOKEN} --ca-cert-hash {ca_hash}"
+        f"--token {token} --ca-cert-hash {ca_hash}"
     )
 
 
@@ -88,20 +85,24 @@ def start_unit(host: Host, name: str) -> None:
 def test_a_host_joins_as_a_node_and_goes_ready(lab: tuple[Host, Host]) -> None:
     m1, n1 = lab
     ca_hash = ca_cert_hash(m1.sh(f"cat {MASTER_DIR}/pki/ca.crt").stdout.encode())
+    token = m1.sh("podnet adm token create --node n1 --ttl 10m", PATH).stdout.strip()
+    other = m1.sh("podnet adm token create --node n2", PATH).stdout.strip()
     wrong = "sha256:" + ("0" * 64)
     with pytest.raises(AssertionError) as refused:
-        n1.sh(join_command(wrong), PATH)
+        n1.sh(join_command(token, wrong), PATH)
     assert "refusing to trust it" in str(refused.value)
     assert n1.sh("test ! -e /etc/podnet && echo clean").stdout == "clean\n"  # nothing written
+    refused_for = n1.sh(f"{join_command(other, ca_hash)} 2>&1 || echo refused", PATH).stdout
+    assert "not signed" in refused_for and "refused" in refused_for  # bound to n2
 
     started = time.monotonic()
-    out = n1.sh(join_command(ca_hash), PATH).stdout
+    out = n1.sh(join_command(token, ca_hash), PATH).stdout
     print(f"join command: {time.monotonic() - started:.1f} s")
     assert "client certificate issued" in out and "systemd does not run this host" in out, out
     mode = n1.sh("stat -c %a /etc/podnet/node.kubeconfig /etc/podnet/node.key").stdout.split()
     assert mode == ["600", "600"]
     kubeconfig = n1.sh("cat /etc/podnet/node.kubeconfig").stdout
-    assert TOKEN not in kubeconfig and "client-certificate-data" in kubeconfig
+    assert token not in kubeconfig and "client-certificate-data" in kubeconfig
     assert "https://127.0.0.1:6443" in kubeconfig  # the local relay
     relay_env = parse_env(n1.sh("cat /etc/podnet/relay.env").stdout)
     assert relay_env == {"RELAY_TARGETS": "--target 10.0.0.21:6443"}
@@ -113,5 +114,5 @@ def test_a_host_joins_as_a_node_and_goes_ready(lab: tuple[Host, Host]) -> None:
     node = json.loads(m1.sh("podnet get node n1 -o json", {**PATH, **ADMIN}).stdout)
     addresses = {a["address"] for a in node["status"]["addresses"]}
     assert "10.0.0.31" in addresses  # detected on the default route's link, no --node-ip
-    again = n1.sh(f"{join_command(ca_hash)} || echo refused", PATH).stdout
+    again = n1.sh(f"{join_command(token, ca_hash)} || echo refused", PATH).stdout
     assert "joined already" in again or "refused" in again

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from podnet.api.auth import add_token
-from podnet.api.identity import BOOTSTRAPPERS_GROUP
 from podnet.api.pki import Pki
 from podnet.client.aio import AsyncApiClient
 from podnet.client.bootstrap import bootstrap_node
@@ -19,7 +17,7 @@ from podnet.client.errors import StatusError
 from podnet.kubeconfig import ClientConfig, load_client_config
 from podnet.model.csr import CLIENT_SIGNER, encode_request
 from podnet.model.kinds import NODE
-from podnet.testing.api import node
+from podnet.testing.api import bootstrap_token, node
 from podnet.testing.cli import run_kubectl
 from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
@@ -28,9 +26,7 @@ pytestmark = pytest.mark.usefixtures("kubectl")
 
 
 def bootstrap_config(master: MasterProcess) -> ClientConfig:
-    token = add_token(
-        master.state_dir / "tokens.csv", "system:bootstrap:abcdef", [BOOTSTRAPPERS_GROUP]
-    )
+    token = bootstrap_token(master.state_dir)
     return ClientConfig(master.server, Pki.at(master.state_dir / "pki").ca_pem(), token)
 
 

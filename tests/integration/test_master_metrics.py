@@ -4,9 +4,8 @@ gauge, and its etcd calls timed by operation; no key in any label."""
 
 from __future__ import annotations
 
-import time
-
 from podnet.testing.api import client_for
+from podnet.testing.e2e import wait_for
 from podnet.testing.metricstext import sample
 from podnet.testing.processes import MasterProcess
 
@@ -24,10 +23,8 @@ def test_master_metrics_after_real_etcd_calls(master: MasterProcess) -> None:
             body = {"metadata": {"name": f"metrics-ns-{i}"}}
             created = api.post("/api/v1/namespaces", json=body)
             assert created.status_code == 201, created.text
-    deadline = time.monotonic() + 30
-    while sample(text := scrape(master), "podnet_master_leader") != 1.0:
-        assert time.monotonic() < deadline, "the master never led"
-        time.sleep(0.2)
+    wait_for(lambda: sample(scrape(master), "podnet_master_leader") == 1.0, 30, "leadership")
+    text = scrape(master)
     assert (sample(text, "process_resident_memory_bytes") or 0) > 0
     assert (sample(text, "process_open_fds") or 0) > 0
     assert (sample(text, "process_cpu_seconds_total") or 0) > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from podnet.api.tokenrecords import (
     usable,
 )
 from podnet.model.kinds import ALL_KINDS
+from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST as CSR
 
 T0 = datetime.datetime(2026, 12, 7, 12, 0, tzinfo=datetime.UTC)
 TOKEN = "abcdef.0123456789abcdef"
@@ -143,16 +145,24 @@ def test_a_bootstrap_user_carries_its_node_and_other_users_none() -> None:
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.plural)
 @pytest.mark.parametrize("verb", ["get", "list", "watch", "create", "update", "delete"])
-def test_a_bootstrap_token_may_do_nothing_yet(kind: object, verb: str) -> None:
-    user = bootstrap_record(TOKEN).identity()
-    attrs = RequestAttributes(verb, kind, "default", "x", None, {}, {})  # type: ignore[arg-type]
-    assert authorize(user, attrs) is not None
+def test_a_bootstrap_token_may_only_ask_for_a_certificate(kind: Any, verb: str) -> None:
+    """Create CertificateSigningRequests and read them (its own: the handlers check the
+    object); nothing else, whatever other group its user name claims."""
+    may = kind is CSR and verb in ("get", "list", "watch", "create")
+    for user in (
+        bootstrap_record(TOKEN).identity(),
+        User("system:bootstrap:abcdef", ("system:nodes", "system:masters")),
+    ):
+        attrs = RequestAttributes(verb, kind, None, "x", None, {}, {})
+        assert (authorize(user, attrs) is None) is may, (user, verb, kind.plural)
 
 
-def test_a_bootstrap_token_has_no_rules_not_even_discovery() -> None:
+def test_a_bootstrap_token_reads_public_paths_not_metrics() -> None:
     user = bootstrap_record(TOKEN).identity()
-    assert rules_for(user) == () and path_rules_for(user) == ()
-    for path in ("/api", "/apis", "/version", "/openapi/v2", "/metrics"):
-        assert not may_access_path(user, "get", path)
-    # a bootstrap user's name in another group is still a bootstrap user
-    assert rules_for(User("system:bootstrap:abcdef", ("system:nodes",))) == ()
+    granted = {resource for rule in rules_for(user) for resource in rule.resources}
+    reviews = {"selfsubjectaccessreviews", "selfsubjectrulesreviews"}
+    assert granted - reviews == {"certificatesigningrequests"}, granted
+    assert path_rules_for(user)
+    for path in ("/api", "/apis", "/version"):
+        assert may_access_path(user, "get", path)
+    assert not may_access_path(user, "get", "/metrics")

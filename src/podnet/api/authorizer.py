@@ -47,7 +47,6 @@ from podnet.model.errors import ApiError, forbidden
 from podnet.model.kinds import Kind
 
 
-
 @dataclass(frozen=True)
 class RequestAttributes:
     """What a request does, as the authorizer sees it."""

@@ -14,7 +14,6 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from podnet.api.objects import now_rfc3339
 from podnet.model import errors
 from podnet.model.csr import APPROVED, DECISIONS, certificate_of, conditions, has_condition
 from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST as CSR
@@ -34,8 +33,7 @@ def _others(obj: Mapping[str, Any]) -> list[Obj]:
     return [dict(c) for c in conditions(obj) if c.get("type") not in DECISIONS]
 
 
-def _stamped(found: list[Obj]) -> list[Obj]:
-    now = now_rfc3339()
+def _stamped(found: list[Obj], now: str) -> list[Obj]:
     for cond in found:
         cond.setdefault("status", "True")
         cond.setdefault("lastUpdateTime", now)
@@ -53,8 +51,9 @@ def _with_conditions(old: Obj, found: list[Obj]) -> Obj:
     return merged
 
 
-def merge_csr_update(old: Obj, new: Obj, subresource: str | None) -> Obj:
-    """The object to store for an update of ``old`` with ``new`` through ``subresource``."""
+def merge_csr_update(old: Obj, new: Obj, subresource: str | None, now: str) -> Obj:
+    """The object to store for an update of ``old`` with ``new`` through ``subresource``
+    (``now``: the RFC 3339 time that new conditions are stamped with)."""
     name = str(old["metadata"].get("name", ""))
     if subresource is None:
         new["spec"] = copy.deepcopy(old.get("spec"))
@@ -71,9 +70,9 @@ def merge_csr_update(old: Obj, new: Obj, subresource: str | None) -> Obj:
                 raise _invalid(
                     name, "status.conditions", f"a {cond.get('type')} condition may not be removed"
                 )
-        return _with_conditions(old, _stamped(after) + _others(old))
+        return _with_conditions(old, _stamped(after, now) + _others(old))
     if subresource == "status":
-        merged = _with_conditions(old, _decisions(old) + _stamped(_others(new)))
+        merged = _with_conditions(old, _decisions(old) + _stamped(_others(new), now))
         was, given = certificate_of(old), certificate_of(new)
         if was is not None and given != was:
             raise _invalid(name, "status.certificate", "a certificate once issued may not change")

@@ -72,7 +72,7 @@ def merge_for_update(kind: Kind, old: Obj, new: Obj, subresource: str | None) ->
     if kind.kind == CSR_KIND:
         from podnet.api.csrupdate import merge_csr_update
 
-        new = merge_csr_update(old, new, subresource)
+        new = merge_csr_update(old, new, subresource, now_rfc3339())
     elif subresource == "status":
         merged = copy.deepcopy(old)
         if "status" in new:

@@ -151,3 +151,14 @@ async def node_api_client(
             yield registry, client
         finally:
             await client.close()
+
+
+def bootstrap_token(state_dir: Path, node: str | None = None) -> str:
+    """A new bootstrap token (``id.secret``) in the etcd of the master that ran in
+    ``state_dir`` (its ``etcd.json``), bound to ``node`` if given: what ``podnet adm
+    token create`` makes."""
+    from podnet.api.tokenissue import create_bootstrap
+    from podnet.api.tokenstore import StoreSettings, run
+
+    settings = StoreSettings.require(state_dir)
+    return run(settings, lambda store: create_bootstrap(store, settings.prefix, node=node))
