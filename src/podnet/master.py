@@ -32,6 +32,7 @@ from podnet.api.auth import (
     ensure_router_token,
     node_user,
 )
+from podnet.api.certrevocation import RevokedCertificates
 from podnet.api.clusterinfo import ClusterInfo
 from podnet.api.identity import ROUTER_USER_PREFIX, controllers_user
 from podnet.api.kubernetesservice import MasterServiceReconciler
@@ -135,6 +136,7 @@ class Master:
         self.heap: HeapGovernor | None = None
         self.audit: AuditLog | None = None
         self.tokens = TokenAuthenticator(self.store, options.etcd_prefix)
+        self.revocations = RevokedCertificates(self.store, options.etcd_prefix)
         self._tasks: list[asyncio.Task[None]] = []
         self._set_up = not options.run_controllers  # the cluster is set up (see _readiness)
         leader = Gauge(
@@ -174,6 +176,7 @@ class Master:
         await self.store.connect()
         pki = ensure_pki(opts.pki_dir, self._certificate_hosts())
         await self._start_tokens()
+        await self.revocations.start()  # a removed node's certificates, on every master
         admin_token = await ensure_admin(
             self.store, opts.etcd_prefix, self._kubeconfig_token(), opts.identity
         )
@@ -188,6 +191,7 @@ class Master:
             leading=lambda: self.leading,
             audit=self.audit,
             cluster_info=ClusterInfo(pki.ca_pem(), self.registry),
+            revoked=self.revocations.revoked,
         )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())
         server = opts.kubeconfig_server or self.server.address
@@ -310,6 +314,7 @@ class Master:
         if self.server:
             await self.server.stop()
         await self.tokens.stop()
+        await self.revocations.stop()
         await self.store.close()
         if self.heap:
             await self.heap.stop()

@@ -9,13 +9,19 @@ clear errors that change nothing.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from podnet.api.auth import ensure_node_token
-from podnet.testing.api import client_for, namespace, node, pod
+from podnet.api.pki import Pki
+from podnet.client.bootstrap import bootstrap_node
+from podnet.kubeconfig import ClientConfig
+from podnet.testing.api import bootstrap_token, cert_client_for, client_for, namespace, node, pod
 from podnet.testing.cli import run_podnet
 from podnet.testing.e2e import wait_for
 from podnet.testing.processes import MasterProcess
@@ -89,7 +95,7 @@ def test_node_remove_deletes_pods_node_subnet_and_token(
 
     done = remove(master, tmp_path, "n1")
     assert done.returncode == 0, done.stderr
-    assert "revoked the token of node n1" in done.stdout
+    assert "revoked the credentials of node n1" in done.stdout
     assert "pod/a deleted" in done.stdout and "pod/b deleted" in done.stdout
     assert "node/n1 deleted" in done.stdout
     assert f"{hs['subnet']} released" in done.stdout
@@ -107,7 +113,7 @@ def test_node_remove_deletes_pods_node_subnet_and_token(
         # the subnet is free again
         reused = admin.post(HS, json=hostsubnet("reuse", "192.0.2.9", hs["subnet"]))
         assert reused.status_code == 201, reused.text
-    wait_for(lambda: status_as(master, token, "n1") == 401, 10, "n1's token refused")
+    wait_for(lambda: status_as(master, token, "n1") == 401, 5, "n1's token refused")
     assert status_as(master, other_token, "n2") == 200
 
     again = remove(master, tmp_path, "n1")
@@ -118,7 +124,7 @@ def test_node_remove_deletes_pods_node_subnet_and_token(
 
 def test_node_remove_refuses_unknown_and_bad_names(master: MasterProcess, tmp_path: Path) -> None:
     _, hs = register(master, "n1", "192.0.2.1")
-    tokens = (master.state_dir / "tokens.csv").read_bytes()
+    token = ensure_node_token(master.state_dir / "tokens.csv", "n1")
     for name, reason in (
         ("ghost", 'node "ghost" not found'),
         ("n1,metadata.name=x", "bad node name"),
@@ -130,8 +136,8 @@ def test_node_remove_refuses_unknown_and_bad_names(master: MasterProcess, tmp_pa
         master.kubeconfig,
         *("adm", "node", "remove", "n1", "--master-state-dir", str(tmp_path / "elsewhere")),
     )
-    assert missing.returncode == 1 and "no tokens file" in missing.stderr
-    assert (master.state_dir / "tokens.csv").read_bytes() == tokens
+    assert missing.returncode == 1 and "run this on a master host" in missing.stderr
+    assert status_as(master, token, "n1") == 200  # its token still works
     with client_for(master.kubeconfig) as admin:
         assert admin.get(f"{NODES}/n1").status_code == 200
         assert admin.get(f"{HS}/n1").json()["subnet"] == hs["subnet"]
@@ -144,7 +150,7 @@ def test_removed_node_cannot_come_back_with_its_token(
     done = remove(master, tmp_path, "n1")
     assert done.returncode == 0, done.stderr
 
-    wait_for(lambda: status_as(master, token, "n1") == 401, 10, "n1's token refused")
+    wait_for(lambda: status_as(master, token, "n1") == 401, 5, "n1's token refused")
     with client_for(master.kubeconfig, token=token) as own:
         answer: httpx.Response = own.post(NODES, json=node("n1", "192.0.2.1"))
         assert answer.status_code == 401, answer.text
@@ -161,8 +167,41 @@ def test_node_remove_finishes_a_removal_cut_short(master: MasterProcess, tmp_pat
         assert admin.delete(f"{NODES}/n1").status_code == 200
     done = remove(master, tmp_path, "n1")
     assert done.returncode == 0, done.stderr
-    assert "revoked the token of node n1" in done.stdout
+    assert "revoked the credentials of node n1" in done.stdout
     assert "node/n1 deleted" not in done.stdout
-    wait_for(lambda: status_as(master, token, "n1") == 401, 10, "n1's token refused")
+    wait_for(lambda: status_as(master, token, "n1") == 401, 5, "n1's token refused")
     with client_for(master.kubeconfig) as admin:
         assert admin.get(f"{pods_path('default')}/a").status_code == 404
+
+
+def join(master: MasterProcess, tmp_path: Path, name: str) -> Path:
+    """A node kubeconfig with a client certificate, as `adm join node` gets it."""
+    config = ClientConfig(
+        master.server, Pki.at(master.state_dir / "pki").ca_pem(), bootstrap_token(master.state_dir)
+    )
+    out = tmp_path / f"{name}-{time.monotonic_ns()}.kubeconfig"
+    asyncio.run(bootstrap_node(config, name, tmp_path / f"{name}.key", out, timeout=30))
+    return out
+
+
+@pytest.mark.slow
+def test_a_removed_nodes_certificate_is_refused_and_a_new_join_works(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    first = join(master, tmp_path, "n3")
+    with cert_client_for(first) as own:
+        assert own.post(NODES, json=node("n3", "192.0.2.3")).status_code == 201
+    done = remove(master, tmp_path, "n3")
+    assert done.returncode == 0, done.stderr
+    assert "revoked the credentials of node n3" in done.stdout
+
+    def refused() -> bool:
+        with cert_client_for(first) as own:
+            return own.get(f"{NODES}/n3").status_code == 401
+
+    wait_for(refused, 5, "the removed node's certificate refused")
+    time.sleep(1.1)  # a certificate issued after the revocation's second
+    second = join(master, tmp_path, "n3")
+    with cert_client_for(second) as own:
+        assert own.post(NODES, json=node("n3", "192.0.2.3")).status_code == 201
+    assert refused()  # the old one stays revoked

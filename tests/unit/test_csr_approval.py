@@ -201,9 +201,9 @@ def test_a_revoked_client_certificate_is_refused(ca: CA) -> None:
     cert = sign_client_certificate(
         *ca, "system:node:a", ["system:nodes"], KEY.public_key(), dt.timedelta(days=1)
     )
-    assert user_of_certificate(_der(cert), lambda serial: False).name == "system:node:a"
+    assert user_of_certificate(_der(cert), lambda user, serial, when: False).name == "system:node:a"
     with pytest.raises(ApiError, match="revoked"):
-        user_of_certificate(_der(cert), lambda serial: serial == cert.serial_number)
+        user_of_certificate(_der(cert), lambda user, serial, when: serial == cert.serial_number)
 
 
 def test_requests_expire_an_hour_after_they_finish_and_a_day_while_pending() -> None:

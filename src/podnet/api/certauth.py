@@ -11,11 +11,13 @@ here is the verified leaf, and this module turns it into a ``User``:
 - no certificate may claim ``system:masters``: the admin authenticates by token only,
   and the CSR signer never signs that group (so a certificate with it is refused even
   when the CA signed it);
-- a certificate whose serial ``revoked`` names is refused (the default revokes nothing).
+- a certificate ``revoked`` names is refused (the default revokes nothing; the master's is
+  ``podnet.api.certrevocation``: every certificate of a user issued before a moment).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import Callable
 
@@ -26,20 +28,21 @@ from podnet.api.identity import MASTERS_GROUP, User
 from podnet.model.csr import CsrError, subject_of
 from podnet.model.errors import unauthorized
 
-# Whether the certificate with this serial number is revoked.
-Revoked = Callable[[int], bool]
+# Whether the certificate of this user, serial number and notBefore is revoked
+# (``podnet.api.certrevocation``).
+Revoked = Callable[[User, int, datetime.datetime], bool]
 # Groups a client certificate may never carry.
 REFUSED_GROUPS = frozenset({MASTERS_GROUP})
 
 
-def nothing_revoked(serial: int) -> bool:
+def nothing_revoked(user: User, serial: int, not_before: datetime.datetime) -> bool:
     """The default revocation list: empty."""
     return False
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse(der: bytes) -> tuple[User, int] | str:
-    """The user and serial of a certificate, or why it may not authenticate."""
+def _parse(der: bytes) -> tuple[User, int, datetime.datetime] | str:
+    """The user, serial and notBefore of a certificate, or why it may not authenticate."""
     try:
         cert = x509.load_der_x509_certificate(der)
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -58,7 +61,8 @@ def _parse(der: bytes) -> tuple[User, int] | str:
     refused = REFUSED_GROUPS.intersection(subject.organizations)
     if refused:
         return f"a client certificate may not claim the group {sorted(refused)[0]}"
-    return User(subject.common_name, subject.organizations), cert.serial_number
+    user = User(subject.common_name, subject.organizations)
+    return user, cert.serial_number, cert.not_valid_before_utc
 
 
 def user_of_certificate(der: bytes, revoked: Revoked = nothing_revoked) -> User:
@@ -66,7 +70,7 @@ def user_of_certificate(der: bytes, revoked: Revoked = nothing_revoked) -> User:
     parsed = _parse(der)
     if isinstance(parsed, str):
         raise unauthorized(f"Unauthorized: {parsed}")
-    user, serial = parsed
-    if revoked(serial):
+    user, serial, not_before = parsed
+    if revoked(user, serial, not_before):
         raise unauthorized("Unauthorized: the client certificate is revoked")
     return user

@@ -1,66 +1,47 @@
-"""Revoking a node's credentials (``podnet adm node remove``).
+"""Revoking a node's credentials (``podnet adm node remove``), on every master at once.
 
-Today a node's credential is its bearer token, a row of the master's ``tokens.csv``
-(``podnet.api.auth``): revoking removes every row of user ``system:node:<node>``, with
-the file rewritten atomically under the lock ``add_token`` takes, so a token issued at
-the same moment is not lost. The master re-reads the file within ``RECHECK_SECONDS``.
-
-This is the one place that knows where node credentials live: when tokens move into
-etcd, only ``revoke_node_credentials`` changes.
+A node holds a bearer token (a record of user ``system:node:<node>`` in the masters' etcd,
+``podnet.api.tokenrecords``) or a client certificate from a CSR. Revoking deletes every
+token record of the node's user (each under its revision, so a token issued at the same
+moment is not lost unseen) and revokes every certificate of the user issued until now
+(``podnet.api.certrevocation``). Each master stops both within 5 s.
 """
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
-from podnet.api.auth import _locked
+from podnet.api.certrevocation import revoke_certificates
 from podnet.api.identity import node_user
-from podnet.files import write_atomic
+from podnet.api.tokenissue import StoredToken, list_tokens
+from podnet.api.tokenrecords import token_key
+from podnet.api.tokenstore import StoreSettings, run
+from podnet.store.base import Delete, ModRevisionIs, Store
 
-__all__ = ["revoke_node_credentials", "token_rows_of", "without_user"]
-
-
-def _user_of(line: str) -> str | None:
-    """The user column of one token-file line (None for blank and comment lines)."""
-    if not line.strip() or line.lstrip().startswith("#"):
-        return None
-    row = next(csv.reader([line]), [])
-    return row[1].strip() if len(row) > 1 else None
+__all__ = ["node_tokens", "revoke_node_credentials"]
 
 
-def without_user(text: str, user: str) -> tuple[str, int]:
-    """``text`` (token-file CSV) without the rows of ``user``, and how many there were;
-    every other line is kept as it is."""
-    kept, dropped = [], 0
-    for line in text.splitlines(keepends=True):
-        if _user_of(line) == user:
-            dropped += 1
-        else:
-            kept.append(line)
-    return "".join(kept), dropped
+async def _tokens_of(store: Store, prefix: str, node: str) -> list[StoredToken]:
+    user = node_user(node)
+    return [t for t in await list_tokens(store, prefix) if t.record.user == user]
 
 
-def token_rows_of(tokens_path: Path, node: str) -> int:
-    """How many token rows node ``node`` has (0 when the file is missing)."""
-    try:
-        text = tokens_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return 0
-    return without_user(text, node_user(node))[1]
+def node_tokens(settings: StoreSettings, node: str) -> int:
+    """How many token records node ``node`` has."""
+    return len(run(settings, lambda store: _tokens_of(store, settings.prefix, node)))
 
 
-def revoke_node_credentials(tokens_path: Path, node: str) -> int:
-    """Remove node ``node``'s tokens from ``tokens_path``; how many rows were removed
-    (0: it had none, and the file is left untouched)."""
+def revoke_node_credentials(settings: StoreSettings, node: str) -> int:
+    """Delete node ``node``'s token records and revoke its certificates issued until
+    now; how many token records were deleted."""
     if not node:
         raise ValueError("node name must not be empty")
-    with _locked(tokens_path):
-        try:
-            text = tokens_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return 0
-        rest, dropped = without_user(text, node_user(node))
-        if dropped:
-            write_atomic(tokens_path, rest)
-        return dropped
+
+    async def revoke(store: Store) -> int:
+        deleted = 0
+        for stored in await _tokens_of(store, settings.prefix, node):
+            key = token_key(settings.prefix, stored.digest)
+            if await store.commit([ModRevisionIs(key, stored.revision)], [Delete(key)]):
+                deleted += 1
+        await revoke_certificates(store, settings.prefix, node_user(node))
+        return deleted
+
+    return run(settings, revoke)

@@ -5,7 +5,8 @@ agent: its credentials are revoked first (so it cannot re-register or write whil
 rest happens), then the Pods bound to it are deleted at once (grace 0, as ``kubectl
 drain`` deletes them, without waiting on an agent that may be dead), then the Node, then
 its HostSubnet, which releases the subnet for other nodes. It runs as the admin (the
-kubeconfig) on a master host, whose ``tokens.csv`` holds the node's token.
+kubeconfig) on a master host, whose state directory's ``etcd.json`` says where the
+credentials live (``podnet.api.noderevoke``).
 
 Everything is looked up before anything changes: a node of which nothing is left (no
 Node, Pods, HostSubnet or token) is an error that changes nothing, so a second run is
@@ -22,7 +23,8 @@ from typing import Any
 
 import click
 
-from podnet.api.noderevoke import revoke_node_credentials, token_rows_of
+from podnet.api.noderevoke import node_tokens, revoke_node_credentials
+from podnet.api.tokenstore import NoStoreSettings, StoreSettings
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR
 from podnet.cli.main import CliError, CliState, pass_state
@@ -69,7 +71,7 @@ def _bound_pods(client: ApiClient, name: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def find_leftovers(client: ApiClient, tokens_path: Path, name: str) -> Leftovers:
+def find_leftovers(client: ApiClient, settings: StoreSettings, name: str) -> Leftovers:
     """Read (never change) what the cluster holds of node ``name``."""
     hostsubnet = _get_or_none(client, HOST_SUBNET, name)
     if hostsubnet is not None and hostsubnet.get("host") != name:
@@ -78,7 +80,7 @@ def find_leftovers(client: ApiClient, tokens_path: Path, name: str) -> Leftovers
         _get_or_none(client, NODE, name),
         _bound_pods(client, name),
         hostsubnet,
-        token_rows_of(tokens_path, name),
+        node_tokens(settings, name),
     )
 
 
@@ -110,13 +112,15 @@ def _release_subnet(client: ApiClient, name: str, hostsubnet: Obj, wait: float) 
 
 
 def remove(
-    client: ApiClient, tokens_path: Path, name: str, found: Leftovers, release_wait: float = 10.0
+    client: ApiClient,
+    settings: StoreSettings,
+    name: str,
+    found: Leftovers,
+    release_wait: float = 10.0,
 ) -> list[str]:
     """Remove what ``found`` lists, credentials first; one line per thing done."""
-    done = []
-    revoked = revoke_node_credentials(tokens_path, name)
-    if revoked:
-        done.append(f"revoked the token of node {name} ({revoked} row(s) of {tokens_path})")
+    revoked = revoke_node_credentials(settings, name)
+    done = [f"revoked the credentials of node {name}: {revoked} token(s), its certificates"]
     for namespace, pod in found.pods:
         if _delete(client, POD, namespace, pod, 0):
             done.append(f"pod/{pod} deleted (namespace {namespace})")
@@ -127,14 +131,14 @@ def remove(
     return done
 
 
-def tokens_file(master_state_dir: Path | None, cluster_state_dir: Path) -> Path:
-    """The master's tokens.csv: ``--master-state-dir``, else the local cluster's, else the
-    master's default state directory."""
+def master_dir(master_state_dir: Path | None, cluster_state_dir: Path) -> Path:
+    """The master's state directory (its ``etcd.json`` says where the credentials are):
+    ``--master-state-dir``, else the local cluster's, else the master's default."""
     if master_state_dir is not None:
-        return master_state_dir / "tokens.csv"
+        return master_state_dir
     if (cluster_state_dir / "state.json").is_file():
-        return cluster_state_dir / "master" / "tokens.csv"
-    return MASTER_STATE_DIR / "tokens.csv"
+        return cluster_state_dir / "master"
+    return MASTER_STATE_DIR
 
 
 def _client(state: CliState, cluster_state_dir: Path) -> ApiClient:
@@ -157,7 +161,8 @@ def node_group() -> None:
     "--master-state-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="the master's --state-dir, where tokens.csv is (default: the local cluster's at "
+    help="the master's --state-dir, whose etcd.json names the credentials' store (default: "
+    "the local cluster's at "
     f"--state-dir if there is one, else {MASTER_STATE_DIR})",
 )
 @click.option(
@@ -176,23 +181,21 @@ def remove_node(
     release_wait: float,
     state_dir: Path,
 ) -> None:
-    """Remove node NAME: revoke its token, delete the Pods bound to it (at once), its Node
-    and its HostSubnet (the subnet is released)."""
+    """Remove node NAME: revoke its tokens and certificates, delete the Pods bound to it
+    (at once), its Node and its HostSubnet (the subnet is released)."""
     if problem := dns_subdomain_problem(name):
         raise CliError(f"bad node name {name!r}: {problem}")
-    tokens_path = tokens_file(master_state_dir, state_dir)
-    if not tokens_path.is_file():
-        raise CliError(
-            f"no tokens file at {tokens_path}: run this on a master host "
-            "(or give --master-state-dir); nothing changed"
-        )
+    try:
+        settings = StoreSettings.require(master_dir(master_state_dir, state_dir))
+    except NoStoreSettings as exc:
+        raise CliError(f"{exc}: run this on a master host (or give --master-state-dir)") from exc
     client = _client(state, state_dir)
-    found = find_leftovers(client, tokens_path, name)
+    found = find_leftovers(client, settings, name)
     if found.empty:
         raise CliError(
             f'node "{name}" not found: no Node, Pods, HostSubnet or token of it '
             "(already removed?); nothing changed"
         )
-    for line in remove(client, tokens_path, name, found, release_wait):
+    for line in remove(client, settings, name, found, release_wait):
         click.echo(line)
     click.echo(f"node {name} removed")

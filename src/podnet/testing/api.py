@@ -162,3 +162,19 @@ def bootstrap_token(state_dir: Path, node: str | None = None) -> str:
 
     settings = StoreSettings.require(state_dir)
     return run(settings, lambda store: create_bootstrap(store, settings.prefix, node=node))
+
+
+def cert_client_for(kubeconfig: Path) -> httpx.Client:
+    """A sync client authenticated by the client certificate of ``kubeconfig`` (what
+    ``podnet adm join node`` writes), no bearer token."""
+    import tempfile
+
+    doc = yaml.safe_load(kubeconfig.read_text())
+    cluster, user = doc["clusters"][0]["cluster"], doc["users"][0]["user"]
+    context = _ssl(base64.b64decode(cluster["certificate-authority-data"]))
+    with tempfile.TemporaryDirectory() as scratch:
+        cert, key = Path(scratch) / "client.crt", Path(scratch) / "client.key"
+        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+        key.write_bytes(base64.b64decode(user["client-key-data"]))
+        context.load_cert_chain(cert, key)
+    return httpx.Client(base_url=cluster["server"], verify=context, timeout=30.0)
