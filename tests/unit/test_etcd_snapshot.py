@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from podnet.api.auth import add_token, ensure_node_token, parse_token_file
-from podnet.api.noderevoke import revoke_node_credentials, token_rows_of, without_user
 from podnet.store import etcd_snapshot
 from podnet.store.etcd_pki import EtcdTls
 from podnet.store.etcd_snapshot import (
@@ -101,52 +98,6 @@ def test_why_prefers_etcdctls_error_line() -> None:
         "snapshot file integrity check failed"
     )
     assert why("") == "no reason given"
-
-
-def test_without_user_keeps_every_other_line() -> None:
-    text = '# header\nt1,system:node:n1,u1,"system:nodes"\n\nt2,admin,u2,"system:masters"\n'
-    rest, dropped = without_user(text, "system:node:n1")
-    assert dropped == 1
-    assert rest == '# header\n\nt2,admin,u2,"system:masters"\n'
-    assert without_user(text, "system:node:n10") == (text, 0)
-
-
-def test_revoke_removes_only_that_nodes_token(tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens.csv"
-    ensure_node_token(tokens, "n1")
-    ensure_node_token(tokens, "n10")
-    kept = add_token(tokens, "admin", ["system:masters"])
-    assert token_rows_of(tokens, "n1") == 1
-    assert revoke_node_credentials(tokens, "n1") == 1
-    users = {u.name: t for t, u in parse_token_file(tokens.read_text()).items()}
-    assert set(users) == {"system:node:n10", "admin"} and users["admin"] == kept
-    assert tokens.stat().st_mode & 0o777 == 0o600
-    before = tokens.stat().st_ino
-    assert revoke_node_credentials(tokens, "n1") == 0  # twice: nothing to do, file untouched
-    assert tokens.stat().st_ino == before
-    assert revoke_node_credentials(tmp_path / "missing.csv", "n1") == 0
-
-
-def test_revoke_and_add_token_do_not_lose_each_others_rows(tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens.csv"
-    for i in range(20):
-        ensure_node_token(tokens, f"old{i}")
-
-    def revoke_all() -> None:
-        for i in range(20):
-            revoke_node_credentials(tokens, f"old{i}")
-
-    def add_all() -> None:
-        for i in range(20):
-            ensure_node_token(tokens, f"new{i}")
-
-    threads = [threading.Thread(target=revoke_all), threading.Thread(target=add_all)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    users = {u.name for u in parse_token_file(tokens.read_text()).values()}
-    assert users == {f"system:node:new{i}" for i in range(20)}
 
 
 def test_integrity_hash_is_checked(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import click
 
 from podnet.cli.adm import adm
 from podnet.cli.cluster_cmd import STATE_DIR
+from podnet.cli.etcd_options import etcd_endpoints, etcd_tls
 from podnet.cli.main import CliError
 from podnet.store.etcd_pki import EtcdTls
 from podnet.store.etcd_snapshot import RestorePlan, SnapshotError, next_steps, restore, save
@@ -28,24 +29,7 @@ def _hostport(host: str, port: int) -> str:
 
 
 def _given_endpoints(values: tuple[str, ...]) -> list[str]:
-    from podnet.store.etcd_client import EndpointError, parse_endpoints
-
-    try:
-        return [_hostport(host, port) for host, port in parse_endpoints(values)]
-    except EndpointError as exc:
-        raise click.BadParameter(str(exc), param_hint="--etcd") from exc
-
-
-def _given_tls(ca: Path | None, cert: Path | None, key: Path | None) -> EtcdTls | None:
-    given = [p for p in (ca, cert, key) if p is not None]
-    if not given:
-        return None
-    if len(given) != 3:
-        raise click.BadParameter(
-            "give all of --etcd-cafile, --etcd-certfile and --etcd-keyfile, or none"
-        )
-    assert ca is not None and cert is not None and key is not None
-    return EtcdTls(ca, cert, key)
+    return [_hostport(host, port) for host, port in etcd_endpoints(values)]
 
 
 def etcd_target(
@@ -95,7 +79,7 @@ def backup(
 ) -> None:
     """Write an etcd snapshot of the whole cluster to OUTPUT: atomically, mode 0600, and
     checked with `etcdctl snapshot status` before it is reported."""
-    tls = _given_tls(etcd_cafile, etcd_certfile, etcd_keyfile)
+    tls = etcd_tls(etcd_cafile, etcd_certfile, etcd_keyfile)
     endpoints, tls, source = etcd_target(state_dir, etcd_endpoints, tls)
     try:
         found = save(endpoints, tls, output)

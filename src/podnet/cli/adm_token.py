@@ -54,7 +54,7 @@ def _store_options(command: Callable[..., None]) -> Callable[..., None]:
 def _settings(options: dict[str, Any]) -> Any:
     from podnet.api.registry import DEFAULT_PREFIX
     from podnet.api.tokenstore import NoStoreSettings, StoreSettings
-    from podnet.cli.master_cmd import _etcd_endpoints, _etcd_tls
+    from podnet.cli.etcd_options import etcd_endpoints_text, etcd_tls
 
     if not options["etcd"]:
         if any(options[k] for k in ("etcd_prefix", "etcd_cafile", "etcd_certfile", "etcd_keyfile")):
@@ -63,9 +63,9 @@ def _settings(options: dict[str, Any]) -> Any:
             return StoreSettings.require(options["state_dir"])
         except NoStoreSettings as exc:
             raise CliError(str(exc)) from exc
-    tls = _etcd_tls(options["etcd_cafile"], options["etcd_certfile"], options["etcd_keyfile"])
+    tls = etcd_tls(options["etcd_cafile"], options["etcd_certfile"], options["etcd_keyfile"])
     return StoreSettings(
-        _etcd_endpoints((options["etcd"],)), options["etcd_prefix"] or DEFAULT_PREFIX, tls
+        etcd_endpoints_text((options["etcd"],)), options["etcd_prefix"] or DEFAULT_PREFIX, tls
     )
 
 

@@ -16,6 +16,7 @@ import click
 from podnet.api.registry import DEFAULT_PREFIX
 from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 from podnet.cli.audit_options import audit_options
+from podnet.cli.etcd_options import etcd_endpoints_text, etcd_tls
 from podnet.cli.options import log_options, log_to_stderr
 from podnet.cli.serving_options import limit_options, listen_address
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from podnet.api.servicealloc import ServiceRanges
     from podnet.controllers.config import NetworkConfig
     from podnet.listener import ConnectionLimits
-    from podnet.store.etcd_pki import EtcdTls
 
 PLUGIN_ALIASES = {
     "subnet": "redhat/openshift-ovs-subnet",
@@ -222,8 +222,8 @@ def master(
     services = _service_ranges(network, service_node_port_range, external_ip_cidrs)
     options = MasterOptions(
         network=network,
-        etcd=_etcd_endpoints(etcd_endpoints),
-        etcd_tls=_etcd_tls(etcd_cafile, etcd_certfile, etcd_keyfile),
+        etcd=etcd_endpoints_text(etcd_endpoints),
+        etcd_tls=etcd_tls(etcd_cafile, etcd_certfile, etcd_keyfile),
         kubeconfig_server=kubeconfig_server,
         etcd_prefix=etcd_prefix,
         listen_host=host,
@@ -295,30 +295,6 @@ def _service_ranges(network: NetworkConfig, node_ports: str, external_cidrs: str
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--external-ip-cidrs") from exc
     return ServiceRanges(network.service_network, ports, cidrs)
-
-
-def _etcd_endpoints(values: tuple[str, ...]) -> str:
-    from podnet.store.etcd_client import EndpointError, parse_endpoints
-
-    try:
-        return ",".join(f"{host}:{port}" for host, port in parse_endpoints(values))
-    except EndpointError as exc:
-        raise click.BadParameter(str(exc), param_hint="--etcd") from exc
-
-
-def _etcd_tls(ca: Path | None, cert: Path | None, key: Path | None) -> EtcdTls | None:
-    """The client TLS settings: all three files, or none (plain etcd)."""
-    from podnet.store.etcd_pki import EtcdTls
-
-    given = [p for p in (ca, cert, key) if p is not None]
-    if not given:
-        return None
-    if len(given) != 3:
-        raise click.BadParameter(
-            "give all of --etcd-cafile, --etcd-certfile and --etcd-keyfile, or none"
-        )
-    assert ca is not None and cert is not None and key is not None
-    return EtcdTls(ca, cert, key)
 
 
 class Service(Protocol):
