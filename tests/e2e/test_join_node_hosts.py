@@ -13,7 +13,6 @@ is refused its certificate.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -24,7 +23,7 @@ import pytest
 
 from podnet.api.clusterinfo import ca_cert_hash
 from podnet.testing.hosts import Host, Hosts
-from podnet.testing.units import exec_start, load_unit, parse_env
+from podnet.testing.units import parse_env
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -39,13 +38,7 @@ READY = (  # reads a Node as JSON on stdin: exit 0 when it is Ready
 
 
 def wait(host: Host, check: str, seconds: float, what: str) -> None:
-    script = f"end=$((SECONDS + {int(seconds)})); until {check}; do "
-    script += '[ "$SECONDS" -lt "$end" ] || exit 1; sleep 0.2; done'
-    try:
-        host.sh(script, PATH, timeout=seconds + 30)
-    except (AssertionError, subprocess.TimeoutExpired) as exc:
-        logs = "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in host.root.glob("*.log"))
-        raise AssertionError(f"{host.name}: {what} not in {seconds:.0f} s\n{logs}") from exc
+    host.wait_until(check, seconds, what, PATH)
 
 
 @pytest.fixture
@@ -68,18 +61,7 @@ def join_command(token: str, ca_hash: str) -> str:
 
 
 def start_unit(host: Host, name: str) -> None:
-    """Start an installed unit as systemd would: its ExecStart, the host's env files."""
-    unit = load_unit(host.root / "upper/etc/systemd/system" / name)
-    env: dict[str, str] = {}
-    for path in unit.values("Service", "EnvironmentFile"):
-        env |= parse_env(host.sh(f"cat {path.lstrip('-')}").stdout)
-    argv = exec_start(unit, env, hostname=host.name)
-    argv[0] = argv[0].replace("/opt/podnet/bin/python", sys.executable)
-    argv[0] = argv[0].replace("/opt/podnet/bin/", f"{BIN}/")  # installed by the guide's step
-    users = unit.values("Service", "User")
-    if users:  # as systemd runs it: that user, its groups
-        argv = ["setpriv", f"--reuid={users[0]}", f"--regid={users[0]}", "--init-groups", *argv]
-    host.start(name, argv)
+    host.start_unit(name, BIN)  # the venv stands for the guide's /opt/podnet
 
 
 def test_a_host_joins_as_a_node_and_goes_ready(lab: tuple[Host, Host]) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from podnet import netns
+from podnet.testing.units import exec_start, load_unit, parse_env
 
 OVERLAID = ("/etc", "/var/lib", "/opt")
 RUN_DIR = Path("/run/podnet")
@@ -118,6 +119,34 @@ class Host:
     def stop_all(self) -> None:
         for label in list(self.daemons):
             self.stop(label)
+
+    def start_unit(self, name: str, bin_dir: str) -> None:
+        """Start a unit installed in this host's /etc/systemd/system as systemd would:
+        its ExecStart with this host's EnvironmentFiles and name for %H, as its User;
+        ``/opt/podnet/bin`` (the guide's install) is ``bin_dir`` here."""
+        unit = load_unit(self.root / "upper/etc/systemd/system" / name)
+        env: dict[str, str] = {}
+        for path in unit.values("Service", "EnvironmentFile"):
+            env |= parse_env(self.sh(f"cat {path.lstrip('-')}").stdout)
+        argv = exec_start(unit, env, hostname=self.name)
+        argv[0] = argv[0].replace("/opt/podnet/bin/", f"{bin_dir}/")
+        users = unit.values("Service", "User")
+        if users:  # that user and its groups
+            argv = ["setpriv", f"--reuid={users[0]}", f"--regid={users[0]}", "--init-groups", *argv]
+        self.start(name, argv)
+
+    def wait_until(self, check: str, seconds: float, what: str, env: dict[str, str]) -> None:
+        """Run the shell test ``check`` in this host until it passes, for ``seconds`` at
+        most; fail with what this host's daemons logged."""
+        script = f"end=$((SECONDS + {int(seconds)})); until {check}; do "
+        script += '[ "$SECONDS" -lt "$end" ] || exit 1; sleep 0.2; done'
+        try:
+            self.sh(script, env, timeout=seconds + 30)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            logs = "\n".join(
+                f"== {p.name}\n{p.read_text()[-3000:]}" for p in self.root.glob("*.log")
+            )
+            raise AssertionError(f"{self.name}: {what} not in {seconds:.0f} s\n{logs}") from exc
 
 
 def _setup_script(host: Host) -> str:
