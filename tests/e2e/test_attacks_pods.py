@@ -297,7 +297,8 @@ def secrets(cluster: Cluster) -> list[Path]:
     found.append(cluster.state_dir / "state.json")
     assert all(p.exists() for p in found), found
     assert any(p.name.endswith(".key") for p in found), "the master's private keys"
-    assert any("token" in p.name for p in found), "the master's token file"
+    # tokens live hashed in etcd; the admin's is in its kubeconfig
+    assert any(p.name == "admin.kubeconfig" for p in found), "the master's admin kubeconfig"
     return found
 
 

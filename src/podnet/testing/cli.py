@@ -47,7 +47,7 @@ def run_kubectl(
 # system:public-info-viewer grant it, in `kubectl auth can-i --list`'s rows.
 DISCOVERY_PATHS = (
     "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/readyz", "/leaderz",
-    "/openapi", "/openapi/*", "/version", "/version/",
+    "/openapi", "/openapi/*", "/version", "/version/", "/cluster-info",
 )  # fmt: skip
 DISCOVERY_ROWS = frozenset(
     f"[{p}] [] [{verb}]" for p in DISCOVERY_PATHS for verb in ("get", "head")
