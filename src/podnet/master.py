@@ -201,7 +201,7 @@ class Master:
         if opts.run_controllers:
             self._start_controllers(self.server)
         # The CA's key is here: approve and sign node client certificates (TLS bootstrap).
-        self.csr_signer = CsrSigner(self.registry, load_ca(pki))
+        self.csr_signer = CsrSigner(self.registry, load_ca(pki), cache=self.server.cache)
         self.csr_signer.start()
         self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
         if opts.heap is not None:

@@ -30,7 +30,7 @@ from podnet.store.base import Put, Store, StoreError, StoreUnavailable
 log = logging.getLogger(__name__)
 
 REVOKED_DIR = "identities/revoked/"
-POLL_SECONDS = 1.0
+POLL_SECONDS = 2.0  # with FRESH_SECONDS: a revocation holds on every master within 5 s
 FRESH_SECONDS = 4.0
 
 

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from podnet.api.objects import now_rfc3339
 from podnet.api.registry import Registry
+from podnet.api.watchcache import WatchCache
 from podnet.controllers.csrapproval import SignError, certificate_for, decide, expired
 from podnet.model import errors
 from podnet.model.csr import APPROVED, DENIED, FAILED, certificate_of, has_condition
@@ -59,8 +60,10 @@ class CsrSigner:
         registry: Registry,
         ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
         interval: float = INTERVAL,
+        cache: WatchCache | None = None,
     ) -> None:
         self.registry = registry
+        self.cache = cache  # the master's watch cache: a round then reads no etcd
         self.ca_cert, self.ca_key = ca
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
@@ -85,8 +88,13 @@ class CsrSigner:
             await asyncio.sleep(self.interval)
 
     async def sync(self) -> None:
-        """One round: remove the expired requests, handle those not yet finished."""
-        items, _ = await self.registry.list(CSR)
+        """One round: remove the expired requests, handle those not yet finished (read
+        from the watch cache when there is one: it may trail etcd by the watch's delay,
+        and a write on a stale object fails and is retried the next round)."""
+        if self.cache is not None:
+            items = [cached.obj for _, cached in self.cache.objects(CSR)[0]]
+        else:
+            items, _ = await self.registry.list(CSR)
         now = dt.datetime.now(dt.UTC)
         for obj in items:
             if expired(obj, now):
