@@ -44,11 +44,6 @@ ETCD_USER = "etcd"  # Debian's etcd-server makes it; podnet-etcd.service runs as
     type=click.Choice(["subnet", "multitenant", "networkpolicy"]),
 )
 @click.option("--name", default=None, help="the etcd member's name (default: the host name)")
-@click.option(
-    "--config-dir", type=click.Path(path_type=Path), default=deploy.CONFIG_DIR, hidden=True
-)
-@click.option("--units-dir", type=click.Path(path_type=Path), default=deploy.UNITS_DIR, hidden=True)
-@click.option("--state-dir", type=click.Path(path_type=Path), default=MASTER_STATE, hidden=True)
 @pass_state
 def init(
     state: CliState,
@@ -57,15 +52,13 @@ def init(
     service_network: str,
     network_plugin: str,
     name: str | None,
-    config_dir: Path,
-    units_dir: Path,
-    state_dir: Path,
 ) -> None:
     """Make this host the first master: etcd, the master, their PKI and units."""
     from podnet.api.clusterinfo import ca_cert_hash
     from podnet.api.pki import ensure_pki
     from podnet.store.etcd_pki import PkiError, ensure_etcd_pki
 
+    config_dir, units_dir, state_dir = deploy.CONFIG_DIR, deploy.UNITS_DIR, MASTER_STATE
     ip = _address(advertise_address)
     member = (name or socket.gethostname()).lower()
     _check_networks(cluster_network, service_network)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
@@ -43,7 +42,6 @@ def join() -> None:
     help="bootstrap token ID.SECRET (podnet adm token create); or $PODNET_JOIN_TOKEN",
 )
 @click.option("--ca-cert-hash", required=True, help="sha256:<hex> of the cluster CA's public key")
-@click.option("--node-name", default=None, help="this node's name (default: the host name)")
 @click.option(
     "--timeout",
     type=click.FloatRange(1, 3600),
@@ -51,37 +49,23 @@ def join() -> None:
     show_default=True,
     help="seconds to wait for the certificate",
 )
-@click.option(
-    "--config-dir",
-    type=click.Path(path_type=Path),
-    default=deploy.CONFIG_DIR,
-    show_default=True,
-    hidden=True,
-)
-@click.option(
-    "--units-dir",
-    type=click.Path(path_type=Path),
-    default=deploy.UNITS_DIR,
-    show_default=True,
-    hidden=True,
-)
 @pass_state
 def join_node(
     state: CliState,
     server: str,
     token: str,
     ca_cert_hash: str,
-    node_name: str | None,
     timeout: float,
-    config_dir: Path,
-    units_dir: Path,
 ) -> None:
     """Make this host a node of the cluster SERVER belongs to."""
     from podnet.client.bootstrap import BootstrapError, bootstrap_node
     from podnet.client.discovery import DiscoveryError, check_server, discover
     from podnet.kubeconfig import ClientConfig
 
-    name = node_name if node_name is not None else default_node_name()
+    # The name podnet-node.service's agent registers with (it takes no --node-name), so
+    # the certificate is for the node that will use it.
+    name = default_node_name()
+    config_dir, units_dir = deploy.CONFIG_DIR, deploy.UNITS_DIR
     why = dns_subdomain_problem(name)
     if why:
         raise CliError(f"node name {name!r} {why}")
