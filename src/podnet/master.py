@@ -34,6 +34,7 @@ from podnet.api.auth import (
 )
 from podnet.api.certrevocation import RevokedCertificates
 from podnet.api.clusterinfo import ClusterInfo
+from podnet.api.controlplanecerts import ControlPlaneCerts
 from podnet.api.identity import ROUTER_USER_PREFIX, controllers_user
 from podnet.api.kubernetesservice import MasterServiceReconciler
 from podnet.api.limits import RequestLimits
@@ -191,6 +192,7 @@ class Master:
             leading=lambda: self.leading,
             audit=self.audit,
             cluster_info=ClusterInfo(pki.ca_pem(), self.registry),
+            control_plane_certs=ControlPlaneCerts(self.store, opts.etcd_prefix),
             revoked=self.revocations.revoked,
         )
         await self.server.start(opts.listen_host, opts.listen_port, pki.server_ssl_context())

@@ -23,7 +23,7 @@ import pytest
 
 from podnet.api.clusterinfo import ca_cert_hash
 from podnet.testing.hosts import Host, Hosts
-from podnet.testing.units import parse_env
+from podnet.deploy import parse_env
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

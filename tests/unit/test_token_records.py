@@ -166,3 +166,30 @@ def test_a_bootstrap_token_reads_public_paths_not_metrics() -> None:
     for path in ("/api", "/apis", "/version"):
         assert may_access_path(user, "get", path)
     assert not may_access_path(user, "get", "/metrics")
+
+
+def test_a_spent_bootstrap_token_keeps_a_short_grace_and_asks_for_nothing() -> None:
+    import datetime as dt
+
+    from podnet.api.csrrestriction import admit_create
+    from podnet.api.tokenrecords import SPENT_GRACE, TokenRecord, decode, encode
+    from podnet.model import errors as model_errors
+
+    at = dt.datetime(2026, 12, 7, 12, 0, tzinfo=dt.UTC)
+    record = TokenRecord(
+        "system:bootstrap:abcdef",
+        ("system:bootstrappers",),
+        expires=at + dt.timedelta(hours=24),
+        node="n1",
+    )
+    spent = record.spend(at)
+    assert spent.spent == at and spent.expires == at + SPENT_GRACE
+    assert decode(encode(spent)) == spent  # stored and read back alike
+    soon = TokenRecord("system:bootstrap:abcdef", ("system:bootstrappers",), node="n1")
+    assert soon.spend(at).expires == at + SPENT_GRACE  # a token without expiry gets one
+    early = record.spend(at + dt.timedelta(hours=23, minutes=58))
+    assert early.expires == record.expires  # never later than it was
+    assert not record.identity().spent and spent.identity().spent
+    with pytest.raises(model_errors.ApiError) as refused:
+        admit_create(spent.identity(), {"spec": {"request": ""}})
+    assert refused.value.code == 403 and "used up" in str(refused.value)

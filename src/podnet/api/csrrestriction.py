@@ -73,6 +73,11 @@ def admit_create(user: User, new: dict[str, Any]) -> None:
     """Stamp the requester into the new CSR's spec, drop any status (a request is born
     undecided: approval is ``/approval``'s); a node may only ask in its own name."""
     new.pop("status", None)
+    if user.spent:
+        raise errors.forbidden(
+            f"this bootstrap token got node {user.bound_node}'s certificate already and is "
+            "used up: make a new one (podnet adm token create)"
+        )
     spec = new.get("spec")
     if not isinstance(spec, dict):
         return  # validation has refused it already

@@ -33,6 +33,8 @@ class User:
     groups: tuple[str, ...]  # admin: ("system:masters",); node: ("system:nodes",)
     # A bootstrap token's node: the only node it may ask a certificate for (None: any).
     bound_node: str | None = None
+    # A node-bound bootstrap token whose node has its certificate: it may ask for no more.
+    spent: bool = False
 
     @property
     def node_name(self) -> str | None:

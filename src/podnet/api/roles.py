@@ -283,6 +283,9 @@ PUBLIC_INFO_RULE = paths(
 DISCOVERY_RULE = paths("get head", "/api /api/* /apis /apis/* /openapi /openapi/*")
 MONITORING_RULE = paths("get head", "/metrics /healthz /livez /readyz /leaderz")
 ADMIN_PATH_RULE = paths("*", "*")
+# A bootstrap token may read the sealed keys a further master joins with
+# (podnet.api.controlplanecerts; the handler refuses a token bound to a node).
+CONTROL_PLANE_CERTS_RULE = paths("get", "/control-plane-certs")
 
 # admin, node, service proxy, router, controllers, metrics reader, bootstrapper
 RoleSet = tuple[bool, bool, bool, bool, bool, bool, bool]
@@ -327,7 +330,12 @@ def role_path_rules(roles: RoleSet) -> tuple[PathRule, ...]:
     public information; ``/metrics`` is the admin's and the metrics readers'."""
     if roles[0]:
         return (ADMIN_PATH_RULE,)
-    return (PUBLIC_INFO_RULE, DISCOVERY_RULE, *((MONITORING_RULE,) if roles[5] else ()))
+    return (
+        PUBLIC_INFO_RULE,
+        DISCOVERY_RULE,
+        *((MONITORING_RULE,) if roles[5] else ()),
+        *((CONTROL_PLANE_CERTS_RULE,) if roles[6] else ()),
+    )
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from podnet import __version__
-from podnet.api import access_review, clusterinfo, discovery, openapi
+from podnet.api import access_review, clusterinfo, controlplanecerts, discovery, openapi
 from podnet.api.audit import AuditLog
 from podnet.api.auth import User
 from podnet.api.authorizer import AUTHORIZATION_GROUP, allowed_by_rules, require_path
@@ -79,6 +79,7 @@ class ApiServer:
         audit: AuditLog | None = None,
         revoked: Revoked = nothing_revoked,
         cluster_info: clusterinfo.ClusterInfo | None = None,
+        control_plane_certs: controlplanecerts.ControlPlaneCerts | None = None,
     ) -> None:
         self.registry = registry
         self.tokens = tokens
@@ -95,6 +96,7 @@ class ApiServer:
         self._metric_children: dict[tuple[str, str, int], tuple[Counter, Histogram | None]] = {}
         self.address = ""
         self.cluster_info = cluster_info  # GET /cluster-info, for joining hosts
+        self.control_plane_certs = control_plane_certs  # GET /control-plane-certs
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -108,6 +110,8 @@ class ApiServer:
         app.router.add_get("/version", self._version)
         if self.cluster_info is not None:
             app.router.add_get(clusterinfo.PATH, self.cluster_info.handle)
+        if self.control_plane_certs is not None:
+            app.router.add_get(controlplanecerts.PATH, self.control_plane_certs.handle)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/openapi/v3", self._openapi_root)
         app.router.add_get("/openapi/v3/{path:.+}", self._openapi_group_version)

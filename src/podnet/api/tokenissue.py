@@ -30,6 +30,7 @@ from podnet.api.tokenrecords import (
     encode,
     new_bootstrap_token,
     new_token,
+    now,
     token_key,
     tokens_prefix,
     usable,
@@ -140,6 +141,19 @@ async def delete_token(store: Store, prefix: str, ident: str) -> StoredToken:
     if await store.commit([ModRevisionIs(key, stored.revision)], [Delete(key)]) is None:
         raise RecordError(f"token {ident!r} changed or was deleted meanwhile; nothing done")
     return stored
+
+
+async def spend_bootstrap(store: Store, prefix: str, ident: str) -> bool:
+    """Mark the node-bound bootstrap token ``ident`` spent (its node's certificate was
+    issued); False when there is no such token, it is bound to no node, or it was
+    spent already."""
+    found = [t for t in await list_tokens(store, prefix) if t.record.bootstrap_id == ident]
+    if len(found) != 1 or found[0].record.node is None or found[0].record.spent is not None:
+        return False
+    stored = found[0]
+    key = token_key(prefix, stored.digest)
+    value = encode(stored.record.spend(now()))
+    return await store.commit([ModRevisionIs(key, stored.revision)], [Put(key, value)]) is not None
 
 
 async def ensure_admin(store: Store, prefix: str, current: str | None, name: str) -> str:

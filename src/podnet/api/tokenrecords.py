@@ -24,7 +24,7 @@ import secrets
 import string
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from podnet.api.identity import BOOTSTRAP_USER_PREFIX, BOOTSTRAPPERS_GROUP, User
@@ -39,7 +39,12 @@ MAX_TTL = datetime.timedelta(days=365)
 _ALPHABET = string.ascii_lowercase + string.digits
 _TTL = re.compile(r"(\d+)(s|m|h|d)")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_FIELDS = {"user", "uid", "groups", "created", "expires", "usages", "node", "description"}
+_FIELDS = {
+    "user", "uid", "groups", "created", "expires", "usages", "node", "description", "spent",
+}  # fmt: skip
+# A node-bound bootstrap token, once its node's certificate is issued, lives this long
+# more (the joining host reads its certificate) and asks for nothing again.
+SPENT_GRACE = datetime.timedelta(minutes=5)
 
 
 class RecordError(ValueError):
@@ -102,12 +107,20 @@ class TokenRecord:
     usages: tuple[str, ...] = ()
     node: str | None = None  # the node a bootstrap token is bound to (None: any node)
     description: str = ""
+    # When the bound node's certificate was issued with this token: it asks for no more.
+    spent: datetime.datetime | None = None
 
     def expired(self, at: datetime.datetime | None = None) -> bool:
         return self.expires is not None and (at or now()) >= self.expires
 
     def identity(self) -> User:
-        return User(self.user, self.groups, bound_node=self.node)
+        return User(self.user, self.groups, bound_node=self.node, spent=self.spent is not None)
+
+    def spend(self, at: datetime.datetime) -> TokenRecord:
+        """This record once its node's certificate is issued: spent, expiring soon."""
+        until = at + SPENT_GRACE
+        expires = until if self.expires is None else min(self.expires, until)
+        return replace(self, spent=at, expires=expires)
 
     @property
     def bootstrap_id(self) -> str | None:
@@ -132,6 +145,8 @@ def encode(record: TokenRecord) -> bytes:
         value["usages"] = list(record.usages)
     if record.node is not None:
         value["node"] = record.node
+    if record.spent is not None:
+        value["spent"] = _time(record.spent)
     return json.dumps(value, sort_keys=True).encode()
 
 
@@ -162,7 +177,7 @@ def decode(raw: bytes) -> TokenRecord:
     node = value.get("node")
     if node is not None and (not isinstance(node, str) or dns_subdomain_problem(node)):
         raise RecordError(f"node must be a node name, got {node!r}")
-    expires = value.get("expires")
+    expires, spent = value.get("expires"), value.get("spent")
     return TokenRecord(
         user=user,
         groups=_strings(value.get("groups", []), "groups"),
@@ -172,6 +187,7 @@ def decode(raw: bytes) -> TokenRecord:
         usages=_strings(value.get("usages", []), "usages"),
         node=node,
         description=description,
+        spent=None if spent is None else _parse_time(spent, "spent"),
     )
 
 

@@ -21,6 +21,7 @@ from podnet.store.etcd_pki import EtcdTls
 from podnet.store.etcd_snapshot import RestorePlan, SnapshotError, next_steps, restore, save
 
 MASTER_DEFAULT_ETCD = "127.0.0.1:2379"
+HOST_MASTER_STATE = Path("/var/lib/podnet/master")  # podnet-master.service's --state-dir
 FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
@@ -36,7 +37,8 @@ def etcd_target(
     state_dir: Path, endpoints: tuple[str, ...], tls: EtcdTls | None
 ) -> tuple[list[str], EtcdTls | None, str]:
     """(endpoints, TLS, where they came from): the flags, else the local cluster at
-    ``state_dir``, else the master's default endpoint."""
+    ``state_dir``, else the etcd settings of this host's master (``adm init`` or ``join
+    master`` made it; its ``etcd.json``), else the master's default endpoint."""
     if endpoints:
         return _given_endpoints(endpoints), tls, "--etcd"
     if tls is None and (state_dir / "state.json").is_file():
@@ -47,6 +49,16 @@ def etcd_target(
         if state is not None and state.etcd_members:
             found = plane.etcd_endpoints(state).split(",")
             return found, plane.etcd_tls(), f"the local cluster at {state_dir}"
+    if tls is None:
+        from podnet.api.tokenstore import NoStoreSettings, StoreSettings
+
+        try:
+            saved = StoreSettings.load(HOST_MASTER_STATE)
+        except NoStoreSettings as exc:
+            raise CliError(str(exc)) from exc
+        if saved is not None:
+            where = f"this host's master ({HOST_MASTER_STATE / 'etcd.json'})"
+            return saved.endpoints.split(","), saved.tls, where
     return [MASTER_DEFAULT_ETCD], tls, "the master's default"
 
 

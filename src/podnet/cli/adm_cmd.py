@@ -15,8 +15,10 @@ import click
 
 from podnet.cli import (  # noqa: F401 - they add their commands to adm
     adm_backup,
+    adm_certs,
     adm_init,
     adm_join,
+    adm_join_master,
     adm_node,
     adm_token,
 )

@@ -59,7 +59,7 @@ def init(
     from podnet.store.etcd_pki import PkiError, ensure_etcd_pki
 
     config_dir, units_dir, state_dir = deploy.CONFIG_DIR, deploy.UNITS_DIR, MASTER_STATE
-    ip = _address(advertise_address)
+    ip = checked_address(advertise_address)
     member = (name or socket.gethostname()).lower()
     _check_networks(cluster_network, service_network)
     if (config_dir / "master.env").exists():
@@ -68,13 +68,18 @@ def init(
         etcd_pki = ensure_etcd_pki(config_dir / ETCD_PKI, {member: [ip]})
     except PkiError as exc:
         raise CliError(str(exc)) from exc
-    _give_member_files_to_etcd(etcd_pki.directory, member)
+    give_member_files_to_etcd(etcd_pki.directory, member)
     click.echo(f"etcd PKI in {etcd_pki.directory} (member {member} at {ip})")
     pki = ensure_pki(state_dir / "pki", [ip])
     click.echo(f"API CA and serving certificate in {state_dir / 'pki'}")
     deploy.write_env(
         config_dir / "etcd.env",
-        {"ETCD_NAME": member, "ETCD_IP": ip, "ETCD_CLUSTER": f"{member}=https://{ip}:2380"},
+        {
+            "ETCD_NAME": member,
+            "ETCD_IP": ip,
+            "ETCD_CLUSTER": f"{member}=https://{ip}:2380",
+            "ETCD_CLUSTER_STATE": "new",
+        },
     )
     deploy.write_env(
         config_dir / "master.env",
@@ -96,9 +101,14 @@ def init(
         "nodes join with: podnet adm join node "
         f"--server https://{ip}:6443 --token <bootstrap token> --ca-cert-hash {ca_hash}"
     )
+    click.echo(
+        "masters join with: podnet adm join master "
+        f"--server https://{ip}:6443 --token <bootstrap token> --ca-cert-hash {ca_hash} "
+        "--certificate-key <key of podnet adm certs upload> --advertise-address <their IP>"
+    )
 
 
-def _address(value: str) -> str:
+def checked_address(value: str) -> str:
     try:
         address = ipaddress.IPv4Address(value)
     except ValueError as exc:
@@ -118,7 +128,7 @@ def _check_networks(cluster_network: str, service_network: str) -> None:
         raise CliError(str(exc)) from exc
 
 
-def _give_member_files_to_etcd(directory: Path, member: str) -> None:
+def give_member_files_to_etcd(directory: Path, member: str) -> None:
     """The member's and peer's keys and certificates, the CAs and the directory go to the
     ``etcd`` user (etcd reads them); the master's client pair stays root's."""
     try:

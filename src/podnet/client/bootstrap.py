@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from podnet.api.identity import NODES_GROUP, node_user
 from podnet.api.pki import key_pem
 from podnet.client.aio import AsyncApiClient
+from podnet.client.errors import StatusError
 from podnet.files import write_atomic
 from podnet.kubeconfig import ClientConfig, kubeconfig_document
 from podnet.model.csr import (
@@ -82,7 +83,10 @@ async def request_certificate(
     client: AsyncApiClient, node: str, key: ec.EllipticCurvePrivateKey, timeout: float
 ) -> bytes:
     """Submit the CSR and wait for its certificate (PEM); ``BootstrapError`` if refused."""
-    created = await client.create(CSR, csr_object(node, key))
+    try:
+        created = await client.create(CSR, csr_object(node, key))
+    except StatusError as exc:
+        raise BootstrapError(f"the master refused the CertificateSigningRequest: {exc}") from exc
     name = created["metadata"]["name"]
     deadline = time.monotonic() + timeout
     while True:

@@ -70,3 +70,32 @@ async def discover(server: str, ca_hash: str) -> tuple[bytes, list[str]]:
     if again != ca:
         raise DiscoveryError(f"{server} changed its CA between two reads: refusing it")
     return ca, servers or [server]
+
+
+async def read_control_plane_certs(server: str, ca: bytes, token: str) -> bytes:
+    """The sealed control-plane record (``podnet.api.controlplanecerts``) that ``server``
+    keeps, read over TLS checked against ``ca`` with the bootstrap ``token``."""
+    from podnet.api.controlplanecerts import PATH as CERTS_PATH
+    from podnet.api.controlplanecerts import SealError, parse_document
+
+    server = check_server(server)
+    context = ssl.create_default_context(cadata=ca.decode("ascii", "replace"))
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        async with (
+            aiohttp.ClientSession(
+                server, connector=aiohttp.TCPConnector(ssl=context), timeout=timeout
+            ) as session,
+            session.get(CERTS_PATH, headers=headers) as answer,
+        ):
+            body = await answer.json(content_type=None)
+            if answer.status != 200:
+                why = body.get("message") if isinstance(body, dict) else None
+                raise DiscoveryError(f"{server}{CERTS_PATH} answered {answer.status}: {why}")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise DiscoveryError(f"cannot read {server}{CERTS_PATH}: {exc}") from exc
+    try:
+        return parse_document(body)
+    except SealError as exc:
+        raise DiscoveryError(f"{server}{CERTS_PATH}: {exc}") from exc

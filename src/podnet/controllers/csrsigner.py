@@ -21,8 +21,12 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from podnet.api.csrrestriction import BOUND_NODE_EXTRA
+from podnet.api.identity import BOOTSTRAP_USER_PREFIX
 from podnet.api.objects import now_rfc3339
 from podnet.api.registry import Registry
+from podnet.api.tokenissue import spend_bootstrap
+from podnet.api.tokenrecords import RecordError
 from podnet.api.watchcache import WatchCache
 from podnet.controllers.csrapproval import SignError, certificate_for, decide, expired
 from podnet.model import errors
@@ -131,3 +135,19 @@ class CsrSigner:
         status = {**(obj.get("status") or {}), "certificate": certificate}
         await self.registry.update(CSR, {**obj, "status": status}, None, name, "status")
         log.info("CSR %s signed", name)
+        await self._spend_token(obj)
+
+    async def _spend_token(self, obj: dict[str, Any]) -> None:
+        """A node-bound bootstrap token is used up once its node has a certificate."""
+        spec = obj.get("spec") or {}
+        user = str(spec.get("username") or "")
+        if BOUND_NODE_EXTRA not in (spec.get("extra") or {}):
+            return
+        if not user.startswith(BOOTSTRAP_USER_PREFIX):
+            return
+        ident = user.removeprefix(BOOTSTRAP_USER_PREFIX)
+        try:
+            if await spend_bootstrap(self.registry.store, self.registry.prefix, ident):
+                log.info("bootstrap token %s used up (bound to one node)", ident)
+        except (StoreUnavailable, RecordError) as exc:
+            log.warning("bootstrap token %s not marked used up: %s", ident, exc)

@@ -45,6 +45,16 @@ def write_env(path: Path, values: Mapping[str, str]) -> Path:
     return path
 
 
+def parse_env(text: str) -> dict[str, str]:
+    """An EnvironmentFile's variables (``KEY=VALUE`` lines; ``#`` lines are comments)."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
 def systemd_running() -> bool:
     return SYSTEMD_RUNNING.is_dir()
 

@@ -1,10 +1,10 @@
 """Hand-made hosts for the tests of the real-host guide: each host is a network namespace
 on a shared underlay bridge, with a mount namespace of its own and a host name of its own.
 
-A host sees the machine's file system, except that ``/etc``, ``/var/lib`` and ``/opt``
-are overlays whose upper layers are the host's (what a host writes to ``/etc/podnet``,
-``/var/lib/podnet``, ``/etc/cni`` or ``/opt/podnet`` only it sees, and the machine's
-directories never change), and ``/run/podnet`` is a directory of the host's. Mounts the
+A host sees the machine's file system, except that ``/etc``, ``/var/lib``, ``/opt`` and
+``/usr/local`` are overlays whose upper layers are the host's (what a host writes to
+``/etc/podnet``, ``/var/lib/podnet``, ``/etc/cni``, ``/opt/podnet`` or ``/usr/local/sbin``
+only it sees, and the machine's directories never change), and ``/run/podnet`` is a directory of the host's. Mounts the
 machine has below the overlaid directories are moved back on top. Its network namespace
 has one link, ``eth0``, on the underlay ``10.0.0.0/24`` (the guide's addresses), and a
 default route through ``10.0.0.1`` (the underlay namespace's bridge), so a daemon that
@@ -29,9 +29,10 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from podnet import netns
-from podnet.testing.units import exec_start, load_unit, parse_env
+from podnet.deploy import parse_env
+from podnet.testing.units import exec_start, load_unit
 
-OVERLAID = ("/etc", "/var/lib", "/opt")
+OVERLAID = ("/etc", "/var/lib", "/opt", "/usr/local")
 RUN_DIR = Path("/run/podnet")
 UNDERLAY = IPv4Interface("10.0.0.1/24")
 BRIDGE = "br0"

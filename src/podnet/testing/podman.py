@@ -65,23 +65,7 @@ class PodmanEnv:
 
     def build_image(self) -> None:
         """Import a busybox rootfs as ``IMAGE`` (no registry involved)."""
-        rootfs = self.root / "rootfs"
-        (rootfs / "bin").mkdir(parents=True, exist_ok=True)
-        (rootfs / "etc").mkdir(exist_ok=True)
-        (rootfs / "tmp").mkdir(exist_ok=True)
-        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
-        applets = subprocess.run(
-            [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
-        ).stdout.split()
-        for applet in applets:
-            link = rootfs / "bin" / applet
-            if not link.exists():
-                link.symlink_to("busybox")
-        (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-        (rootfs / "etc" / "group").write_text("root:x:0:\n")
-        tarball = self.root / "rootfs.tar"
-        with tarfile.open(tarball, "w") as tar:
-            tar.add(rootfs, arcname=".")
+        tarball = rootfs_tarball(self.root)
         self.podman(None, "import", "--change", 'CMD ["/bin/sh"]', str(tarball), IMAGE, timeout=120)
 
     def podman(
@@ -97,3 +81,25 @@ class PodmanEnv:
         if check and result.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)} failed: {result.stderr.strip()}")
         return result
+
+
+def rootfs_tarball(directory: Path) -> Path:
+    """A busybox root file system as a tarball in ``directory``, for ``podman import``."""
+    rootfs = directory / "rootfs"
+    (rootfs / "bin").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc").mkdir(exist_ok=True)
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    applets = subprocess.run(
+        [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for applet in applets:
+        link = rootfs / "bin" / applet
+        if not link.exists():
+            link.symlink_to("busybox")
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (rootfs / "etc" / "group").write_text("root:x:0:\n")
+    tarball = directory / "rootfs.tar"
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(rootfs, arcname=".")
+    return tarball

@@ -13,6 +13,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from podnet.deploy import parse_env
+
 VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
@@ -50,16 +52,6 @@ def load_unit(path: Path) -> Unit:
         key, _, value = line.partition("=")
         sections[current].append((key.strip(), value.strip()))
     return Unit(path, sections)
-
-
-def parse_env(text: str) -> dict[str, str]:
-    """An EnvironmentFile's variables (``KEY=VALUE`` lines; ``#`` lines are comments)."""
-    env: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.strip() and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
 
 
 def env_file(unit: Unit) -> dict[str, str]:
