@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from podnet.api.clusterinfo import ca_cert_hash
-from podnet.testing.hosts import Host, Hosts
 from podnet.deploy import parse_env
+from podnet.testing.hosts import Host, Hosts
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

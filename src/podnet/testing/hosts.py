@@ -3,12 +3,13 @@ on a shared underlay bridge, with a mount namespace of its own and a host name o
 
 A host sees the machine's file system, except that ``/etc``, ``/var/lib``, ``/opt`` and
 ``/usr/local`` are overlays whose upper layers are the host's (what a host writes to
-``/etc/podnet``, ``/var/lib/podnet``, ``/etc/cni``, ``/opt/podnet`` or ``/usr/local/sbin``
-only it sees, and the machine's directories never change), and ``/run/podnet`` is a directory of the host's. Mounts the
-machine has below the overlaid directories are moved back on top. Its network namespace
-has one link, ``eth0``, on the underlay ``10.0.0.0/24`` (the guide's addresses), and a
-default route through ``10.0.0.1`` (the underlay namespace's bridge), so a daemon that
-looks for its address on the default route's link finds it.
+``/etc/podnet``, ``/var/lib/podnet``, ``/etc/cni``, ``/opt/podnet`` or
+``/usr/local/sbin`` only it sees, and the machine's directories never change), and
+``/run/podnet`` is a directory of the host's. Mounts the machine has below the overlaid
+directories are moved back on top. Its network namespace has one link, ``eth0``, on the
+underlay ``10.0.0.0/24`` (the guide's addresses), and a default route through
+``10.0.0.1`` (the underlay namespace's bridge), so a daemon that looks for its address
+on the default route's link finds it.
 
 Commands run in a host through ``nsenter`` (network, mount and UTS namespaces), as the
 guide's commands are written; daemons are recorded by PID and stopped by PID. Everything
