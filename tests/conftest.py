@@ -83,6 +83,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_chaos.py",
     "tests/integration/test_api_fuzz_schemathesis.py",
     "tests/integration/test_cni_fuzz.py",
+    "tests/e2e/test_real_hosts_guide.py",
     "tests/e2e/test_policy_e2e.py",
     "tests/e2e/test_runtime.py",
     "tests/e2e/test_services_e2e.py",
