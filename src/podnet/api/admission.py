@@ -20,6 +20,7 @@ import ipaddress
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from podnet.api import egressnotice
 from podnet.api.addressholders import address_holders
 from podnet.api.authorizer import WRITE_VERBS, RequestAttributes
 from podnet.api.controllerrestriction import ControllerRestriction
@@ -57,8 +58,18 @@ class Admission:
         self.sweeper = EventSweeper(registry, self.quota)
         self.controllers = ControllerRestriction.over(registry, cache)
 
-    async def admit(self, user: User, attrs: RequestAttributes) -> None:
-        """Raise an ``ApiError`` when the write may not happen; may stamp the new object."""
+    async def admit(self, user: User, attrs: RequestAttributes) -> str | None:
+        """Raise an ``ApiError`` when the write may not happen; may stamp the new object.
+        Returns what the writer must be warned of (``podnet.api.egressnotice``), if any."""
+        new = attrs.new_object
+        warning = None
+        if attrs.verb in WRITE_VERBS and isinstance(new, dict) and not attrs.subresource:
+            warning = egressnotice.notice(attrs.kind, new)
+            egressnotice.stamp(attrs.kind, new)
+        await self._admit(user, attrs)
+        return warning
+
+    async def _admit(self, user: User, attrs: RequestAttributes) -> None:
         new = attrs.new_object
         if is_csr(attrs.kind) and attrs.verb == "create" and isinstance(new, dict):
             admit_create(user, new)  # the requester's identity, whatever the body said

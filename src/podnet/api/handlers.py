@@ -37,6 +37,9 @@ USER = web.RequestKey("user", User)
 VERB = web.RequestKey("verb", str)
 RESOURCE = web.RequestKey("resource", str)
 PARAMS = web.RequestKey("params", QueryParams)
+# (kind, object, message) of a write that is stored but not enforced: the server warns
+# the writer and records an Event once the write succeeded.
+NOTICE = web.RequestKey("notice", tuple)
 
 
 dumps = storedform.dumps
@@ -131,7 +134,9 @@ class ResourceHandlers:
             attrs = RequestAttributes(
                 verb, target.kind, target.namespace, target.name, target.subresource, new, old
             )
-            await self.admission.admit(request[USER], attrs)
+            warning = await self.admission.admit(request[USER], attrs)
+            if warning is not None and new is not None and target.kind is not None:
+                request[NOTICE] = (target.kind, new, warning)  # podnet.api.egressnotice
 
         return admit
 

@@ -15,12 +15,19 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from podnet import __version__
-from podnet.api import access_review, clusterinfo, controlplanecerts, discovery, openapi
+from podnet.api import (
+    access_review,
+    clusterinfo,
+    controlplanecerts,
+    discovery,
+    egressnotice,
+    openapi,
+)
 from podnet.api.audit import AuditLog
 from podnet.api.auth import User
 from podnet.api.authorizer import AUTHORIZATION_GROUP, allowed_by_rules, require_path
 from podnet.api.certauth import Revoked, nothing_revoked, user_of_certificate
-from podnet.api.handlers import RESOURCE, USER, VERB, ResourceHandlers, json_response
+from podnet.api.handlers import NOTICE, RESOURCE, USER, VERB, ResourceHandlers, json_response
 from podnet.api.limits import RequestLimits
 from podnet.api.metrics import ApiMetrics
 from podnet.api.registry import Registry
@@ -97,6 +104,7 @@ class ApiServer:
         self.address = ""
         self.cluster_info = cluster_info  # GET /cluster-info, for joining hosts
         self.control_plane_certs = control_plane_certs  # GET /control-plane-certs
+        self.notices = egressnotice.Notices(registry)  # stored but not enforced: said
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -172,6 +180,9 @@ class ApiServer:
             require_path(request[USER], request.method, request.path)  # /metrics: roles.py
             response = await handler(request)
             code = response.status
+            notice = request.get(NOTICE)
+            if notice is not None and code < 300 and not response.prepared:
+                self.notices.tell(response, *notice)
             return response
         except errors.ApiError as exc:
             code = exc.code

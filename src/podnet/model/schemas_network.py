@@ -8,7 +8,7 @@ top level; EgressNetworkPolicy has a spec.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
@@ -133,6 +133,7 @@ class EgressNetworkPolicySpec(Strict):
 
 class EgressNetworkPolicyBody(Strict):
     spec: EgressNetworkPolicySpec
+    status: dict[str, Any] | None = None  # set by the server (podnet.api.egressnotice)
 
 
 SCHEMAS: dict[str, Schema] = {
