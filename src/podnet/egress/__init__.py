@@ -1,0 +1,1 @@
+"""Egress: the project egress firewall (EgressNetworkPolicy), as pure desired state."""
