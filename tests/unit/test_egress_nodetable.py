@@ -1,0 +1,49 @@
+"""One node's egress firewall (``podnet.egress.nodetable``): per VNID, only for the pods on
+the node, with OpenShift SDN's limits said out loud and failing closed."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+
+from podnet.egress.nodetable import EVERYTHING, node_firewall
+
+A, B = IPv4Address("10.128.0.5"), IPv4Address("10.128.0.6")
+
+
+def policy(namespace: str, name: str = "default", cidr: str = "0.0.0.0/0") -> dict[str, object]:
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": cidr}}]},
+    }
+
+
+def test_a_policy_applies_to_its_projects_pods_on_this_node_only() -> None:
+    fw = node_firewall([policy("a", cidr="192.0.2.0/24")], {"a": 10, "b": 11}, [("a", A), ("b", B)])
+    assert fw.pods == {A: 10}  # b has no policy: nothing to do for it
+    assert fw.denied == {10: ((int(IPv4Address("192.0.2.0")), int(IPv4Address("192.0.2.255"))),)}
+    elsewhere = node_firewall([policy("a")], {"a": 10}, [])
+    assert elsewhere.denied == {} and elsewhere.pods == {}
+
+
+def test_joined_projects_share_one_firewall_and_two_policies_fail_closed() -> None:
+    vnids = {"a": 10, "b": 10}
+    shared = node_firewall([policy("a", cidr="192.0.2.0/24")], vnids, [("b", B)])
+    assert shared.pods == {B: 10} and 10 in shared.denied  # b is in a's network
+    both = node_firewall([policy("a"), policy("b")], vnids, [("a", A)])
+    assert both.denied == {10: EVERYTHING}
+    assert set(both.problems) == {("a", "default"), ("b", "default")}
+    assert "one EgressNetworkPolicy per network" in both.problems[("a", "default")]
+    twice = node_firewall([policy("a"), policy("a", "second")], {"a": 10}, [("a", A)])
+    assert twice.denied == {10: EVERYTHING} and len(twice.problems) == 2
+
+
+def test_a_global_project_is_not_firewalled_and_says_why() -> None:
+    fw = node_firewall([policy("default")], {"default": 0}, [("default", A)])
+    assert fw.denied == {} and fw.pods == {}
+    assert "global (VNID 0)" in fw.problems[("default", "default")]
+
+
+def test_a_policy_that_does_not_compile_fails_closed() -> None:
+    broken = {"metadata": {"namespace": "a", "name": "x"}, "spec": {"egress": [{"type": "?"}]}}
+    fw = node_firewall([broken], {"a": 10}, [("a", A)])
+    assert fw.denied == {10: EVERYTHING} and ("a", "x") in fw.problems
