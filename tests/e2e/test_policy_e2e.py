@@ -504,3 +504,74 @@ def test_trace_cli_probes_agree_with_the_data_plane(netpol: Cluster) -> None:
         assert "✗" in grid.stdout  # the policy does deny some pairs
     finally:
         remove_policies(netpol, [to_xa])
+
+
+# --- the egress firewall (EgressNetworkPolicy) --------------------------------------------
+
+FIREWALL = "network.openshift.io/v1"
+
+
+def reaches_outside(cluster: Cluster, key: str) -> bool:
+    """A TCP echo from pod ``key`` to the external host (outside the cluster)."""
+    from podnet.cluster import matrix
+
+    state = cluster.state()
+    assert state.external is not None
+    pod = state.pods[key]
+    source = matrix.Endpoint(pod.name, pod.node, pod.ip, pod.netns)
+    return matrix.tcp_probe(source, state.external.ip).ok
+
+
+def outside_matrix(cluster: Cluster, want: dict[str, bool]) -> None:
+    """Wait (bounded) until every pod of ``want`` reaches the outside as it says."""
+    deadline = time.monotonic() + SYNC_TIMEOUT
+    while True:
+        found = {key: reaches_outside(cluster, key) for key in want}
+        if found == want:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"outside reachability {found}, want {want}")
+        time.sleep(0.2)
+
+
+def firewall(rules: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "apiVersion": FIREWALL,
+        "kind": "EgressNetworkPolicy",
+        "metadata": {"name": "default", "namespace": "x"},
+        "spec": {"egress": [{"type": t, "to": {"cidrSelector": c}} for t, c in rules]},
+    }
+
+
+def test_the_egress_firewall_filters_only_the_projects_way_out(netpol: Cluster) -> None:
+    from podnet.model.kinds import EGRESS_NETWORK_POLICY
+
+    state = netpol.state()
+    assert state.external is not None
+    outside = f"{state.external.ip}/32"
+    x_pods, others = ["x/a", "x/b", "x/c"], ["y/a", "z/b"]
+    outside_matrix(netpol, dict.fromkeys(x_pods + others, True))
+    with netpol.api() as api:
+        made = api.create(EGRESS_NETWORK_POLICY, firewall([("Deny", outside)]))
+    (condition,) = made["status"]["conditions"]
+    assert (condition["type"], condition["status"]) == ("Enforced", "True"), condition
+    try:
+        outside_matrix(netpol, {**dict.fromkeys(x_pods, False), **dict.fromkeys(others, True)})
+        rules = netpol.converge()  # pod to pod is untouched by the firewall
+        traffic = netpol.probe(KEYS, [("TCP", 80)])
+        assert all(traffic.values()), [k for k, v in traffic.items() if not v]
+        assert not disagreements(traffic, netpol.traced(rules, KEYS, [("TCP", 80)]))
+        with netpol.api() as api:  # deny all but an allowed exception, first match wins
+            current = api.get(EGRESS_NETWORK_POLICY, "x", "default")
+            rules_ = [("Allow", outside), ("Deny", "0.0.0.0/0")]
+            api.replace(EGRESS_NETWORK_POLICY, {**current, "spec": firewall(rules_)["spec"]})
+        outside_matrix(netpol, dict.fromkeys(x_pods + others, True))
+        with netpol.api() as api:  # the exception goes: nothing stale lets it through
+            current = api.get(EGRESS_NETWORK_POLICY, "x", "default")
+            rules_ = [("Allow", "198.51.100.0/24"), ("Deny", "0.0.0.0/0")]
+            api.replace(EGRESS_NETWORK_POLICY, {**current, "spec": firewall(rules_)["spec"]})
+        outside_matrix(netpol, {**dict.fromkeys(x_pods, False), **dict.fromkeys(others, True)})
+    finally:
+        with netpol.api() as api:
+            api.delete(EGRESS_NETWORK_POLICY, "x", "default")
+    outside_matrix(netpol, dict.fromkeys(x_pods + others, True))

@@ -321,3 +321,29 @@ async def test_teardown_leaves_nothing(dp: Harness) -> None:
     assert await dp.remote_routes() == {}
     assert not await dp.policy_in_force()
     assert ok(await dp.plane.check_node(node))
+
+
+# --- the egress firewall -----------------------------------------------------------------
+
+
+async def test_sync_egress_firewall_applies_replaces_and_removes_idempotently(
+    dp: Harness,
+) -> None:
+    from podnet.egress.nodetable import NodeFirewall
+
+    await ready(dp)
+    node = dp.network()
+    a, b = (IPv4Address(str(node.gateway.ip + k)) for k in (10, 11))
+    denied = ((int(IPv4Address("192.0.2.0")), int(IPv4Address("192.0.2.255"))),)
+    first = NodeFirewall({10: denied}, {a: 10})
+    await dp.plane.sync_egress_firewall(node, first)
+    assert await dp.egress_firewalled() == {str(a)}
+    before = await dp.snapshot()
+    await dp.plane.sync_egress_firewall(node, first)  # the same again: nothing changes
+    assert await dp.snapshot() == before
+    second = NodeFirewall({10: denied, 11: ((0, 2**32 - 1),)}, {a: 10, b: 11})
+    await dp.plane.sync_egress_firewall(node, second)
+    assert await dp.egress_firewalled() == {str(a), str(b)}
+    await dp.plane.sync_egress_firewall(node, NodeFirewall())
+    assert await dp.egress_firewalled() == set()  # no firewalled pod: no table
+    assert ok(await dp.plane.check_node(node))

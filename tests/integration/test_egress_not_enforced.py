@@ -1,7 +1,9 @@
-"""Egress objects podnet stores but does not enforce yet are never a silent yes (issue 21):
-with the real kubectl, an EgressNetworkPolicy is answered with a warning, stored with
-``Enforced=False`` (whatever status the manifest claimed) and a Warning Event; egress IPs
-on a NetNamespace or a HostSubnet get the warning and the Event too."""
+"""Egress objects podnet does not enforce are never a silent yes (issue 21): with the real
+kubectl, an EgressNetworkPolicy with a dnsName rule (names match no address yet) is
+answered with a warning, stored with ``Enforced=False`` (whatever status the manifest
+claimed) and a Warning Event; one of CIDR rules only is ``Enforced=True`` with no
+warning; a second policy in a project is refused; egress IPs on a NetNamespace or a
+HostSubnet get the warning and the Event too."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ kind: EgressNetworkPolicy
 metadata: {name: default, namespace: egress-a}
 spec:
   egress:
+  - type: Allow
+    to: {dnsName: www.example.com}
   - type: Deny
     to: {cidrSelector: 0.0.0.0/0}
 status:
@@ -44,16 +48,31 @@ def test_an_egress_firewall_is_stored_as_not_enforced_and_said_so(
     manifest.write_text(POLICY)
     applied = run_kubectl(master.kubeconfig, "apply", "-f", str(manifest))
     assert applied.returncode == 0, applied.stderr
-    assert "Warning: podnet does not enforce EgressNetworkPolicy" in applied.stderr
+    assert "Warning: cidrSelector rules are enforced, but dnsName rules" in applied.stderr
     got = run_kubectl(
         master.kubeconfig, "get", "egressnetworkpolicy", "default", "-n", "egress-a", "-o", "json"
     )
     (condition,) = json.loads(got.stdout)["status"]["conditions"]
     assert (condition["type"], condition["status"]) == ("Enforced", "False")
-    assert condition["reason"] == "NotImplemented" and "NOT filtered" in condition["message"]
+    assert condition["reason"] == "DNSNamesNotSupported", condition
     found = wait_for(lambda: events(master, "egress-a") or None, 10, "the Warning Event")
     assert found[0]["involvedObject"]["kind"] == "EgressNetworkPolicy"
     assert found[0]["type"] == "Warning"
+    second = POLICY.split("---\n")[1].replace("name: default", "name: second")
+    manifest.write_text(second)
+    refused = run_kubectl(master.kubeconfig, "create", "-f", str(manifest))
+    assert refused.returncode != 0 and "one per project" in refused.stderr, refused.stderr
+    cidrs_only = POLICY.split("---\n")[1].replace(
+        "dnsName: www.example.com", "cidrSelector: 192.0.2.0/24"
+    )
+    manifest.write_text(cidrs_only)
+    replaced = run_kubectl(master.kubeconfig, "apply", "-f", str(manifest))
+    assert replaced.returncode == 0 and "Warning" not in replaced.stderr, replaced.stderr
+    got = run_kubectl(
+        master.kubeconfig, "get", "egressnetworkpolicy", "default", "-n", "egress-a", "-o", "json"
+    )
+    (condition,) = json.loads(got.stdout)["status"]["conditions"]
+    assert (condition["status"], condition["reason"]) == ("True", "Enforced")
 
 
 def test_egress_ips_are_stored_with_a_warning_and_an_event(master: MasterProcess) -> None:

@@ -89,3 +89,16 @@ def test_the_compiled_set_agrees_with_the_rules_on_random_policies() -> None:
         for value in probes:
             inside = any(first <= value <= last for first, last in holes)
             assert inside == (verdict(rules, IPv4Address(value))[0] == DENY), (rules, value)
+
+
+def test_the_api_says_whether_a_policy_is_enforced() -> None:
+    from podnet.api.egressnotice import FirewallFacts, firewall_verdict
+
+    cidr = {"spec": {"egress": [{"type": "Deny", "to": {"cidrSelector": "0.0.0.0/0"}}]}}
+    named = {"spec": {"egress": [{"type": "Allow", "to": {"dnsName": "example.com"}}]}}
+    assert firewall_verdict(cidr, FirewallFacts(True, 10)).enforced
+    subnet = firewall_verdict(cidr, FirewallFacts(False, None))
+    assert not subnet.enforced and subnet.reason == "SubnetPlugin"
+    assert firewall_verdict(cidr, FirewallFacts(True, 0)).reason == "GlobalProject"
+    by_name = firewall_verdict(named, FirewallFacts(True, 10))
+    assert not by_name.enforced and "dnsName" in by_name.message

@@ -47,3 +47,27 @@ def test_a_policy_that_does_not_compile_fails_closed() -> None:
     broken = {"metadata": {"namespace": "a", "name": "x"}, "spec": {"egress": [{"type": "?"}]}}
     fw = node_firewall([broken], {"a": 10}, [("a", A)])
     assert fw.denied == {10: EVERYTHING} and ("a", "x") in fw.problems
+
+
+def test_the_nftables_table_a_node_renders() -> None:
+    from ipaddress import IPv4Network
+
+    from podnet.dataplane.interface import NodeNetwork
+    from podnet.dataplane.linux.egressnft import render
+
+    node = NodeNetwork(
+        "node-a",
+        IPv4Address("192.0.2.10"),
+        IPv4Network("10.128.0.0/24"),
+        (IPv4Network("10.128.0.0/14"),),
+        IPv4Network("172.30.0.0/16"),
+        1450,
+    )
+    fw = node_firewall([policy("a", cidr="192.0.2.0/24")], {"a": 10}, [("a", A)])
+    text = render(node, fw)
+    assert text is not None
+    assert "elements = { 10.128.0.0/14, 172.30.0.0/16 }" in text  # never judged
+    assert "10.128.0.5 : jump fw_10" in text
+    assert "elements = { 192.0.2.0-192.0.2.255 }" in text
+    assert text.index("ip daddr @internal return") < text.index("ip saddr vmap @pods")
+    assert render(node, node_firewall([], {}, [("a", A)])) is None  # nothing firewalled

@@ -12,14 +12,14 @@ Start order (each step logs what it does):
 5. Install the CNI plugin and ``10-podnet.conflist`` (rewritten only when it changes).
 6. Serve CNI on the unix socket, renew the node's Lease (``heartbeat``, for ever from
    here on), then mark the Node ``Ready``.
-7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``); watch what isolation
-   and NetworkPolicy read (``policies.PolicySync``) and, for the service proxy, Services and
-   EndpointSlices (``services.ServiceSync``); serve the cluster DNS to this node's pods
-   (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``; on a thread of its own, with per-client
-   limits, its counters in ``/metrics``); resync periodically. All of them share one list +
-   watch per kind (``client.informers``). The remote-node and policy loops are
-   ``podnet.reconcile`` loops: their last passes are published as the Node's annotation
-   ``podnet.io/reconcile`` (``nodestatus``) and counted in ``/metrics`` (``--metrics-address``).
+7. Watch HostSubnets (remote nodes) and ClusterNetwork (``clusterwatch``), what isolation
+   and NetworkPolicy read (``policies.PolicySync``), Services and EndpointSlices for the
+   proxy (``services.ServiceSync``), EgressNetworkPolicies (``egress.EgressSync``); serve
+   the cluster DNS (``podnet.dns.sync.ClusterDns``, unless ``--no-dns``; a thread of its
+   own, per-client limits, counters in ``/metrics``); resync periodically. All share one
+   list + watch per kind (``client.informers``). The loops are ``podnet.reconcile``
+   loops: their last passes are the Node's annotation ``podnet.io/reconcile``
+   (``nodestatus``) and counted in ``/metrics`` (``--metrics-address``).
 
 Stopping (SIGTERM/SIGINT) stops serving and exits without tearing anything down: pods
 keep running, and a SIGKILL is just as safe since all state is in the kernel and IPAM.
@@ -37,12 +37,14 @@ from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 from typing import Any
 
+from podnet.agent import egress as egress_firewall
 from podnet.agent.clusterwatch import CLUSTER_NETWORK_NAME, ClusterWatch
 from podnet.agent.cniplugin import conflist, install_plugin_once
 from podnet.agent.cniserver import CniServer, claim_socket_path
 from podnet.agent.config import (
     AgentConfig,
     cluster_network_problem,
+    dns_settings,
     hostsubnet_problem,
     node_network,
 )
@@ -69,8 +71,7 @@ from podnet.dataplane.interface import (
     NodeSetupRefused,
 )
 from podnet.dns.metrics import DnsCollector
-from podnet.dns.server import Limits
-from podnet.dns.sync import ClusterDns, DnsSettings
+from podnet.dns.sync import ClusterDns
 from podnet.files import write_if_changed
 from podnet.ipam.hostlocal import HostLocalStore
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, NODE, Kind
@@ -325,16 +326,14 @@ class NodeAgent:
             self._spawn(name, body)
         loop = {"metrics": metrics, "report": report}
         services = ServiceSync(self.informers, self.dataplane, node, pacing(resync), **loop)
-        self.service_sync = services
-        for name, body in services.tasks():
+        self.service_sync = services  # the egress firewall (podnet.agent.egress) beside it
+        egress = egress_firewall.EgressSync(
+            self.informers, self.dataplane, node, egress_firewall.pacing(resync), **loop
+        )
+        for name, body in [*services.tasks(), *egress.tasks()]:
             self._spawn(name, body)
         if self.config.dns:
-            settings = DnsSettings(
-                device=self.config.dns_device,
-                upstream_resolv_conf=self.config.dns_upstream_resolv_conf,
-                pod_records=self.config.dns_pod_records,
-                limits=Limits(clients=self.config.dns_client_limits),
-            )
+            settings = dns_settings(self.config)
             # first listings indexed after the proxy's first apply: they share the GIL
             self.dns = ClusterDns(self.informers, node, settings, after=services.synced)
             metrics.registry.register(DnsCollector(self.dns))

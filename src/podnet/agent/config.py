@@ -16,12 +16,15 @@ import socket
 from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from podnet.cni.shim import DEFAULT_SOCKET
 from podnet.dataplane.interface import NodeNetwork, Tunnel
 from podnet.dns.ratelimit import BURST_SECONDS, ClientLimits
 from podnet.model.network import uses_vnids
+
+if TYPE_CHECKING:
+    from podnet.dns.sync import DnsSettings
 
 DEFAULT_CNI_BIN_DIR = Path("/opt/cni/bin")
 DEFAULT_CNI_CONF_DIR = Path("/etc/cni/net.d")
@@ -165,3 +168,16 @@ def detect_node_ip() -> IPv4Address:
     if not found:
         raise NodeIPNotFound("no global IPv4 address in this network namespace; use --node-ip")
     return found[0]
+
+
+def dns_settings(config: AgentConfig) -> DnsSettings:
+    """The cluster DNS's settings from the agent's."""
+    from podnet.dns.server import Limits
+    from podnet.dns.sync import DnsSettings
+
+    return DnsSettings(
+        device=config.dns_device,
+        upstream_resolv_conf=config.dns_upstream_resolv_conf,
+        pod_records=config.dns_pod_records,
+        limits=Limits(clients=config.dns_client_limits),
+    )

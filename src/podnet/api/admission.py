@@ -11,11 +11,14 @@ NodeRestriction checks) inside the registry's write, just before the transaction
 - the controllers' writes and deletes: ControllerRestriction
   (``podnet.api.controllerrestriction``);
 - events: size for everyone, then reporter and quota (``podnet.api.events``);
-- a CertificateSigningRequest's requester (``podnet.api.csrrestriction``).
+- a CertificateSigningRequest's requester (``podnet.api.csrrestriction``);
+- an EgressNetworkPolicy: one per project (422), its ``Enforced`` condition, and the
+  warning for what is not enforced (``podnet.api.egressnotice``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Mapping, MutableMapping
 from typing import Any
@@ -31,11 +34,29 @@ from podnet.api.podaddresses import pod_ips
 from podnet.api.registry import Obj, Registry
 from podnet.api.watchcache import WatchCache
 from podnet.model import errors
-from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST, EVENT, HOST_SUBNET, NODE, POD, Kind
+from podnet.model.kinds import (
+    CERTIFICATE_SIGNING_REQUEST,
+    CLUSTER_NETWORK,
+    EGRESS_NETWORK_POLICY,
+    EVENT,
+    HOST_SUBNET,
+    NET_NAMESPACE,
+    NODE,
+    POD,
+    Kind,
+)
+from podnet.model.network import SUBNET, plugin_name, uses_vnids
 
 
 def _same(kind: Kind | None, other: Kind) -> bool:
     return kind is not None and (kind.group, kind.plural) == (other.group, other.plural)
+
+
+def _short(plugin: str) -> str:
+    try:
+        return plugin_name(plugin) if plugin else SUBNET
+    except ValueError:
+        return SUBNET
 
 
 def _host_ip(pod: Mapping[str, Any] | None) -> Any:
@@ -64,10 +85,42 @@ class Admission:
         new = attrs.new_object
         warning = None
         if attrs.verb in WRITE_VERBS and isinstance(new, dict) and not attrs.subresource:
-            warning = egressnotice.notice(attrs.kind, new)
-            egressnotice.stamp(attrs.kind, new)
+            if _same(attrs.kind, EGRESS_NETWORK_POLICY):
+                verdict = egressnotice.firewall_verdict(new, await self._firewall_facts(new))
+                egressnotice.stamp(new, verdict)
+                warning = None if verdict.enforced else verdict.message
+            else:
+                warning = egressnotice.egress_ip_notice(attrs.kind, new)
         await self._admit(user, attrs)
         return warning
+
+    async def _firewall_facts(self, policy: Obj) -> egressnotice.FirewallFacts:
+        """The plugin and the project's VNID; 422 for a second policy in a project."""
+        meta = policy.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        held, _ = await self.registry.list(EGRESS_NETWORK_POLICY, namespace)
+        others = [p["metadata"]["name"] for p in held if p["metadata"]["name"] != name]
+        if others:
+            raise errors.invalid(
+                EGRESS_NETWORK_POLICY.kind,
+                name,
+                [
+                    errors.FieldError(
+                        "metadata.name",
+                        f"project {namespace} has EgressNetworkPolicy "
+                        f"{others[0]!r} already: OpenShift SDN enforces one per project",
+                    )
+                ],
+            )
+        plugin = ""
+        with contextlib.suppress(errors.ApiError):
+            network = await self.registry.get(CLUSTER_NETWORK, None, "default")
+            plugin = str(network.get("pluginName") or "")
+        netid = None
+        with contextlib.suppress(errors.ApiError):
+            found = await self.registry.get(NET_NAMESPACE, None, namespace)
+            netid = found.get("netid") if isinstance(found.get("netid"), int) else None
+        return egressnotice.FirewallFacts(uses_vnids(_short(plugin)), netid)
 
     async def _admit(self, user: User, attrs: RequestAttributes) -> None:
         new = attrs.new_object

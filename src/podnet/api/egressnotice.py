@@ -1,12 +1,17 @@
-"""Egress features podnet stores but does not enforce yet, said out loud (never a silent
-yes): EgressNetworkPolicy, ``NetNamespace.egressIPs`` and ``HostSubnet.egressIPs`` /
-``egressCIDRs``.
+"""What the API tells the writer of an egress object about what the data plane does with
+it (never a silent yes).
 
-OpenShift SDN manifests still apply (they are valid objects), but every write of one of
-them is answered with a ``Warning`` header (kubectl prints it), an EgressNetworkPolicy is
-stored with the status condition ``Enforced=False`` (reason ``NotImplemented``), and an
-Event of type Warning names the object. These are pure functions; the API server calls
-them in admission and records the Events after the write.
+- An EgressNetworkPolicy is stored with the status condition ``Enforced``: True when the
+  agents enforce it (CIDR rules, a project with a VNID, the networkpolicy or multitenant
+  plugin), else False with the reason (the subnet plugin, a global project, dnsName
+  rules, which match no address yet). A second policy in a project is refused (422), as
+  OpenShift SDN allows one per project.
+- ``egressIPs``/``egressCIDRs`` on a NetNamespace or a HostSubnet are stored but not
+  implemented yet.
+
+Anything not enforced is answered with a ``Warning`` header (kubectl prints it) and a
+Warning Event naming the object. The functions are pure; ``Notices`` is the server's thin
+side (the header, and the Event recorded after the write).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,39 +28,79 @@ from aiohttp import web
 
 from podnet.api.registry import Registry
 from podnet.model import errors
-from podnet.model.kinds import EGRESS_NETWORK_POLICY, EVENT, HOST_SUBNET, NET_NAMESPACE, Kind
+from podnet.model.kinds import EVENT, HOST_SUBNET, NET_NAMESPACE, Kind
 from podnet.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 ENFORCED = "Enforced"
-REASON = "NotImplemented"
 EVENT_REASON = "EgressNotEnforced"
 COMPONENT = "podnet-master"
-FIREWALL = (
-    "podnet does not enforce EgressNetworkPolicy yet: traffic from this project's pods "
-    "to destinations outside the cluster is NOT filtered"
-)
-EGRESS_FIELDS = {NET_NAMESPACE.kind: ("egressIPs",), HOST_SUBNET.kind: ("egressIPs", "egressCIDRs")}
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _same(kind: Kind | None, other: Kind) -> bool:
-    return kind is not None and kind.group == other.group and kind.kind == other.kind
+EGRESS_FIELDS = {NET_NAMESPACE.kind: ("egressIPs",), HOST_SUBNET.kind: ("egressIPs", "egressCIDRs")}
 
 
-def notice(kind: Kind | None, new: Mapping[str, Any] | None) -> str | None:
-    """What a write of ``new`` must be told it does not get, or None."""
-    if new is None or kind is None:
+@dataclass(frozen=True)
+class FirewallFacts:
+    """What the API knows when an EgressNetworkPolicy is written."""
+
+    uses_vnids: bool  # the cluster's plugin is networkpolicy or multitenant
+    netid: int | None  # the project's VNID (None: no NetNamespace yet)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The policy's ``Enforced`` condition."""
+
+    enforced: bool
+    reason: str
+    message: str
+
+
+def firewall_verdict(policy: Mapping[str, Any], facts: FirewallFacts) -> Verdict:
+    """Whether the data plane enforces ``policy``, and why not (as of this write: a
+    project made global later is not re-judged here, the agents' logs say so)."""
+    if not facts.uses_vnids:
+        return Verdict(
+            False,
+            "SubnetPlugin",
+            "the subnet plugin filters no egress: the firewall needs the networkpolicy or "
+            "multitenant plugin; traffic from this project is NOT filtered",
+        )
+    if facts.netid == 0:
+        return Verdict(
+            False,
+            "GlobalProject",
+            "the project is global (VNID 0), which OpenShift SDN never firewalls: traffic "
+            "from this project is NOT filtered",
+        )
+    spec = policy.get("spec") or {}
+    rules = spec.get("egress") or [] if isinstance(spec, Mapping) else []
+    if any(isinstance(r, Mapping) and "dnsName" in (r.get("to") or {}) for r in rules):
+        return Verdict(
+            False,
+            "DNSNamesNotSupported",
+            "cidrSelector rules are enforced, but dnsName rules match no address yet: a "
+            "Deny by name filters nothing and an Allow by name allows nothing",
+        )
+    return Verdict(
+        True,
+        "Enforced",
+        "enforced for the project's pods on every node: first match wins, no match allows",
+    )
+
+
+def egress_ip_notice(kind: Kind | None, new: Mapping[str, Any] | None) -> str | None:
+    """What a write of egress IPs must be told it does not get, or None."""
+    if new is None or kind is None or kind.group != NET_NAMESPACE.group:
         return None
-    if _same(kind, EGRESS_NETWORK_POLICY):
-        return FIREWALL
-    fields = EGRESS_FIELDS.get(kind.kind) if kind.group == NET_NAMESPACE.group else None
-    given = [f for f in fields or () if new.get(f)]
+    given = [f for f in EGRESS_FIELDS.get(kind.kind, ()) if new.get(f)]
     if not given:
         return None
     return (
@@ -63,17 +109,15 @@ def notice(kind: Kind | None, new: Mapping[str, Any] | None) -> str | None:
     )
 
 
-def stamp(kind: Kind | None, new: Obj) -> None:
-    """An EgressNetworkPolicy's status says it is not enforced (whatever the body said)."""
-    if not _same(kind, EGRESS_NETWORK_POLICY):
-        return
-    new["status"] = {
+def stamp(policy: Obj, verdict: Verdict) -> None:
+    """The policy's status says what the data plane does with it (whatever the body said)."""
+    policy["status"] = {
         "conditions": [
             {
                 "type": ENFORCED,
-                "status": "False",
-                "reason": REASON,
-                "message": FIREWALL,
+                "status": "True" if verdict.enforced else "False",
+                "reason": verdict.reason,
+                "message": verdict.message,
                 "lastTransitionTime": _now(),
             }
         ]

@@ -54,6 +54,7 @@ from podnet.dataplane.interface import (
 from podnet.model.network import MULTITENANT, NETWORKPOLICY, PLUGINS
 
 if TYPE_CHECKING:
+    from podnet.egress.nodetable import NodeFirewall
     from podnet.policy.model import RuleSet
     from podnet.services.model import ServiceTable
 
@@ -83,6 +84,7 @@ class FakeDataPlane:
         self.remote_changes: list[str] = []  # "add x", "update x", "remove x"
         self.policy_changes = 0  # sync_policy calls that brought a new rule set
         self.service_changes = 0  # sync_services calls that brought a new table
+        self.egress_firewall: NodeFirewall | None = None  # the last sync_egress_firewall
         self.underlay_mtu = underlay_mtu
         self.state_file = state_file
         self.fail_next: dict[str, Exception] = {}  # method name -> error to raise once
@@ -195,6 +197,13 @@ class FakeDataPlane:
             self._refuse(table.services())
             self.state.services = table
             self.service_changes += 1
+
+    async def sync_egress_firewall(self, node: NodeNetwork, firewall: NodeFirewall) -> None:
+        """Hold ``firewall`` (the pods it names and the intervals they may not reach)."""
+        self._record("sync_egress_firewall")
+        self._fail("sync_egress_firewall")
+        self._require_setup()
+        self.egress_firewall = firewall
 
     async def close(self) -> None:
         """Nothing to release; remembered for tests."""

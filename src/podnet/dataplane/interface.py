@@ -15,6 +15,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from podnet.egress.nodetable import NodeFirewall
     from podnet.policy.model import RuleSet
     from podnet.services.model import ServiceTable
 
@@ -182,6 +183,12 @@ class DataPlane(Protocol):
         node ports, external IPs to their endpoints): one atomic change of only what
         differs, none when nothing does, so established connections survive a resync or
         an agent restart. An empty table leaves no service rule at all."""
+
+    async def sync_egress_firewall(self, node: NodeNetwork, firewall: NodeFirewall) -> None:
+        """Make the egress firewall of this node equal ``firewall``: the local pods it names
+        reach no destination outside the cluster and service networks that their
+        network's intervals deny (after service DNAT), every packet judged; one atomic
+        change, none when nothing differs. An empty firewall leaves no rule at all."""
 
     async def close(self) -> None:
         """Release netlink sockets and helper threads."""

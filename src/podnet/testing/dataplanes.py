@@ -122,6 +122,10 @@ class Harness(ABC):
         """Whether any service is forwarded (or rejected for lack of endpoints)."""
 
     @abstractmethod
+    async def egress_firewalled(self) -> set[str]:
+        """The addresses of the pods whose way out the egress firewall judges."""
+
+    @abstractmethod
     async def snapshot(self) -> Any:
         """Everything the node holds, down to identities (equal: nothing changed)."""
 
@@ -177,6 +181,10 @@ class FakeHarness(Harness):
 
     async def services_in_force(self) -> bool:
         return bool(self.fake.state.services and self.fake.state.services.ports)
+
+    async def egress_firewalled(self) -> set[str]:
+        found = self.fake.egress_firewall
+        return {str(ip) for ip in found.pods} if found else set()
 
     async def snapshot(self) -> Any:
         state = self.fake.state
@@ -263,6 +271,15 @@ class LinuxHarness(Harness):
     async def services_in_force(self) -> bool:
         listed = netns.run(self.ns, ["nft", "list", "table", "ip", "podnet_services"], timeout=30)
         return listed.returncode == 0
+
+    async def egress_firewalled(self) -> set[str]:
+        argv = ["nft", "-j", "list", "map", "inet", "podnet_egress", "pods"]
+        listed = netns.run(self.ns, argv, timeout=30)
+        if listed.returncode != 0:
+            return set()
+        items = json.loads(listed.stdout)["nftables"]
+        elements = next(i["map"] for i in items if "map" in i).get("elem") or []
+        return {str(pair[0]) for pair in elements}
 
     async def snapshot(self) -> Any:
         return snapshot(self.ns)

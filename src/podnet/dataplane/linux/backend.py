@@ -36,6 +36,7 @@ from podnet.dataplane.interface import (
 from podnet.dataplane.linux import node as node_setup
 from podnet.dataplane.linux import pods
 from podnet.dataplane.linux.desired import PodPort, host_veth_name
+from podnet.dataplane.linux.egressnft import EgressFirewallNft
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.pods import PodSockets
 from podnet.dataplane.linux.policy import PolicyTableSync
@@ -48,6 +49,7 @@ from podnet.dataplane.linux.workers import (
     SharedExclusive,
     namespace_id,
 )
+from podnet.egress.nodetable import NodeFirewall
 from podnet.policy.model import RuleSet
 from podnet.services.model import ServiceTable
 
@@ -78,6 +80,7 @@ class LinuxDataPlane:
         self._renderer: PolicyRenderer | None = None  # used on the node thread only
         self._policy = PolicyTableSync()
         self.services = ServiceTableSync()
+        self.egress = EgressFirewallNft()  # the host's, as the service proxy
         self.timings: dict[str, float] = {}  # last duration of each operation, ms
         self._closed = False
 
@@ -168,6 +171,12 @@ class LinuxDataPlane:
         nothing differs); flush UDP conntrack entries of removed endpoints."""
         await self._call(
             "sync_services", lambda: self.services.sync(node, table), timeout=SETUP_TIMEOUT
+        )
+
+    async def sync_egress_firewall(self, node: NodeNetwork, firewall: NodeFirewall) -> None:
+        """``table inet podnet_egress`` (``podnet.dataplane.linux.egressnft``)."""
+        await self._call(
+            "sync_egress_firewall", lambda: self.egress.sync(node, firewall), timeout=SETUP_TIMEOUT
         )
 
     async def close(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from podnet.dataplane.interface import DataPlaneError, DataPlaneStatus
+from podnet.dataplane.linux.egressnft import EgressFirewallNft
 from podnet.dataplane.linux.netlink import Netlink
 from podnet.dataplane.linux.services import ServiceTableSync
 from podnet.dataplane.linux.workers import NamespaceWorker, namespace_id
@@ -40,6 +41,7 @@ from podnet.dataplane.ovs.ofctl import OfctlRunner
 from podnet.dataplane.ovs.pipeline import LocalPod
 from podnet.dataplane.ovs.underlaysetup import NodeKernel
 from podnet.dataplane.wiring import host_veth_name
+from podnet.egress.nodetable import NodeFirewall
 from podnet.policy.model import RuleSet
 from podnet.services.model import ServiceTable
 
@@ -66,6 +68,7 @@ class OvsDataPlane:
         self.state = FlowState()
         self.ports = NodePorts(self.daemons, self.runner, self._kernel)
         self.services = ServiceTableSync()
+        self.egress = EgressFirewallNft()  # the host's: a pod's way out is through tun0
         self._adopted = False  # whether state.adopted was read from the switch
         self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
@@ -193,6 +196,13 @@ class OvsDataPlane:
     async def sync_services(self, node: NodeNetwork, table: ServiceTable) -> None:
         """The host's nftables service proxy (the linux data plane's), for tun0."""
         await self._node("sync_services", lambda _: self.services.sync(node, table), SETUP_TIMEOUT)
+
+    async def sync_egress_firewall(self, node: NodeNetwork, firewall: NodeFirewall) -> None:
+        """The host's ``table inet podnet_egress``, as on linux: what leaves by tun0 and
+        is forwarded by the host (services DNATed there included) is judged there."""
+        await self._node(
+            "sync_egress_firewall", lambda _: self.egress.sync(node, firewall), SETUP_TIMEOUT
+        )
 
     async def close(self) -> None:
         """Stop supervising, close OVSDB and the threads; the daemons keep running."""
