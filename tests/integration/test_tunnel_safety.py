@@ -129,7 +129,9 @@ async def test_host_gw_pods_cannot_reach_the_tunnel_port(lab: Lab) -> None:
     planes = await up(lab, [1, 2], tunnel="host-gw")
     attacker_ns, pod = lab.pod(1, 10, "attacker")
     await planes[1].attach_pod(pod)
-    receiver = Receiver(lab.node_ns(2), PORT, stop="-", seconds=4)
+    # the control comes last: the receiver ends with it (a fixed window was too short
+    # for two sender processes to start on a loaded machine)
+    receiver = Receiver(lab.node_ns(2), PORT, stop=f"from:{EXTERNAL_IP}", seconds=30)
     inject(attacker_ns, forgery(lab, 2, lab.node_ip(2), pod.address.ip, EXTERNAL_IP, "pod"))
     time.sleep(LATE)
     inject(f"{lab.run}-ext", forgery(lab, 2, lab.node_ip(2), EXTERNAL_IP, EXTERNAL_IP, "control"))

@@ -242,11 +242,46 @@ async def test_gc_removes_every_unlisted_attachment(manager: PodManager) -> None
 
 
 async def test_gc_spares_a_container_being_added(manager: PodManager) -> None:
+    gate, wiring = asyncio.Event(), asyncio.Event()
+    attach = fake(manager).attach_pod
+
+    async def slow_attach(pod: Any) -> Any:
+        wiring.set()
+        await gate.wait()  # the ADD is in progress: the runtime cannot list it yet
+        return await attach(pod)
+
+    fake(manager).attach_pod = slow_attach  # type: ignore[method-assign]
+    adding = asyncio.create_task(manager.handle(cni("ADD", cid="in-flight")))
+    await asyncio.wait_for(wiring.wait(), 10)
     gc = cni("GC", version="1.1.0", **{"cni.dev/valid-attachments": []})
-    async with manager.locks.hold("in-flight"):
-        await asyncio.to_thread(manager.store.allocate, "in-flight", "eth0", manager._range_sets)
-        await manager.handle(gc)
+    await manager.handle(gc)
     assert ip_files(manager) == ["10.128.0.2"]
+    gate.set()
+    await asyncio.wait_for(adding, 10)
+    assert list(fake(manager).state.pods) == [("in-flight", "eth0")]
+
+
+async def test_gc_removes_an_answered_add_whose_bookkeeping_holds_its_lock(
+    manager: PodManager,
+) -> None:
+    """The lock an answered ADD's background work holds (its mirror Pod's record) makes GC
+    wait for it, not keep the sandbox (it was kept until the next GC before)."""
+    await manager.handle(cni("ADD", cid="answered"))
+    release = asyncio.Event()
+
+    async def bookkeeping() -> None:
+        async with manager.locks.hold("answered"):
+            await release.wait()
+
+    held = asyncio.create_task(bookkeeping())
+    await asyncio.sleep(0)
+    gc = asyncio.create_task(
+        manager.handle(cni("GC", version="1.1.0", **{"cni.dev/valid-attachments": []}))
+    )
+    await asyncio.sleep(0.05)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(held, gc), 10)
+    assert list(fake(manager).state.pods) == [] and ip_files(manager) == []
 
 
 async def test_reconcile_cleans_half_done_pods_and_keeps_healthy_ones(tmp_path: Path) -> None:

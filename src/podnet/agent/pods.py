@@ -96,6 +96,7 @@ class PodManager:
         self.shown: Callable[[], Collection[IPv4Address]] = frozenset
         self.on_gone: Callable[[], None] = lambda: None  # a sandbox's network went
         self.locks = ContainerLocks()
+        self._requests: dict[str, int] = {}  # container -> CNI requests in progress
         self.ready = False  # set once the data plane is in place and pods reconciled
         self._range_sets = [node_range_set(node)]
         self._attached: dict[Pair, PodAttachment] = {}
@@ -111,11 +112,16 @@ class PodManager:
         handler = handlers.get(req.command)
         if handler is None:
             raise CniError(ERR_INVALID_NETWORK_CONFIG, f"unsupported command {req.command}")
+        cid = req.container_id
+        self._requests[cid] = self._requests.get(cid, 0) + 1
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT), self.locks.hold(req.container_id):
+            async with asyncio.timeout(REQUEST_TIMEOUT), self.locks.hold(cid):
                 return await handler(req)
         except Exception as exc:
             raise as_cni_error(exc) from exc
+        finally:
+            if (left := self._requests.pop(cid) - 1) > 0:
+                self._requests[cid] = left
 
     async def add(self, req: CniRequest) -> CniResult:
         """Allocate, wire, answer; the Pod status is written in the background."""
@@ -212,7 +218,11 @@ class PodManager:
         def valid(cid: str, ifname: str) -> bool:
             in_list = (cid, ifname) in valid_pairs or (not ifname and cid in valid_ids)
             recent = self._added_at.get((cid, ifname), 0.0) >= started
-            return in_list or recent or self.locks.busy(cid)
+            # a CNI request in progress (an ADD the runtime cannot list yet), not the
+            # bookkeeping after an answered ADD (its mirror Pod's record): GC waits for
+            # that one's lock in _undo instead of keeping the sandbox
+            own = 1 if cid == req.container_id else 0  # the GC request itself
+            return in_list or recent or self._requests.get(cid, 0) > own
 
         attachments = await self.dataplane.attached_pods()
         await repair_damaged(self.store, attachments, self.report, "GC")

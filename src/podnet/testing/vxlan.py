@@ -97,7 +97,8 @@ def send(forgery: Forgery) -> None:
 
 
 def receive(port: int, seconds: float, stop: str) -> None:
-    """Print ``ready``, then ``<source> <payload>`` per datagram until ``stop`` or timeout."""
+    """Print ``ready``, then ``<source> <payload>`` per datagram until ``stop`` (a payload,
+    or ``from:<address>``: a datagram from that source) or timeout."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("0.0.0.0", port))
         print("ready", flush=True)
@@ -108,7 +109,7 @@ def receive(port: int, seconds: float, stop: str) -> None:
             data, peer = sock.recvfrom(2048)
             text = data.decode(errors="replace")
             print(f"{peer[0]} {text if text.isprintable() else data.hex()}", flush=True)
-            if text == stop:
+            if text == stop or stop == f"from:{peer[0]}":
                 break
 
 
