@@ -5,12 +5,14 @@ csrsigning controllers, for the client certificates of podnet's API).
 ``kubernetes.io/kube-apiserver-client-kubelet``, subject exactly CN=system:node:<name>,
 O=system:nodes, usages within digital signature, key encipherment and client auth (client
 auth included), asked by a bootstrapper whose token is bound to <name> or to no node, or
-by node <name> itself (renewal). It denies, with a reason, such a request whose
-requester may not have it; anything else stays pending for the admin
-(``kubectl certificate approve|deny``).
+by node <name> itself (renewal: kube's "selfnodeclient" rule, requester name = subject
+CN). It denies, with a reason, such a request whose requester may not have it (a token
+bound elsewhere; a node asking in another node's name); anything else stays pending for
+the admin (``kubectl certificate approve|deny``).
 
 ``expired`` says when a request is removed (kube's csrcleaner). ``certificate_for`` signs
-an Approved request with the cluster CA, after checking it
+an Approved request with the cluster CA for the signing duration (``podnet master
+--cluster-signing-duration``, or less when the request asks), after checking it
 again whoever approved it: never a certificate for ``system:masters``; a node signer's
 subject must be a node's; the public key EC (P-256/P-384) or RSA of 2048 bits or more.
 """
@@ -29,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from podnet.api.csrrestriction import BOUND_NODE_EXTRA
 from podnet.api.identity import BOOTSTRAPPERS_GROUP, MASTERS_GROUP, NODE_USER_PREFIX, NODES_GROUP
-from podnet.api.pki import client_validity, sign_client_certificate
+from podnet.api.pki import CLIENT_VALIDITY, client_validity, sign_client_certificate
 from podnet.model.csr import (
     CLIENT_SIGNER,
     DENIED,
@@ -110,6 +112,12 @@ def decide(obj: Mapping[str, Any]) -> Decision | None:
         return Decision(APPROVE, "AutoApproved", f"bootstrap of node {node}")
     if username == f"{NODE_USER_PREFIX}{node}" and NODES_GROUP in groups:
         return Decision(APPROVE, "AutoApproved", f"renewal by node {node}")
+    if NODES_GROUP in groups or str(username).startswith(NODE_USER_PREFIX):
+        return Decision(
+            DENY,
+            "NotOwnNode",
+            f"{username} may only renew its own certificate, not {subject.common_name}'s",
+        )
     return None  # someone else asks for a node's certificate: the admin decides
 
 
@@ -133,9 +141,13 @@ def _checked_key(
 
 
 def certificate_for(
-    obj: Mapping[str, Any], ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
+    obj: Mapping[str, Any],
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    duration: dt.timedelta = CLIENT_VALIDITY,
 ) -> str:
-    """``status.certificate`` (base64 PEM) for an Approved request; ``SignError`` if not."""
+    """``status.certificate`` (base64 PEM) for an Approved request, valid ``duration`` or
+    what ``spec.expirationSeconds`` asks when that is less; ``SignError`` if not."""
     spec = _spec(obj)
     signer = spec.get("signerName")
     if signer not in (KUBELET_CLIENT_SIGNER, CLIENT_SIGNER):
@@ -162,7 +174,7 @@ def certificate_for(
         subject.common_name,
         subject.organizations,
         _checked_key(csr),
-        client_validity(expiration if isinstance(expiration, int) else None),
+        client_validity(expiration if isinstance(expiration, int) else None, duration),
         key_encipherment="key encipherment" in usages,
     )
     return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode("ascii")
