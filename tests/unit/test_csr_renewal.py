@@ -2,7 +2,8 @@
 kube's "selfnodeclient" rule): approved when node X asks for CN=system:node:X,
 O=system:nodes with client usages only; denied, with the reason, when a node asks for
 another node's name, for server auth, or for another group. The signer issues for the
-signing duration (``--cluster-signing-duration``), less when the request asks."""
+signing duration (``--cluster-signing-duration``), less when the request asks, and a
+certificate past its end authenticates no request, even on a connection made before."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from podnet.api.certauth import user_of_certificate
 from podnet.api.csrrestriction import admit_create
 from podnet.api.identity import User
 from podnet.api.pki import ensure_pki, issued_at, load_ca
@@ -109,3 +112,16 @@ def test_the_signer_issues_for_the_signing_duration_or_less(tmp_path: Any) -> No
     renewal["spec"]["expirationSeconds"] = 3600
     assert life(renewal, minute) == minute  # never more than the duration
     assert life(renewal, dt.timedelta(days=365)) == dt.timedelta(hours=1)
+
+
+def test_an_expired_certificate_authenticates_no_request(tmp_path: Any) -> None:
+    ca = load_ca(ensure_pki(tmp_path / "pki", ["127.0.0.1"]))
+    renewal = by(NODE_A, request("system:node:a"))
+    pem = base64.b64decode(certificate_for(renewal, *ca, dt.timedelta(minutes=1)))
+    cert = x509.load_pem_x509_certificate(pem)
+    der = cert.public_bytes(serialization.Encoding.DER)
+    end = cert.not_valid_after_utc
+    assert user_of_certificate(der, now=end) == NODE_A
+    with pytest.raises(ApiError, match="expired") as refused:
+        user_of_certificate(der, now=end + dt.timedelta(seconds=1))
+    assert refused.value.code == 401
