@@ -146,6 +146,14 @@ async def test_a_node_rotates_its_certificate_and_keeps_working_without_a_restar
         # it asked as itself, and the approver passed it as a renewal
         with client_for(short_lived.kubeconfig) as admin:
             items = admin.get(CSRS).json()["items"]
+
+            def join_request_removed() -> bool:  # its certificate has expired
+                listed = admin.get(CSRS).json()["items"]
+                return not any(
+                    i["spec"]["username"].startswith("system:bootstrap:") for i in listed
+                )
+
+            await eventually(join_request_removed, 10, "the join's request removed", interval=0.5)
         mine = [i for i in items if i["spec"]["username"] == "system:node:n1"]
         issued = [i for i in mine if (i.get("status") or {}).get("certificate")]
         assert issued  # one, or two if the second certificate was due already

@@ -3,7 +3,8 @@ kube's "selfnodeclient" rule): approved when node X asks for CN=system:node:X,
 O=system:nodes with client usages only; denied, with the reason, when a node asks for
 another node's name, for server auth, or for another group. The signer issues for the
 signing duration (``--cluster-signing-duration``), less when the request asks, and a
-certificate past its end authenticates no request, even on a connection made before."""
+certificate past its end authenticates no request, even on a connection made before;
+its request is removed then (so rotating nodes stay within their request quota)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from podnet.api.certauth import user_of_certificate
 from podnet.api.csrrestriction import admit_create
 from podnet.api.identity import User
 from podnet.api.pki import ensure_pki, issued_at, load_ca
-from podnet.controllers.csrapproval import certificate_for, decide
+from podnet.controllers.csrapproval import certificate_for, decide, expired
 from podnet.model.csr import KUBELET_CLIENT_SIGNER, encode_request
 from podnet.model.errors import ApiError
 
@@ -125,3 +126,18 @@ def test_an_expired_certificate_authenticates_no_request(tmp_path: Any) -> None:
     with pytest.raises(ApiError, match="expired") as refused:
         user_of_certificate(der, now=end + dt.timedelta(seconds=1))
     assert refused.value.code == 401
+
+
+def test_an_issued_request_goes_once_its_certificate_has_expired(tmp_path: Any) -> None:
+    """A node rotating one-minute certificates asks every ~45 s: were its issued
+    requests kept an hour, it would hold 80 and pass its quota of 32 (429)."""
+    ca = load_ca(ensure_pki(tmp_path / "pki", ["127.0.0.1"]))
+    renewal = by(NODE_A, request("system:node:a"))
+    renewal["status"] = {"certificate": certificate_for(renewal, *ca, dt.timedelta(minutes=1))}
+    cert = x509.load_pem_x509_certificate(base64.b64decode(renewal["status"]["certificate"]))
+    renewal["metadata"]["creationTimestamp"] = issued_at(cert).isoformat()
+    assert not expired(renewal, cert.not_valid_after_utc)
+    assert expired(renewal, cert.not_valid_after_utc + dt.timedelta(seconds=1))
+    renewal["status"]["certificate"] = "bm90IGEgY2VydGlmaWNhdGU="  # unreadable: the hour
+    assert not expired(renewal, cert.not_valid_after_utc + dt.timedelta(minutes=59))
+    assert expired(renewal, issued_at(cert) + dt.timedelta(minutes=61))

@@ -10,7 +10,9 @@ CN). It denies, with a reason, such a request whose requester may not have it (a
 bound elsewhere; a node asking in another node's name); anything else stays pending for
 the admin (``kubectl certificate approve|deny``).
 
-``expired`` says when a request is removed (kube's csrcleaner). ``certificate_for`` signs
+``expired`` says when a request is removed (kube's csrcleaner, whose rule for an issued
+certificate that has expired keeps the requests of a node rotating short-lived
+certificates within its quota). ``certificate_for`` signs
 an Approved request with the cluster CA for the signing duration (``podnet master
 --cluster-signing-duration``, or less when the request asks), after checking it
 again whoever approved it: never a certificate for ``system:masters``; a node signer's
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,9 +183,24 @@ def certificate_for(
     return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode("ascii")
 
 
+@functools.lru_cache(maxsize=4096)
+def _not_after(certificate: str) -> dt.datetime | None:
+    """The notAfter of ``status.certificate`` (base64 PEM); None if unreadable."""
+    try:
+        return x509.load_pem_x509_certificate(base64.b64decode(certificate)).not_valid_after_utc
+    except ValueError:
+        return None
+
+
 def expired(obj: Mapping[str, Any], now: dt.datetime) -> bool:
     """Whether the request has been kept long enough: an hour once issued, denied or
-    failed, a day while pending (from its creation; an unreadable time: not expired)."""
+    failed, a day while pending (from its creation; an unreadable time: not expired);
+    an issued one also once its certificate has expired (kube's csrcleaner: a node
+    rotating one-minute certificates then holds two or three requests, not sixty)."""
+    issued = certificate_of(obj)
+    end = _not_after(issued) if issued else None
+    if end is not None and end < now:
+        return True
     meta = obj.get("metadata")
     created = meta.get("creationTimestamp") if isinstance(meta, Mapping) else None
     try:
@@ -191,5 +209,5 @@ def expired(obj: Mapping[str, Any], now: dt.datetime) -> bool:
         return False
     if born.tzinfo is None:
         return False
-    finished = certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED)
+    finished = issued or has_condition(obj, DENIED) or has_condition(obj, FAILED)
     return now - born > (FINISHED_TTL if finished else PENDING_TTL)
