@@ -100,7 +100,8 @@ async def test_a_node_rotates_its_certificate_and_keeps_working_without_a_restar
             await asyncio.sleep(0.2)
         return done
 
-    old = cert_client_for(old_kubeconfig)  # a connection of the first certificate
+    # a connection of the first certificate, kept open (the master's idle timeout: 120 s)
+    old = cert_client_for(old_kubeconfig, keepalive=110)
     try:
         await client.create(NODE, node("n1", "192.0.2.1"))
         assert old.get("/api/v1/nodes/n1").status_code == 200
