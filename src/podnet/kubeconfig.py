@@ -106,6 +106,18 @@ def _config_from_doc(doc: Mapping[str, Any], source: Path) -> ClientConfig:
     )
 
 
+def current_user(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The body of the current context's user (the mapping inside ``doc``, to change in
+    place); ``KubeconfigError`` when the context names none."""
+    context_name = doc.get("current-context")
+    if not context_name:
+        raise KubeconfigError("current-context is not set")
+    context = _named(doc, "contexts", "context", context_name)
+    if not context.get("user"):
+        raise KubeconfigError(f"context {context_name!r} names no user")
+    return _named(doc, "users", "user", context.get("user"))
+
+
 def _named(doc: Mapping[str, Any], section: str, field: str, name: Any) -> dict[str, Any]:
     """The body of the entry called ``name`` in a list like ``clusters``."""
     entries = doc.get(section) or []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 import socket
@@ -41,7 +42,7 @@ from podnet.api.limits import RequestLimits
 from podnet.api.masterleases import EtcdMasterLeases
 from podnet.api.masterservice import SERVICE_NAMES
 from podnet.api.metrics import ApiMetrics
-from podnet.api.pki import Pki, ensure_pki, load_ca
+from podnet.api.pki import CLIENT_VALIDITY, Pki, ensure_pki, load_ca
 from podnet.api.registry import DEFAULT_PREFIX, Registry
 from podnet.api.routehosts import DEFAULT_ROUTE_SUFFIX
 from podnet.api.server import ApiServer
@@ -98,6 +99,8 @@ class MasterOptions:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     audit: AuditOptions = field(default_factory=AuditOptions)  # podnet.api.audit
+    # the life of the client certificates the CSR signer issues (--cluster-signing-duration)
+    cluster_signing_duration: dt.timedelta = CLIENT_VALIDITY
 
     @property
     def tokens_path(self) -> Path:
@@ -203,7 +206,12 @@ class Master:
         if opts.run_controllers:
             self._start_controllers(self.server)
         # The CA's key is here: approve and sign node client certificates (TLS bootstrap).
-        self.csr_signer = CsrSigner(self.registry, load_ca(pki), cache=self.server.cache)
+        self.csr_signer = CsrSigner(
+            self.registry,
+            load_ca(pki),
+            cache=self.server.cache,
+            duration=opts.cluster_signing_duration,
+        )
         self.csr_signer.start()
         self._tasks.append(asyncio.create_task(self._compact_forever(), name="compactor"))
         if opts.heap is not None:

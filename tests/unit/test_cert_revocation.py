@@ -11,7 +11,6 @@ import pytest
 from podnet.api import certrevocation
 from podnet.api.certrevocation import RevokedCertificates, revoke_certificates, revoked_key
 from podnet.api.identity import User
-from podnet.api.pki import CLOCK_SKEW
 from podnet.store.base import Put, StoreUnavailable
 from podnet.store.memory import MemoryStore
 
@@ -20,8 +19,9 @@ NODE = User("system:node:n1", ("system:nodes",))
 
 
 def issued(at: dt.datetime) -> dt.datetime:
-    """The notBefore of a certificate the signer issues at ``at`` (backdated)."""
-    return at - CLOCK_SKEW
+    """The moment of issue of a certificate the signer issues at ``at`` (what
+    ``podnet.api.pki.issued_at`` reads from it: tests/unit/test_cert_lifetime.py)."""
+    return at
 
 
 async def test_certificates_before_the_moment_are_revoked_later_ones_not() -> None:

@@ -3,7 +3,8 @@
 A removed node (``podnet adm node remove``) must lose its client certificate on every
 master, though certificates are not listed anywhere: the revocation is a record per user,
 ``<prefix>identities/revoked/<sha256 hex of the user name>`` = ``{"user", "before"}``,
-and a certificate of that user whose notBefore is earlier than ``before`` is refused.
+and a certificate of that user issued earlier than ``before`` is refused (the moment of
+issue: ``podnet.api.pki.issued_at``, notBefore less the signer's backdate).
 A node that joins again later gets a new certificate, issued after the moment, which
 works.
 
@@ -23,7 +24,6 @@ import logging
 import time
 
 from podnet.api.identity import User
-from podnet.api.pki import CLOCK_SKEW
 from podnet.api.tokenrecords import now
 from podnet.store.base import Put, Store, StoreError, StoreUnavailable
 
@@ -104,11 +104,10 @@ class RevokedCertificates:
         self._revoked = table
         self._confirmed = time.monotonic()
 
-    def revoked(self, user: User, serial: int, not_before: datetime.datetime) -> bool:
-        """Whether the certificate of ``user`` issued at ``not_before`` is revoked;
+    def revoked(self, user: User, serial: int, issued: datetime.datetime) -> bool:
+        """Whether the certificate of ``user`` issued at ``issued`` is revoked;
         ``StoreUnavailable`` (503) while the table is not known to be current."""
         if time.monotonic() - self._confirmed > FRESH_SECONDS:
             raise StoreUnavailable("certificate revocations are not current; try again")
         before = self._revoked.get(user.name)
-        issued = not_before + CLOCK_SKEW  # the signer backdates notBefore by this much
         return before is not None and issued < before

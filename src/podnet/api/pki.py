@@ -302,17 +302,43 @@ def ensure_pki(directory: Path, hosts: Sequence[str]) -> Pki:
 
 # ------------------------------------------------------------- client certificates
 
-CLIENT_VALIDITY = dt.timedelta(days=365)
-MIN_CLIENT_VALIDITY = dt.timedelta(minutes=10)
+CLIENT_VALIDITY = dt.timedelta(days=365)  # the signer's default (--cluster-signing-duration)
+MIN_CLIENT_VALIDITY = dt.timedelta(minutes=10)  # what spec.expirationSeconds may ask at least
+# The shortest --cluster-signing-duration: a node rotates at 70-90 % of a certificate's
+# life, so a minute leaves it 6-18 s to get the next one.
+MIN_SIGNING_DURATION = dt.timedelta(minutes=1)
+SHORT_BACKDATE_DIVISOR = 5  # a short certificate is backdated a fifth of its life at most
 
 
-def client_validity(expiration_seconds: int | None) -> dt.timedelta:
-    """A client certificate's lifetime: a year, or less when the CSR asks for less
-    (``spec.expirationSeconds``), never under ten minutes."""
+def client_validity(
+    expiration_seconds: int | None, maximum: dt.timedelta = CLIENT_VALIDITY
+) -> dt.timedelta:
+    """A client certificate's lifetime: ``maximum`` (the signing duration), or less when
+    the CSR asks for less (``spec.expirationSeconds``, never under ten minutes unless
+    ``maximum`` itself is shorter)."""
     if expiration_seconds is None:
-        return CLIENT_VALIDITY
+        return maximum
     asked = dt.timedelta(seconds=expiration_seconds)
-    return max(MIN_CLIENT_VALIDITY, min(CLIENT_VALIDITY, asked))
+    return min(maximum, max(MIN_CLIENT_VALIDITY, asked))
+
+
+def client_backdate(validity: dt.timedelta) -> dt.timedelta:
+    """How far a client certificate's notBefore lies before its issuance: ``CLOCK_SKEW``,
+    but at most a fifth of ``validity`` in whole seconds (a one-minute certificate is not
+    made six minutes long, which would put its rotation point before its issuance)."""
+    seconds = int(validity.total_seconds()) // SHORT_BACKDATE_DIVISOR
+    return min(CLOCK_SKEW, dt.timedelta(seconds=seconds))
+
+
+def issued_at(cert: x509.Certificate) -> dt.datetime:
+    """When the signer issued ``cert``: notBefore plus ``client_backdate``, recovered from
+    the certificate's span (span = validity + backdate, the backdate a fifth of the
+    validity or ``CLOCK_SKEW``: so it is min(CLOCK_SKEW, span // 6), exact in whole
+    seconds). A certificate of an older signer (always ``CLOCK_SKEW``) comes out issued
+    no later than it was, which errs towards revoking it."""
+    span = int((cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds())
+    backdate = min(CLOCK_SKEW, dt.timedelta(seconds=span // (SHORT_BACKDATE_DIVISOR + 1)))
+    return cert.not_valid_before_utc + backdate
 
 
 def sign_client_certificate(
@@ -325,7 +351,8 @@ def sign_client_certificate(
     key_encipherment: bool = False,
 ) -> x509.Certificate:
     """A client certificate (clientAuth only, no SubjectAltNames) for ``public_key``,
-    naming CN ``common_name`` and O ``organizations`` and nothing else of the request."""
+    naming CN ``common_name`` and O ``organizations`` and nothing else of the request,
+    valid from ``client_backdate(validity)`` before now until ``validity`` after."""
     attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     subject = x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     usage = x509.KeyUsage(
@@ -334,14 +361,15 @@ def sign_client_certificate(
         encipher_only=False, decipher_only=False,
     )  # fmt: skip
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    now = _now()
+    now = _now().replace(microsecond=0)  # whole seconds: ``issued_at`` recovers ``now``
+    validity = dt.timedelta(seconds=int(validity.total_seconds()))
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(ca_cert.subject)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_before(now - client_backdate(validity))
         .not_valid_after(now + validity)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

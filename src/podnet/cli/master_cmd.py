@@ -19,8 +19,11 @@ from podnet.cli.audit_options import audit_options
 from podnet.cli.etcd_options import etcd_endpoints_text, etcd_tls
 from podnet.cli.options import log_options, log_to_stderr
 from podnet.cli.serving_options import limit_options, listen_address
+from podnet.cli.signing_options import CLUSTER_SIGNING_DURATION
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from podnet.api.audit import AuditOptions
     from podnet.api.limits import RequestLimits
     from podnet.api.servicealloc import ServiceRanges
@@ -187,6 +190,7 @@ def _network(
     type=click.FloatRange(0.0, min_open=True),
     help="seconds between full collections of the whole heap, frozen part included",
 )
+@CLUSTER_SIGNING_DURATION
 @limit_options
 @audit_options
 @log_options
@@ -211,6 +215,7 @@ def master(
     run_controllers: bool,
     gc_freeze_every: float,
     gc_thaw_every: float,
+    cluster_signing_duration: dt.timedelta,
     request_limits: RequestLimits,
     connection_limits: ConnectionLimits,
     audit: AuditOptions,
@@ -238,6 +243,7 @@ def master(
         advertise_port=advertise_port,
         route_suffix=_route_suffix(route_suffix),
         heap=_heap_schedule(gc_freeze_every, gc_thaw_every),
+        cluster_signing_duration=cluster_signing_duration,
         request_limits=request_limits,
         connection_limits=connection_limits,
         audit=audit,

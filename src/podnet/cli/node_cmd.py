@@ -232,6 +232,7 @@ def node(
 
 async def _run(config: AgentConfig, dataplane_kind: str) -> None:
     from podnet.agent.agent import NodeAgent
+    from podnet.agent.certrotation import start_rotation
     from podnet.client.aio import AsyncApiClient
     from podnet.kubeconfig import load_client_config
 
@@ -243,6 +244,8 @@ async def _run(config: AgentConfig, dataplane_kind: str) -> None:
     options = registry.DataPlaneOptions(state_dir=config.state_dir)
     dataplane = await registry.create(dataplane_kind, options)
     agent = NodeAgent(config, dataplane, client, node_ip)
+    # a client certificate is renewed before it expires, and used without a restart
+    rotation = start_rotation(client, agent.metrics.registry.register)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -252,3 +255,7 @@ async def _run(config: AgentConfig, dataplane_kind: str) -> None:
     except Exception as exc:
         logging.getLogger("podnet.agent").error("node agent failed: %s", exc)
         raise click.ClickException(str(exc)) from exc
+    finally:
+        if rotation is not None:
+            rotation.cancel()
+            await asyncio.gather(rotation, return_exceptions=True)

@@ -6,10 +6,18 @@ Besides the ``ObjectApi`` calls it has what the agent needs: ``get_or_none``, me
 ``podnet.client.errors`` tree: ``Unreachable`` (transient) when no answer came,
 ``TLSFailure`` when the handshake failed, a ``StatusError`` for an error answer.
 Long-lived streams go through ``podnet.client.reflector.reflect(client, kind)``.
+
+``reload`` swaps the credentials without a restart (a rotated client certificate,
+``podnet.agent.certrotation``): new requests go over new connections that present the
+new certificate; the old connections are closed once their requests had the time to
+finish, which also ends the watches on them (their reflectors watch again, as after any
+broken watch, on the new connections), as kubelet closes its connections on rotation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 
@@ -47,6 +55,7 @@ class AsyncApiClient:
         self.timeout = timeout
         self.agent = agent
         self._session: aiohttp.ClientSession | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # old sessions closing (reload)
 
     def session(self) -> aiohttp.ClientSession:
         """The shared session (made on first use, inside the running loop)."""
@@ -62,10 +71,33 @@ class AsyncApiClient:
         return self._session
 
     async def close(self) -> None:
-        """Close the connections."""
+        """Close the connections (those ``reload`` retired too)."""
+        for task in list(self._retiring):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def reload(self, config: ClientConfig) -> None:
+        """Use ``config`` (same server, new credentials) for every request from now on.
+        Its TLS material is checked first (``ClientConfigError``, and nothing changes);
+        the old session is closed after ``timeout`` seconds."""
+        if config.server.startswith("https:"):
+            ssl_context(config)
+        self.config = config
+        old, self._session = self._session, None
+        if old is not None and not old.closed:
+            task = asyncio.create_task(self._retire(old), name="retire-api-session")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, old: aiohttp.ClientSession) -> None:
+        try:
+            await asyncio.sleep(self.timeout)
+        finally:
+            await old.close()
 
     async def request(self, call: Call) -> Obj:
         """One API call; returns the decoded JSON answer or raises a ``ClientError``."""

@@ -5,12 +5,16 @@ csrsigning controllers, for the client certificates of podnet's API).
 ``kubernetes.io/kube-apiserver-client-kubelet``, subject exactly CN=system:node:<name>,
 O=system:nodes, usages within digital signature, key encipherment and client auth (client
 auth included), asked by a bootstrapper whose token is bound to <name> or to no node, or
-by node <name> itself (renewal). It denies, with a reason, such a request whose
-requester may not have it; anything else stays pending for the admin
-(``kubectl certificate approve|deny``).
+by node <name> itself (renewal: kube's "selfnodeclient" rule, requester name = subject
+CN). It denies, with a reason, such a request whose requester may not have it (a token
+bound elsewhere; a node asking in another node's name); anything else stays pending for
+the admin (``kubectl certificate approve|deny``).
 
-``expired`` says when a request is removed (kube's csrcleaner). ``certificate_for`` signs
-an Approved request with the cluster CA, after checking it
+``expired`` says when a request is removed (kube's csrcleaner, whose rule for an issued
+certificate that has expired keeps the requests of a node rotating short-lived
+certificates within its quota). ``certificate_for`` signs
+an Approved request with the cluster CA for the signing duration (``podnet master
+--cluster-signing-duration``, or less when the request asks), after checking it
 again whoever approved it: never a certificate for ``system:masters``; a node signer's
 subject must be a node's; the public key EC (P-256/P-384) or RSA of 2048 bits or more.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from podnet.api.csrrestriction import BOUND_NODE_EXTRA
 from podnet.api.identity import BOOTSTRAPPERS_GROUP, MASTERS_GROUP, NODE_USER_PREFIX, NODES_GROUP
-from podnet.api.pki import client_validity, sign_client_certificate
+from podnet.api.pki import CLIENT_VALIDITY, client_validity, sign_client_certificate
 from podnet.model.csr import (
     CLIENT_SIGNER,
     DENIED,
@@ -110,6 +115,12 @@ def decide(obj: Mapping[str, Any]) -> Decision | None:
         return Decision(APPROVE, "AutoApproved", f"bootstrap of node {node}")
     if username == f"{NODE_USER_PREFIX}{node}" and NODES_GROUP in groups:
         return Decision(APPROVE, "AutoApproved", f"renewal by node {node}")
+    if NODES_GROUP in groups or str(username).startswith(NODE_USER_PREFIX):
+        return Decision(
+            DENY,
+            "NotOwnNode",
+            f"{username} may only renew its own certificate, not {subject.common_name}'s",
+        )
     return None  # someone else asks for a node's certificate: the admin decides
 
 
@@ -133,9 +144,13 @@ def _checked_key(
 
 
 def certificate_for(
-    obj: Mapping[str, Any], ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
+    obj: Mapping[str, Any],
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    duration: dt.timedelta = CLIENT_VALIDITY,
 ) -> str:
-    """``status.certificate`` (base64 PEM) for an Approved request; ``SignError`` if not."""
+    """``status.certificate`` (base64 PEM) for an Approved request, valid ``duration`` or
+    what ``spec.expirationSeconds`` asks when that is less; ``SignError`` if not."""
     spec = _spec(obj)
     signer = spec.get("signerName")
     if signer not in (KUBELET_CLIENT_SIGNER, CLIENT_SIGNER):
@@ -162,15 +177,30 @@ def certificate_for(
         subject.common_name,
         subject.organizations,
         _checked_key(csr),
-        client_validity(expiration if isinstance(expiration, int) else None),
+        client_validity(expiration if isinstance(expiration, int) else None, duration),
         key_encipherment="key encipherment" in usages,
     )
     return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode("ascii")
 
 
+@functools.lru_cache(maxsize=4096)
+def _not_after(certificate: str) -> dt.datetime | None:
+    """The notAfter of ``status.certificate`` (base64 PEM); None if unreadable."""
+    try:
+        return x509.load_pem_x509_certificate(base64.b64decode(certificate)).not_valid_after_utc
+    except ValueError:
+        return None
+
+
 def expired(obj: Mapping[str, Any], now: dt.datetime) -> bool:
     """Whether the request has been kept long enough: an hour once issued, denied or
-    failed, a day while pending (from its creation; an unreadable time: not expired)."""
+    failed, a day while pending (from its creation; an unreadable time: not expired);
+    an issued one also once its certificate has expired (kube's csrcleaner: a node
+    rotating one-minute certificates then holds two or three requests, not sixty)."""
+    issued = certificate_of(obj)
+    end = _not_after(issued) if issued else None
+    if end is not None and end < now:
+        return True
     meta = obj.get("metadata")
     created = meta.get("creationTimestamp") if isinstance(meta, Mapping) else None
     try:
@@ -179,5 +209,5 @@ def expired(obj: Mapping[str, Any], now: dt.datetime) -> bool:
         return False
     if born.tzinfo is None:
         return False
-    finished = certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED)
+    finished = issued or has_condition(obj, DENIED) or has_condition(obj, FAILED)
     return now - born > (FINISHED_TTL if finished else PENDING_TTL)

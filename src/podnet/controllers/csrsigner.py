@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from podnet.api.csrrestriction import BOUND_NODE_EXTRA
 from podnet.api.identity import BOOTSTRAP_USER_PREFIX
 from podnet.api.objects import now_rfc3339
+from podnet.api.pki import CLIENT_VALIDITY
 from podnet.api.registry import Registry
 from podnet.api.tokenissue import spend_bootstrap
 from podnet.api.tokenrecords import RecordError
@@ -65,8 +66,12 @@ class CsrSigner:
         ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
         interval: float = INTERVAL,
         cache: WatchCache | None = None,
+        duration: dt.timedelta = CLIENT_VALIDITY,
     ) -> None:
+        """``duration``: the lifetime of the certificates it signs (a request may ask for
+        less), ``podnet master --cluster-signing-duration``."""
         self.registry = registry
+        self.duration = duration
         self.cache = cache  # the master's watch cache: a round then reads no etcd
         self.ca_cert, self.ca_key = ca
         self.interval = interval
@@ -126,7 +131,7 @@ class CsrSigner:
             if decision.type != APPROVED:
                 return
         try:
-            certificate = certificate_for(obj, self.ca_cert, self.ca_key)
+            certificate = certificate_for(obj, self.ca_cert, self.ca_key, self.duration)
         except SignError as exc:
             failed = _with_condition(obj, _condition(FAILED, "SignerValidationFailure", str(exc)))
             await self.registry.update(CSR, failed, None, name, "status")

@@ -164,9 +164,10 @@ def bootstrap_token(state_dir: Path, node: str | None = None) -> str:
     return run(settings, lambda store: create_bootstrap(store, settings.prefix, node=node))
 
 
-def cert_client_for(kubeconfig: Path) -> httpx.Client:
+def cert_client_for(kubeconfig: Path, keepalive: float = 5.0) -> httpx.Client:
     """A sync client authenticated by the client certificate of ``kubeconfig`` (what
-    ``podnet adm join node`` writes), no bearer token."""
+    ``podnet adm join node`` writes), no bearer token; an idle connection is kept
+    ``keepalive`` seconds."""
     import tempfile
 
     doc = yaml.safe_load(kubeconfig.read_text())
@@ -177,4 +178,5 @@ def cert_client_for(kubeconfig: Path) -> httpx.Client:
         cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
         key.write_bytes(base64.b64decode(user["client-key-data"]))
         context.load_cert_chain(cert, key)
-    return httpx.Client(base_url=cluster["server"], verify=context, timeout=30.0)
+    limits = httpx.Limits(keepalive_expiry=keepalive)
+    return httpx.Client(base_url=cluster["server"], verify=context, timeout=30.0, limits=limits)
