@@ -557,6 +557,13 @@ def test_the_egress_firewall_filters_only_the_projects_way_out(netpol: Cluster) 
     assert (condition["type"], condition["status"]) == ("Enforced", "True"), condition
     try:
         outside_matrix(netpol, {**dict.fromkeys(x_pods, False), **dict.fromkeys(others, True)})
+        state_flag = ("--state-dir", str(netpol.state_dir))
+        traced = run_podnet(
+            netpol.kubeconfig, "trace", "x/a", state.external.ip, "--port", "8080", "--probe",
+            *state_flag,
+        )  # fmt: skip
+        assert traced.returncode == 0, traced.stdout + traced.stderr  # the probe agrees
+        assert "egress firewall x/default: DENIED by rule 0" in traced.stdout, traced.stdout
         rules = netpol.converge()  # pod to pod is untouched by the firewall
         traffic = netpol.probe(KEYS, [("TCP", 80)])
         assert all(traffic.values()), [k for k, v in traffic.items() if not v]

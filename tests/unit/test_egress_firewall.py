@@ -102,3 +102,22 @@ def test_the_api_says_whether_a_policy_is_enforced() -> None:
     assert firewall_verdict(cidr, FirewallFacts(True, 0)).reason == "GlobalProject"
     by_name = firewall_verdict(named, FirewallFacts(True, 10))
     assert not by_name.enforced and "dnsName" in by_name.message
+
+
+def test_trace_names_the_policy_and_the_rule_that_decide() -> None:
+    from podnet.egress.explain import firewall_verdict as explain
+
+    internal = [IPv4Network("10.128.0.0/14"), IPv4Network("172.30.0.0/16")]
+    fw = policy((ALLOW, "192.0.2.0/25"), (DENY, "0.0.0.0/0"))
+    fw["metadata"] = {"namespace": "x", "name": "default"}
+    vnids = {"x": 10, "y": 11, "default": 0}
+    denied = explain("x", IPv4Address("198.51.100.1"), internal, vnids, [fw])
+    assert denied is not None and not denied.allowed
+    assert denied.lines == ("egress firewall x/default: DENIED by rule 1 (Deny 0.0.0.0/0)",)
+    allowed = explain("x", IPv4Address("192.0.2.9"), internal, vnids, [fw])
+    assert allowed is not None and allowed.allowed and "rule 0 (Allow" in allowed.lines[0]
+    assert explain("x", IPv4Address("10.128.3.4"), internal, vnids, [fw]) is None  # a pod
+    assert explain("y", IPv4Address("198.51.100.1"), internal, vnids, [fw]) is None
+    second = {**fw, "metadata": {"namespace": "x", "name": "second"}}
+    both = explain("x", IPv4Address("192.0.2.9"), internal, vnids, [fw, second])
+    assert both is not None and not both.allowed and "2 policies" in both.lines[0]

@@ -68,6 +68,7 @@ class FakeReader:
             "networkpolicies": policies or [],
             "hostsubnets": [{"hostIP": "192.168.100.11"}, {"hostIP": ""}],
             "services": [],
+            "egressnetworkpolicies": [],
         }
 
     def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any]:

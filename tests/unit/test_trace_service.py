@@ -187,6 +187,7 @@ class FakeApi:
             "namespaces": [{"metadata": {"name": "a"}}],
             "netnamespaces": [],
             "networkpolicies": POLICIES,
+            "egressnetworkpolicies": [],
             "hostsubnets": [],
             "services": [SERVICE],
         }

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,7 @@ from podnet.policy.explain import render_matrix, render_verdict
 from podnet.policy.model import RuleSet
 from podnet.policy.servicetrace import render_service_trace
 from podnet.policy.trace import (
+    ClusterObjects,
     Comparison,
     Target,
     TraceError,
@@ -179,16 +180,40 @@ def _trace_pair(
     source = _probe_source(state_dir, src) if state_dir is not None else None
     verdict = evaluate(objects.ruleset(), src.ip, dst.ip, *kind)
     click.echo(render_verdict(verdict))
+    allowed = verdict.allowed
+    firewall = _egress_firewall(objects, src, dst.ip)
+    if firewall is not None:  # a destination outside the cluster
+        click.echo("\n".join(firewall.lines))
+        allowed = allowed and firewall.allowed
     agrees = True
-    if ovs is not None:
+    if ovs is not None:  # br0's flows hold the policy; the firewall is the host's
         check = ovs.check([(src.ip, dst.ip, verdict.allowed)], kind)[0]
         click.echo("\n".join(pair_lines(check)))
         agrees = check.agrees
     if source is not None:
-        comparison = _probe(source, dst.ip, kind, verdict.allowed)
+        comparison = _probe(source, dst.ip, kind, allowed)
         click.echo(comparison.line())
         agrees = agrees and comparison.agrees
     return 0 if agrees else DISAGREEMENT_EXIT
+
+
+def _egress_firewall(objects: ClusterObjects, src: Target, dst: IPv4Address) -> Any:
+    """The egress firewall's word (``podnet.egress.explain``) when SRC is a pod."""
+    from ipaddress import IPv4Network
+
+    from podnet.egress.explain import firewall_verdict
+
+    if src.pod is None:
+        return None
+    nets = [*objects.pod_networks, *([objects.service_network] if objects.service_network else [])]
+    vnids = {
+        str((n.get("metadata") or {}).get("name")): n["netid"]
+        for n in objects.netnamespaces
+        if isinstance(n.get("netid"), int)
+    }
+    namespace = src.pod.split("/", 1)[0]
+    internal = [IPv4Network(n) for n in nets]
+    return firewall_verdict(namespace, dst, internal, vnids, objects.egress_policies)
 
 
 def _probe(

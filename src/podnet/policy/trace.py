@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from podnet.model.kinds import (
     CLUSTER_NETWORK,
+    EGRESS_NETWORK_POLICY,
     HOST_SUBNET,
     NAMESPACE,
     NET_NAMESPACE,
@@ -78,6 +79,8 @@ class ClusterObjects:
     node_ips: list[str]
     node_addresses: list[tuple[str, str]] = field(default_factory=list)
     pod_networks: list[str] = field(default_factory=list)
+    service_network: str = ""
+    egress_policies: list[Obj] = field(default_factory=list)  # EgressNetworkPolicies
 
     def ruleset(self) -> RuleSet:
         """The compiled rule set, as the data plane builds it."""
@@ -106,6 +109,8 @@ def fetch_objects(api: ObjectReader) -> ClusterObjects:
         node_ips=host_ips(hostsubnets),
         node_addresses=[pair for hs in hostsubnets for pair in hostsubnet_addresses(hs)],
         pod_networks=cluster_pod_networks(network),
+        service_network=str(network.get("serviceNetwork") or ""),
+        egress_policies=_items(api, EGRESS_NETWORK_POLICY),
     )
 
 
