@@ -20,6 +20,7 @@ Probes are bounded: each batch runs concurrently with a 1.5 s timeout per probe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
@@ -534,6 +535,46 @@ def outside_matrix(cluster: Cluster, want: dict[str, bool]) -> None:
         time.sleep(0.2)
 
 
+def outside_through_a_service(cluster: Cluster, outside: str) -> None:
+    """A selector-less Service whose Endpoints name the outside host (OpenShift SDN's known
+    way around its firewall): blocked for x, which the firewall denies, open for y."""
+    from podnet.cluster import matrix
+    from podnet.model.kinds import ENDPOINTS, SERVICE
+
+    ports = [{"name": "echo", "port": 8080, "protocol": "TCP"}]
+    with cluster.api() as api:
+        made = api.create(
+            SERVICE,
+            {"metadata": {"name": "outside", "namespace": "x"}, "spec": {"ports": ports}},
+        )
+        api.create(
+            ENDPOINTS,
+            {
+                "metadata": {"name": "outside", "namespace": "x"},
+                "subsets": [{"addresses": [{"ip": outside}], "ports": ports}],
+            },
+        )
+    try:
+        ip, state = made["spec"]["clusterIP"], cluster.state()
+
+        def reaches(key: str) -> bool:
+            pod = state.pods[key]
+            source = matrix.Endpoint(pod.name, pod.node, pod.ip, pod.netns)
+            return matrix.tcp_probe(source, ip, 8080).ok
+
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        while not reaches("y/a"):  # the proxy has the service once y gets through
+            assert time.monotonic() < deadline, "y/a never reached the outside service"
+            time.sleep(0.2)
+        assert not reaches("x/a") and not reaches("x/c")
+    finally:
+        with cluster.api() as api:
+            api.delete(SERVICE, "x", "outside")
+            if api.list(ENDPOINTS, namespace="x")["items"]:  # a user's Endpoints stay
+                with contextlib.suppress(Exception):
+                    api.delete(ENDPOINTS, "x", "outside")
+
+
 def firewall(rules: list[tuple[str, str]]) -> dict[str, Any]:
     return {
         "apiVersion": FIREWALL,
@@ -564,6 +605,7 @@ def test_the_egress_firewall_filters_only_the_projects_way_out(netpol: Cluster) 
         )  # fmt: skip
         assert traced.returncode == 0, traced.stdout + traced.stderr  # the probe agrees
         assert "egress firewall x/default: DENIED by rule 0" in traced.stdout, traced.stdout
+        outside_through_a_service(netpol, state.external.ip)
         rules = netpol.converge()  # pod to pod is untouched by the firewall
         traffic = netpol.probe(KEYS, [("TCP", 80)])
         assert all(traffic.values()), [k for k, v in traffic.items() if not v]
