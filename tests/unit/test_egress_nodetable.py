@@ -68,6 +68,6 @@ def test_the_nftables_table_a_node_renders() -> None:
     assert text is not None
     assert "elements = { 10.128.0.0/14, 172.30.0.0/16 }" in text  # never judged
     assert "10.128.0.5 : jump fw_10" in text
-    assert "elements = { 192.0.2.0-192.0.2.255 }" in text
+    assert "ip daddr { 192.0.2.0-192.0.2.255 } counter drop" in text
     assert text.index("ip daddr @internal return") < text.index("ip saddr vmap @pods")
     assert render(node, node_firewall([], {}, [("a", A)])) is None  # nothing firewalled

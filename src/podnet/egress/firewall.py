@@ -6,8 +6,9 @@ a ``dnsName``; the first rule that matches a destination decides; no match allow
 applies only to destinations outside the cluster and service networks (the data plane
 passes those before it looks here).
 
-First-match over CIDRs compiles to one interval set: walk the rules in order, give each
-rule the part of its addresses no earlier rule took, and keep the parts of Deny rules.
+First-match over CIDRs compiles to one interval set: every address goes to the first
+rule that covers it (a sweep over the rules' interval ends), and the parts of Deny rules
+are kept.
 Allow parts only shadow later Deny rules, so they need no element of their own: a
 packet's cost is one interval-set lookup whatever the number of rules. A ``dnsName``
 rule stands for the addresses its name resolves to right now (``resolved``); a rule
@@ -16,11 +17,12 @@ whose name has no addresses yet matches nothing.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
-from podnet.policy.ranges import Interval, merge, subtract
+from podnet.policy.ranges import Interval, merge
 
 ALLOW, DENY = "Allow", "Deny"
 
@@ -82,16 +84,35 @@ def regions(
     rules: Sequence[Rule], resolved: Mapping[str, Iterable[IPv4Address]] | None = None
 ) -> list[Region]:
     """Every address some rule decides, as disjoint regions in address order, each with
-    the first rule that matches it."""
-    taken: list[Interval] = []
-    found: list[Region] = []
+    the first rule that matches it: a sweep over the rules' interval ends, the lowest
+    rule index among those covering each piece winning (O(n log n) in the intervals)."""
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}  # first address after the interval -> rule indexes
     for index, rule in enumerate(rules):
-        mine: list[Interval] = []
-        for whole in _intervals(rule, resolved or {}):
-            mine.extend(subtract(whole, taken))
-        found.extend(Region(first, last, rule.action, index) for first, last in mine)
-        taken = merge([*taken, *mine])
-    return sorted(found, key=lambda r: r.first)
+        for first, last in _intervals(rule, resolved or {}):
+            starts.setdefault(first, []).append(index)
+            ends.setdefault(last + 1, []).append(index)
+    active: list[int] = []  # a heap of rule indexes; ended ones removed lazily
+    covering: dict[int, int] = {}  # rule index -> how many of its intervals are open
+    found: list[Region] = []
+    points = sorted(set(starts) | set(ends))
+    for here, there in zip(points, [*points[1:], None], strict=True):
+        for index in ends.get(here, ()):
+            covering[index] -= 1
+        for index in starts.get(here, ()):
+            covering[index] = covering.get(index, 0) + 1
+            heapq.heappush(active, index)
+        while active and covering.get(active[0], 0) == 0:
+            heapq.heappop(active)
+        if not active or there is None:
+            continue
+        winner = active[0]
+        last = there - 1
+        if found and found[-1].rule == winner and found[-1].last + 1 == here:
+            found[-1] = Region(found[-1].first, last, found[-1].action, winner)
+        else:
+            found.append(Region(here, last, rules[winner].action, winner))
+    return found
 
 
 def denied(
