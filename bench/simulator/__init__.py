@@ -8,6 +8,7 @@ their resourceVersion.
 
 - ``wire``: the raw TLS watch stream (HTTP/1.1 chunked, one JSON event per line).
 - ``agent``: one simulated agent.
+- ``join``: a node's join (bootstrap token, discovery, CSR), its agent then on mTLS.
 - ``worker``: a process running a share of the agents, driven over stdin/stdout.
 - ``fleet``: the driver side: node tokens, worker processes, their reports.
 - ``cluster``: etcd and a master for a run, and objects written straight to etcd.

@@ -26,7 +26,7 @@ import aiohttp
 from podnet.agent.heartbeat import lease_object, micro_time, renewed
 from podnet.model.kinds import CLUSTER_NETWORK, HOST_SUBNET, KINDS, LEASE, NODE, Kind
 from podnet.model.schemas_coordination import NODE_LEASE_NAMESPACE
-from simulator.wire import VERSION, Endpoint, WatchStream, open_watch
+from simulator.wire import VERSION, Endpoint, WatchStream, auth_header, open_watch
 
 POLL_SECONDS = 0.5  # podnet.agent.agent.POLL_SECONDS: the HostSubnet wait (default)
 WATCH_SECONDS = (300, 600)  # podnet.agent: the server ends each watch after this long
@@ -53,7 +53,7 @@ def kind_named(plural: str) -> Kind:
 @dataclass(frozen=True)
 class AgentSpec:
     name: str
-    token: str
+    token: str  # "": the endpoint's TLS context holds a client certificate (mTLS)
     ip: str
 
 
@@ -153,11 +153,8 @@ class SimAgent:
             self._session = aiohttp.ClientSession(
                 base_url=f"https://{self.endpoint.host}:{self.endpoint.port}",
                 connector=connector,
-                headers={
-                    "Authorization": f"Bearer {self.spec.token}",
-                    "Accept": "application/json",
-                    "User-Agent": "podnet-sim",
-                },
+                headers=auth_header(self.spec.token)
+                | {"Accept": "application/json", "User-Agent": "podnet-sim"},
                 timeout=aiohttp.ClientTimeout(total=60),
             )
         return self._session

@@ -110,7 +110,11 @@ class Fleet:
         lease_seconds: int = 40,
         poll_seconds: float = 0.5,
         subnet_wait: str = "watch",
+        join: dict[str, str] | None = None,
     ) -> None:
+        """``join``: the nodes join first (``ca_hash``, ``state_dir``; see
+        ``simulator.join``), their tokens being bootstrap tokens, and the fleet's CA
+        unused (each node discovers it)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), *sys.path])}
         for index in range(workers):
             rows = [
@@ -141,6 +145,7 @@ class Fleet:
                     "poll_seconds": poll_seconds,
                     "subnet_wait": subnet_wait,
                 }
+                | (join or {})
             )
         for worker in self.workers:
             await worker.answer("started", 60)

@@ -39,13 +39,18 @@ class Endpoint:
     context: ssl.SSLContext
 
 
+def auth_header(token: str) -> dict[str, str]:
+    """A bearer token's header; none for "" (a client certificate authenticates)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def request_head(endpoint: Endpoint, path: str, query: dict[str, str], token: str) -> bytes:
-    """The bytes of one GET request with a bearer token."""
+    """The bytes of one GET request with a bearer token ("": none, mTLS)."""
     target = f"{path}?{urlencode(query)}" if query else path
+    auth = "".join(f"{k}: {v}\r\n" for k, v in auth_header(token).items())
     return (
         f"GET {target} HTTP/1.1\r\nHost: {endpoint.host}:{endpoint.port}\r\n"
-        f"Authorization: Bearer {token}\r\nAccept: application/json\r\n"
-        "User-Agent: podnet-sim\r\n\r\n"
+        f"{auth}Accept: application/json\r\nUser-Agent: podnet-sim\r\n\r\n"
     ).encode()
 
 

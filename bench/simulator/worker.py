@@ -8,6 +8,11 @@ each answer is one JSON line on stdout:
 - ``{"cmd": "register", "deadline": s}``: every agent registers, starts its heartbeat,
   waits for its HostSubnet and marks its Node Ready -> ``{"event": "registered", ...}``
   when all are done or after ``deadline`` seconds.
+- ``{"cmd": "join", "deadline": s}``: as ``register``, but each node first joins
+  (``simulator.join``: the config then has ``ca_hash`` and ``state_dir``, each agent's
+  ``token`` is its bootstrap token) and its agent runs on its client certificate; the
+  answer also gives when each node had discovered the cluster and had its
+  certificate (``joined_at``).
 - ``{"cmd": "watch", "kinds": [...], "since": rv}``: every agent watches each kind from
   ``since`` (0: list first) -> ``{"event": "watching", ...}`` once every watch is open.
 - ``{"cmd": "report"}`` -> ``{"event": "report", ...}``: the tally so far.
@@ -24,10 +29,12 @@ import resource
 import ssl
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from simulator.agent import POLL_SECONDS, AgentSpec, Failed, SimAgent, Tally
+from simulator.join import join_node
 from simulator.wire import Endpoint
 
 
@@ -67,48 +74,78 @@ def emit(message: dict[str, Any]) -> None:
 
 class Worker:
     def __init__(self, config: dict[str, Any]) -> None:
-        endpoint = endpoint_of(config["server"], config["ca"])
+        self.config = config
         self.tally = Tally()
-        self.agents = [
-            SimAgent(
-                AgentSpec(*row),
-                endpoint,
-                self.tally,
-                config.get("lease_seconds", 40),
-                config.get("poll_seconds", POLL_SECONDS),
-                config.get("subnet_wait", "watch"),
-            )
-            for row in config["agents"]
-        ]
+        self.specs = [AgentSpec(*row) for row in config["agents"]]
+        # Joining nodes (``ca_hash`` given) have no credentials yet: each one's agent is
+        # made by ``join`` once its certificate is issued.
+        endpoint = None if config.get("ca_hash") else endpoint_of(config["server"], config["ca"])
+        self.agents = [] if endpoint is None else [self.agent(s, endpoint) for s in self.specs]
         self.tasks: list[asyncio.Task[Any]] = []
 
-    async def register(self, deadline: float) -> dict[str, Any]:
-        """Start every agent; answer when all are Ready or after ``deadline`` seconds
-        (``unfinished`` then counts the agents still waiting; they keep trying)."""
+    def agent(self, spec: AgentSpec, endpoint: Endpoint) -> SimAgent:
+        return SimAgent(
+            spec,
+            endpoint,
+            self.tally,
+            self.config.get("lease_seconds", 40),
+            self.config.get("poll_seconds", POLL_SECONDS),
+            self.config.get("subnet_wait", "watch"),
+        )
+
+    async def bring_up(self, agent: SimAgent, done: dict[str, float]) -> None:
+        """Register, first heartbeat, HostSubnet, Ready: as ``podnet.agent`` starts."""
+        await agent.register()
+        await agent.renew_lease()
+        self.tasks.append(asyncio.create_task(agent.heartbeat()))
+        await agent.wait_for_subnet()
+        await agent.set_ready()
+        done[agent.spec.name] = time.monotonic()
+
+    async def join_one(self, spec: AgentSpec, joined: dict[str, dict[str, float]]) -> SimAgent:
+        """Node ``spec.name`` joins with its bootstrap token; its agent, on mTLS."""
+        marks = joined[spec.name] = {}
+        _, endpoint = await join_node(
+            self.config["server"],
+            self.config["ca_hash"],
+            spec.name,
+            spec.token,
+            Path(self.config["state_dir"]) / spec.name,
+            marks,
+        )
+        marks["certified"] = time.monotonic()
+        agent = self.agent(AgentSpec(spec.name, "", spec.ip), endpoint)
+        self.agents.append(agent)
+        return agent
+
+    async def register(self, deadline: float, joining: bool = False) -> dict[str, Any]:
+        """Start every agent (``joining``: each node joins first); answer when all are
+        Ready or after ``deadline`` seconds (``unfinished`` then counts the agents still
+        waiting; they keep trying)."""
         started = time.monotonic()
-        done: list[float] = []
+        done: dict[str, float] = {}
+        joined: dict[str, dict[str, float]] = {}
         failures: list[str] = []
 
-        async def one(agent: SimAgent) -> None:
+        async def one(spec: AgentSpec, agent: SimAgent | None) -> None:
             try:
-                await agent.register()
-                await agent.renew_lease()
-                self.tasks.append(asyncio.create_task(agent.heartbeat()))
-                await agent.wait_for_subnet()
-                await agent.set_ready()
-                done.append(time.monotonic())
+                agent = agent or await self.join_one(spec, joined)
+                await self.bring_up(agent, done)
             except Failed as exc:
                 failures.append(str(exc))
             except Exception as exc:  # a timeout or a broken connection: a failure too
-                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+                failures.append(f"{spec.name} {type(exc).__name__}: {exc}"[:200])
 
-        starting = [asyncio.create_task(one(a)) for a in self.agents]
+        pairs = zip(self.specs, [None] * len(self.specs) if joining else self.agents, strict=True)
+        starting = [asyncio.create_task(one(s, a)) for s, a in pairs]
         self.tasks.extend(starting)
         _, unfinished = await asyncio.wait(starting, timeout=deadline)
         return {
             "event": "registered",
             "started": started,
-            "done": done,
+            "done": list(done.values()),
+            "ready_at": done,
+            "joined_at": joined,
             "failures": failures[:20],
             "failed": len(failures),
             "unfinished": len(unfinished),
@@ -159,8 +196,9 @@ async def serve() -> None:
     pending: set[asyncio.Task[None]] = set()
 
     async def run(command: dict[str, Any]) -> None:
-        if command["cmd"] == "register":
-            emit(await worker.register(float(command.get("deadline", 600))))
+        if command["cmd"] in ("register", "join"):
+            deadline = float(command.get("deadline", 600))
+            emit(await worker.register(deadline, joining=command["cmd"] == "join"))
         elif command["cmd"] == "watch":
             emit(await worker.watch(command["kinds"], int(command.get("since", 0))))
         elif command["cmd"] == "report":

@@ -36,7 +36,8 @@ from podnet.model.kinds import CERTIFICATE_SIGNING_REQUEST as CSR
 from podnet.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
-INTERVAL = 1.0
+INTERVAL = 1.0  # seconds between rounds at most (a request's change starts one sooner)
+CONCURRENT = 16  # requests handled at once in a round
 
 
 def _condition(type_: str, reason: str, message: str) -> dict[str, Any]:
@@ -76,6 +77,7 @@ class CsrSigner:
         self.ca_cert, self.ca_key = ca
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._written = 0  # the latest revision this signer wrote
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="csr-signer")
@@ -88,34 +90,64 @@ class CsrSigner:
 
     async def _run(self) -> None:
         while True:
+            seen = self.cache.latest_revision if self.cache is not None else 0
             try:
                 await self.sync()
             except StoreUnavailable as exc:
                 log.warning("CSR signer: storage unavailable: %s", exc)
             except Exception:
                 log.exception("CSR signer round failed")
+            await self._next_round(seen)
+
+    async def _next_round(self, seen: int) -> None:
+        """Wait ``interval``, or less: with the watch cache, until a request changes
+        after revision ``seen`` (a new one is handled at once, not up to a round later;
+        the signer's own writes wake it once more, for a round with nothing to do).
+        The cache first catches up with those writes: a round that read a request as it
+        was before them would sign it again, and fail to store that."""
+        if self.cache is None:
             await asyncio.sleep(self.interval)
+            return
+        await self.cache.wait_for(self._written, self.interval)
+        events = self.cache.follow(seen, self.interval, CSR)  # woken by requests only
+        try:
+            await anext(events)
+        except errors.ApiError:  # the cache moved past ``seen``: a round reads it anew
+            pass
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
     async def sync(self) -> None:
         """One round: remove the expired requests, handle those not yet finished (read
         from the watch cache when there is one: it may trail etcd by the watch's delay,
-        and a write on a stale object fails and is retried the next round)."""
+        and a write on a stale object fails and is retried the next round). Up to
+        ``CONCURRENT`` requests are handled at once: each is a few etcd writes, and 100
+        nodes joining together should not wait for each other's in turn."""
         if self.cache is not None:
             items = [cached.obj for _, cached in self.cache.objects(CSR)[0]]
         else:
             items, _ = await self.registry.list(CSR)
         now = dt.datetime.now(dt.UTC)
-        for obj in items:
+        slots = asyncio.Semaphore(CONCURRENT)
+
+        async def one(obj: dict[str, Any]) -> None:
             if expired(obj, now):
-                with contextlib.suppress(errors.ApiError):  # gone already
-                    await self.registry.delete(CSR, None, obj["metadata"]["name"])
-                continue
+                async with slots:
+                    with contextlib.suppress(errors.ApiError):  # gone already
+                        await self.registry.delete(CSR, None, obj["metadata"]["name"])
+                return
             if certificate_of(obj) or has_condition(obj, DENIED) or has_condition(obj, FAILED):
-                continue
-            try:
-                await self._handle(obj)
-            except errors.ApiError as exc:  # changed meanwhile: the next round sees it
-                log.info("CSR %s: %s", obj["metadata"]["name"], exc)
+                return
+            async with slots:
+                try:
+                    await self._handle(obj)
+                except errors.ApiError as exc:  # changed meanwhile: the next round sees it
+                    log.info("CSR %s: %s", obj["metadata"]["name"], exc)
+
+        outcomes = await asyncio.gather(*(one(o) for o in items), return_exceptions=True)
+        for outcome in outcomes:  # every request's writes are over before a failure shows
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _handle(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -124,9 +156,7 @@ class CsrSigner:
             if decision is None:
                 return
             condition = _condition(decision.type, decision.reason, decision.message)
-            obj = await self.registry.update(
-                CSR, _with_condition(obj, condition), None, name, "approval"
-            )
+            obj = await self._write(_with_condition(obj, condition), "approval")
             log.info("CSR %s: %s (%s)", name, decision.type, decision.message)
             if decision.type != APPROVED:
                 return
@@ -134,13 +164,21 @@ class CsrSigner:
             certificate = certificate_for(obj, self.ca_cert, self.ca_key, self.duration)
         except SignError as exc:
             failed = _with_condition(obj, _condition(FAILED, "SignerValidationFailure", str(exc)))
-            await self.registry.update(CSR, failed, None, name, "status")
+            await self._write(failed, "status")
             log.warning("CSR %s not signed: %s", name, exc)
             return
         status = {**(obj.get("status") or {}), "certificate": certificate}
-        await self.registry.update(CSR, {**obj, "status": status}, None, name, "status")
+        await self._write({**obj, "status": status}, "status")
         log.info("CSR %s signed", name)
         await self._spend_token(obj)
+
+    async def _write(self, obj: dict[str, Any], subresource: str) -> dict[str, Any]:
+        """Update a request's ``subresource``; the revision written is noted (see
+        ``_next_round``)."""
+        written = await self.registry.update(CSR, obj, None, obj["metadata"]["name"], subresource)
+        version = int(written["metadata"].get("resourceVersion") or 0)
+        self._written = max(self._written, version)
+        return written
 
     async def _spend_token(self, obj: dict[str, Any]) -> None:
         """A node-bound bootstrap token is used up once its node has a certificate."""
