@@ -196,3 +196,11 @@ def test_verify_would_see_a_bad_unit(tmp_path: Path) -> None:
         ["systemd-analyze", "verify", str(bad)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0 or "podnet" in done.stderr
+
+
+def test_the_master_unit_passes_extra_flags_split_at_spaces() -> None:
+    unit = load_unit(UNITS / "podnet-master.service")
+    plain = exec_start(unit, env_file(unit))
+    assert plain[-2:] == ["--state-dir", "/var/lib/podnet/master"]  # empty: no word at all
+    extra = {**env_file(unit), "MASTER_EXTRA_ARGS": "--cluster-signing-duration 720h"}
+    assert exec_start(unit, extra)[-2:] == ["--cluster-signing-duration", "720h"]

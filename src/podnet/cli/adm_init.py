@@ -89,6 +89,7 @@ def init(
             "CLUSTER_NETWORK": cluster_network,
             "SERVICE_NETWORK": service_network,
             "NETWORK_PLUGIN": network_plugin,
+            "MASTER_EXTRA_ARGS": "",  # more `podnet master` flags, split at spaces
         },
     )
     click.echo(f"wrote {config_dir / 'etcd.env'} and {config_dir / 'master.env'}")

@@ -139,7 +139,12 @@ def join_master(
     settings = {k: bundle[k] for k in ("CLUSTER_NETWORK", "SERVICE_NETWORK", "NETWORK_PLUGIN")}
     deploy.write_env(
         config_dir / "master.env",
-        {"MASTER_IP": ip, "ETCD_ENDPOINTS": ",".join(endpoints), **settings},
+        {
+            "MASTER_IP": ip,
+            "ETCD_ENDPOINTS": ",".join(endpoints),
+            **settings,
+            "MASTER_EXTRA_ARGS": "",
+        },
     )
     click.echo(f"wrote {config_dir / 'etcd.env'} and {config_dir / 'master.env'}")
     for unit in UNITS:
