@@ -412,3 +412,25 @@ def test_python_shim_imports_only_what_it_needs(sock_dir: Path) -> None:
     assert not {m for m in modules if m.startswith("podnet")}
     # ssl is skipped (never loaded: only the None placeholder is "imported").
     assert not modules & {"_ssl", "typing", "dataclasses"}
+
+
+def test_the_c_shim_is_compiled_once_per_source_and_taken_from_a_private_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiled: list[Path] = []
+    real = build._compile
+
+    def counting(cc: str, out: Path) -> bool:
+        compiled.append(out)
+        return real(cc, out)
+
+    monkeypatch.setattr(build, "_compile", counting)
+    cache = tmp_path / "cache"
+    first, second = tmp_path / "a" / "podnet", tmp_path / "b" / "podnet"
+    assert build.build_c_shim(first, cache=cache) and build.build_c_shim(second, cache=cache)
+    assert len(compiled) == 1 and first.read_bytes() == second.read_bytes()
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert os.access(second, os.X_OK)
+    cache.chmod(0o777)  # a cache others may write is never used: compiled again
+    assert build.build_c_shim(tmp_path / "c" / "podnet", cache=cache)
+    assert len(compiled) == 2

@@ -1,6 +1,9 @@
 """Build and install the podnet CNI plugin executable (``<bin_dir>/podnet``).
 
-The C shim (``podnet-cni.c``) is preferred: it starts in about 1 ms. Without gcc the
+The C shim (``podnet-cni.c``) is preferred: it starts in about 1 ms. A compiled shim is
+kept in ``/var/cache/podnet/cni-shim/`` under the SHA-256 of its source, flags and
+compiler, so a host compiles it once, not at every new agent state (a cache that is not
+root's alone, 0700, is not used). Without gcc the
 plugin is a Python launcher that runs ``shim.py`` under the real interpreter with
 ``-I -S``; its shebang names that interpreter directly, never ``/usr/bin/env``, because a
 wrapper such as pyenv's costs 100 ms per CNI call.
@@ -8,9 +11,11 @@ wrapper such as pyenv's costs 100 ms per CNI call.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -26,6 +31,7 @@ PLUGIN_NAME = "podnet"
 LIB_DIR_NAME = ".podnet-shim"
 CC_FLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-s")
 BUILD_TIMEOUT = 120.0
+SHIM_CACHE = Path("/var/cache/podnet/cni-shim")
 # Linux reads at most this many bytes of a "#!" line (BINPRM_BUF_SIZE).
 SHEBANG_MAX = 255
 
@@ -47,8 +53,51 @@ def _compile(cc: str, out: Path) -> bool:
     return True
 
 
-def build_c_shim(out_path: Path, compiler: str = "gcc") -> bool:
-    """Compile the C shim to ``out_path``; return False if gcc is missing or fails.
+def _cache_key(cc: str) -> str:
+    real = os.path.realpath(cc)
+    info = os.stat(real)
+    digest = hashlib.sha256(C_SOURCE.read_bytes())
+    digest.update(repr((CC_FLAGS, real, info.st_size, info.st_mtime_ns)).encode())
+    return digest.hexdigest()
+
+
+def _private(path: Path, kind: int) -> bool:
+    """``path`` is a ``kind`` (S_IFDIR/S_IFREG) of this user's that nobody else may write."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return (
+        stat.S_IFMT(info.st_mode) == kind
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _cached(cache: Path, key: str) -> Path | None:
+    found = cache / key
+    if _private(cache, stat.S_IFDIR) and _private(found, stat.S_IFREG):
+        return found
+    return None
+
+
+def _keep(cache: Path, key: str, built: Path) -> None:
+    """Best effort: a failure to cache only means compiling again next time."""
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(cache, stat.S_IFDIR):
+            return
+        tmp = _temp_name(cache / key)
+        shutil.copyfile(built, tmp)
+        tmp.chmod(0o755)
+        os.replace(tmp, cache / key)
+    except OSError as exc:
+        log.info("not caching the C CNI shim in %s: %s", cache, exc)
+
+
+def build_c_shim(out_path: Path, compiler: str = "gcc", cache: Path | None = SHIM_CACHE) -> bool:
+    """Compile the C shim to ``out_path`` (or take it from ``cache``); return False if gcc
+    is missing or fails.
 
     The binary replaces ``out_path`` atomically, so a runtime executing the old one is
     never disturbed (writing in place would fail with ETXTBSY).
@@ -59,9 +108,15 @@ def build_c_shim(out_path: Path, compiler: str = "gcc") -> bool:
         return False
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(out_path)
+    key = _cache_key(cc)
     try:
-        if not _compile(cc, tmp):
+        cached = _cached(cache, key) if cache is not None else None
+        if cached is not None:
+            shutil.copyfile(cached, tmp)
+        elif not _compile(cc, tmp):
             return False
+        elif cache is not None:
+            _keep(cache, key, tmp)
         tmp.chmod(0o755)
         os.replace(tmp, out_path)
         return True
