@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -56,7 +57,10 @@ class StandInAgent:
     started: list[IPv4Address] = []
 
     def __init__(self, config: AgentConfig, dataplane: Any, api: Any, node_ip: IPv4Address):
+        from prometheus_client import CollectorRegistry
+
         self.node_ip = node_ip
+        self.metrics = SimpleNamespace(registry=CollectorRegistry())  # what the rotation uses
 
     async def run(self, stop: Any) -> None:
         StandInAgent.started.append(self.node_ip)
