@@ -71,3 +71,36 @@ def test_the_nftables_table_a_node_renders() -> None:
     assert "ip daddr { 192.0.2.0-192.0.2.255 } counter drop" in text
     assert text.index("ip daddr @internal return") < text.index("ip saddr vmap @pods")
     assert render(node, node_firewall([], {}, [("a", A)])) is None  # nothing firewalled
+
+
+def test_the_agent_view_compiles_its_own_pods_and_nothing_with_the_subnet_plugin() -> None:
+    from ipaddress import IPv4Network
+
+    from podnet.agent.egress import EgressSync, pacing
+    from podnet.client import LISTED, WatchEvent
+    from podnet.dataplane.interface import NodeNetwork
+    from podnet.model.kinds import EGRESS_NETWORK_POLICY, NET_NAMESPACE, POD
+    from podnet.model.network import NETWORKPOLICY, SUBNET
+
+    node = NodeNetwork(
+        "node-a",
+        IPv4Address("192.0.2.10"),
+        IPv4Network("10.128.0.0/24"),
+        (IPv4Network("10.128.0.0/14"),),
+        IPv4Network("172.30.0.0/16"),
+        1450,
+    )
+    sync = EgressSync(None, None, node, pacing(60.0))  # type: ignore[arg-type]
+
+    def pod(name: str, node_name: str, ip: str) -> dict[str, object]:
+        meta = {"namespace": "a", "name": name}
+        return {"metadata": meta, "spec": {"nodeName": node_name}, "status": {"podIP": ip}}
+
+    pods = (pod("here", "node-a", str(A)), pod("there", "node-b", "10.128.1.5"))
+    sync.queue(POD, WatchEvent(LISTED, items=pods))
+    sync.queue(NET_NAMESPACE, WatchEvent(LISTED, items=({"metadata": {"name": "a"}, "netid": 10},)))
+    sync.queue(EGRESS_NETWORK_POLICY, WatchEvent(LISTED, items=(policy("a"),)))
+    sync.plugin = lambda: NETWORKPOLICY
+    assert sync.take()().pods == {A: 10}  # the other node's pod is not this node's
+    sync.plugin = lambda: SUBNET
+    assert sync.take()() == node_firewall([], {}, [])  # the subnet plugin firewalls nothing

@@ -330,6 +330,7 @@ class NodeAgent:
         egress = egress_firewall.EgressSync(
             self.informers, self.dataplane, node, egress_firewall.pacing(resync), **loop
         )
+        egress.plugin = lambda: self.plugin  # the subnet plugin firewalls nothing
         for name, body in [*services.tasks(), *egress.tasks()]:
             self._spawn(name, body)
         if self.config.dns:

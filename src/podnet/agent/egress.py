@@ -22,6 +22,7 @@ from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.egress.nodetable import NodeFirewall, node_firewall
 from podnet.model.kinds import EGRESS_NETWORK_POLICY, NET_NAMESPACE, POD, Kind
+from podnet.model.network import NETWORKPOLICY, uses_vnids
 from podnet.reconcile import ApplyRecord, Pacing, ReconcileLoop
 
 log = logging.getLogger("podnet.agent.egress")
@@ -65,6 +66,9 @@ class EgressSync:
         self.pods: dict[tuple[str, str], IPv4Address] = {}
         self.last: NodeFirewall | None = None
         self._problems: dict[tuple[str, str], str] = {}
+        # the cluster's plugin (ClusterNetwork's pluginName, the agent's): the subnet
+        # plugin firewalls nothing, as the API tells the policy's writer
+        self.plugin: Callable[[], str] = lambda: NETWORKPOLICY
         self.loop = ReconcileLoop(self, pacing, inputs=[k.plural for k in KINDS], **loop)
         self.synced = self.loop.synced
 
@@ -127,6 +131,8 @@ class EgressSync:
     # ---- the reconcile target ------------------------------------------------------------
 
     def take(self) -> Callable[[], NodeFirewall]:
+        if not uses_vnids(self.plugin()):
+            return NodeFirewall
         pods = [(ns, ip) for (ns, _), ip in sorted(self.pods.items())]
         return functools.partial(
             node_firewall, list(self.policies.values()), dict(self.vnids), pods
