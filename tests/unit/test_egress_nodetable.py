@@ -3,11 +3,21 @@ the node, with OpenShift SDN's limits said out loud and failing closed."""
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 
+from podnet.dataplane.interface import NodeNetwork
 from podnet.egress.nodetable import EVERYTHING, node_firewall
 
 A, B = IPv4Address("10.128.0.5"), IPv4Address("10.128.0.6")
+
+NODE = NodeNetwork(
+    "node-a",
+    IPv4Address("192.0.2.10"),
+    IPv4Network("10.128.0.0/24"),
+    (IPv4Network("10.128.0.0/14"),),
+    IPv4Network("172.30.0.0/16"),
+    1450,
+)
 
 
 def policy(namespace: str, name: str = "default", cidr: str = "0.0.0.0/0") -> dict[str, object]:
@@ -50,19 +60,9 @@ def test_a_policy_that_does_not_compile_fails_closed() -> None:
 
 
 def test_the_nftables_table_a_node_renders() -> None:
-    from ipaddress import IPv4Network
-
-    from podnet.dataplane.interface import NodeNetwork
     from podnet.dataplane.linux.egressnft import render
 
-    node = NodeNetwork(
-        "node-a",
-        IPv4Address("192.0.2.10"),
-        IPv4Network("10.128.0.0/24"),
-        (IPv4Network("10.128.0.0/14"),),
-        IPv4Network("172.30.0.0/16"),
-        1450,
-    )
+    node = NODE
     fw = node_firewall([policy("a", cidr="192.0.2.0/24")], {"a": 10}, [("a", A)])
     text = render(node, fw)
     assert text is not None
@@ -74,22 +74,12 @@ def test_the_nftables_table_a_node_renders() -> None:
 
 
 def test_the_agent_view_compiles_its_own_pods_and_nothing_with_the_subnet_plugin() -> None:
-    from ipaddress import IPv4Network
-
     from podnet.agent.egress import EgressSync, pacing
     from podnet.client import LISTED, WatchEvent
-    from podnet.dataplane.interface import NodeNetwork
     from podnet.model.kinds import EGRESS_NETWORK_POLICY, NET_NAMESPACE, POD
     from podnet.model.network import NETWORKPOLICY, SUBNET
 
-    node = NodeNetwork(
-        "node-a",
-        IPv4Address("192.0.2.10"),
-        IPv4Network("10.128.0.0/24"),
-        (IPv4Network("10.128.0.0/14"),),
-        IPv4Network("172.30.0.0/16"),
-        1450,
-    )
+    node = NODE
     sync = EgressSync(None, None, node, pacing(60.0))  # type: ignore[arg-type]
 
     def pod(name: str, node_name: str, ip: str) -> dict[str, object]:

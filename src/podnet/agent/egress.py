@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address
 from typing import Any
 
 from podnet.agent.policies import WatchSource
+from podnet.agent.watchtasks import Task, loop_tasks
 from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.egress.nodetable import NodeFirewall, node_firewall
@@ -72,13 +73,8 @@ class EgressSync:
         self.loop = ReconcileLoop(self, pacing, inputs=[k.plural for k in KINDS], **loop)
         self.synced = self.loop.synced
 
-    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
-        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("egress-sync", self.loop.run)
-        ]
-        for kind in KINDS:
-            found.append((f"egress-watch-{kind.plural}", functools.partial(self.watch, kind)))
-        return found
+    def tasks(self) -> list[Task]:
+        return loop_tasks("egress", self.loop.run, self.watch, KINDS)
 
     async def watch(self, kind: Kind) -> None:
         async for event in self.api.watch(kind):

@@ -33,11 +33,12 @@ import gc
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Protocol
 
+from podnet.agent.watchtasks import Task, loop_tasks
 from podnet.client import DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.files import write_atomic
@@ -167,14 +168,9 @@ class PolicySync:
         self.ready = self.loop.ready  # whether every watch has delivered its listing
         self.poke = self.loop.poke  # apply now even if nothing changed (node set up again)
 
-    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+    def tasks(self) -> list[Task]:
         """(name, coroutine function) to run supervised: the sync loop, one watch per kind."""
-        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("policy-sync", self.loop.run)
-        ]
-        for kind in self.kinds:
-            found.append((f"policy-watch-{kind.plural}", functools.partial(self.watch, kind)))
-        return found
+        return loop_tasks("policy", self.loop.run, self.watch, self.kinds)
 
     def plugin_change(self, cluster_network: Obj) -> list[str]:
         """``pluginName: old -> new``, once, when ClusterNetwork names another plugin than

@@ -24,12 +24,13 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from ipaddress import IPv4Address
 from typing import Any
 
 from podnet.agent.policies import WatchSource, host_ip
+from podnet.agent.watchtasks import Task, loop_tasks
 from podnet.client import BOOKMARK, DELETED, LISTED, WatchEvent
 from podnet.dataplane.interface import DataPlane, NodeNetwork
 from podnet.model.kinds import ENDPOINT_SLICE, HOST_SUBNET, SERVICE, Kind
@@ -76,14 +77,9 @@ class ServiceSync:
         self.ready = self.loop.ready
         self.poke = self.loop.poke
 
-    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+    def tasks(self) -> list[Task]:
         """(name, coroutine function) to run supervised: the loop, one watch per kind."""
-        found: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
-            ("services-sync", self.loop.run)
-        ]
-        for kind in KINDS:
-            found.append((f"services-watch-{kind.plural}", functools.partial(self.watch, kind)))
-        return found
+        return loop_tasks("services", self.loop.run, self.watch, KINDS)
 
     async def watch(self, kind: Kind) -> None:
         """Queue one kind's events for the loop; the client relists on expiry."""
